@@ -1,0 +1,314 @@
+"""The one module that writes SQL.
+
+Contract:
+- One SQLite file (default ``data/runs.db``), WAL journal, written by one writer: the engine. Readers
+  (the dashboard) open it read-only through ``Store(path, readonly=True)`` and never write.
+- The schema is created and changed only by the ordered ``MIGRATIONS`` below; ``schema_version``
+  records which ran. Opening a database runs the missing ones in one transaction each.
+- Every experiment is committed together with its verification rows in one transaction, so a kill
+  at any moment loses at most the experiment that was in flight, never half of one.
+- Tables: runs, profile_ops, targets, experiments, verifications, events. The family name is the
+  join key between profile_ops, targets and experiments.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+import uuid
+from pathlib import Path
+
+import sqlite_utils
+
+DEFAULT_DB = Path(__file__).resolve().parent.parent / "data" / "runs.db"
+
+
+class StoreError(RuntimeError):
+    """The database cannot be opened or written (bad path, permissions, not a database)."""
+
+
+def _now() -> float:
+    return time.time()
+
+
+MIGRATIONS: list[tuple[str, str]] = [
+    ("0001_initial", """
+    CREATE TABLE runs (
+        id TEXT PRIMARY KEY,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        status TEXT NOT NULL,            -- running | paused | stopped | done | failed | interrupted
+        model TEXT NOT NULL,
+        config TEXT NOT NULL,            -- JSON of RunConfig
+        device TEXT,                     -- JSON: name, vendor, capability, versions
+        timing_mode TEXT NOT NULL,       -- gpu | interpreter
+        ceilings TEXT,                   -- JSON: copy_gbps, matmul_tflops measured at run start
+        model_time_us REAL,              -- profiled time of one forward pass
+        experiments_done INTEGER NOT NULL DEFAULT 0,
+        current_target TEXT,             -- family being worked on now
+        current_reason TEXT,             -- why the planner chose it
+        recorded INTEGER NOT NULL DEFAULT 0,  -- 1 for a shipped run recorded elsewhere
+        error TEXT
+    );
+    CREATE TABLE profile_ops (
+        id INTEGER PRIMARY KEY,
+        run_id TEXT NOT NULL REFERENCES runs(id),
+        family TEXT NOT NULL,            -- a kernel family name, or "other"
+        time_us REAL NOT NULL,           -- device (or CPU) time per forward pass
+        fraction REAL NOT NULL,          -- share of the model's time
+        calls INTEGER NOT NULL,
+        shapes TEXT NOT NULL,            -- JSON list of {"shape": [...], "dtype": str, "count": int}
+        top_ops TEXT NOT NULL,           -- JSON list of {"name": str, "time_us": float}
+        has_kernel INTEGER NOT NULL      -- 1 when the family has a kernel file, so can be targeted
+    );
+    CREATE INDEX profile_ops_run ON profile_ops(run_id);
+    CREATE TABLE targets (
+        id INTEGER PRIMARY KEY,
+        run_id TEXT NOT NULL REFERENCES runs(id),
+        family TEXT NOT NULL,
+        dtype TEXT NOT NULL,
+        shapes TEXT NOT NULL,            -- JSON list of {"shape": [...], "count": int}
+        fraction REAL NOT NULL,          -- share of model time (Amdahl's f)
+        ref_latency_us REAL,             -- eager reference, summed over shapes weighted by count
+        ref_noise REAL,
+        sol_latency_us REAL,             -- speed of light: bytes / measured copy rate
+        best_experiment_id INTEGER,
+        best_latency_us REAL,
+        best_noise REAL,
+        speedup REAL,                    -- ref_latency_us / best_latency_us
+        state TEXT NOT NULL,             -- pending | active | resting | done
+        experiments INTEGER NOT NULL DEFAULT 0,
+        no_improve INTEGER NOT NULL DEFAULT 0,
+        UNIQUE(run_id, family)
+    );
+    CREATE TABLE experiments (
+        id INTEGER PRIMARY KEY,
+        run_id TEXT NOT NULL REFERENCES runs(id),
+        target_id INTEGER NOT NULL REFERENCES targets(id),
+        family TEXT NOT NULL,
+        seq INTEGER NOT NULL,            -- 1, 2, ... within the run
+        created_at REAL NOT NULL,
+        parent_id INTEGER,
+        proposer TEXT NOT NULL,
+        hypothesis TEXT NOT NULL,
+        params TEXT,                     -- JSON point of the search space, when the search made it
+        source TEXT NOT NULL,            -- the whole candidate
+        source_hash TEXT NOT NULL,
+        state TEXT NOT NULL,             -- kept | reverted | failed
+        failed_stage TEXT,               -- static | smoke | shape_sweep | stability | determinism |
+                                         -- edge_cases | benchmark | recheck | worker | proposal
+        error TEXT,
+        latency_us REAL,                 -- summed over target shapes, weighted by count
+        noise REAL,                      -- relative spread of repeated timings
+        shape_times TEXT,                -- JSON list of {"shape", "count", "us", "pct_sol"}
+        speedup REAL,                    -- target ref_latency_us / latency_us
+        pct_sol REAL,                    -- speed of light latency / latency_us * 100
+        timing_mode TEXT NOT NULL,       -- gpu | interpreter
+        worker TEXT,
+        duration_s REAL,
+        tokens_in INTEGER,
+        tokens_out INTEGER,
+        cost_usd REAL,
+        UNIQUE(run_id, seq)
+    );
+    CREATE INDEX experiments_run ON experiments(run_id, id);
+    CREATE TABLE verifications (
+        id INTEGER PRIMARY KEY,
+        experiment_id INTEGER NOT NULL REFERENCES experiments(id),
+        stage TEXT NOT NULL,
+        status TEXT NOT NULL,            -- passed | failed | skipped
+        worst_error REAL,
+        failed_case TEXT,
+        detail TEXT,
+        duration_s REAL
+    );
+    CREATE INDEX verifications_exp ON verifications(experiment_id);
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY,
+        run_id TEXT NOT NULL,
+        ts REAL NOT NULL,
+        level TEXT NOT NULL,             -- info | warn | error
+        message TEXT NOT NULL
+    );
+    CREATE INDEX events_run ON events(run_id, id);
+    """),
+]
+
+STAGES = ("smoke", "shape_sweep", "stability", "determinism", "edge_cases")
+
+
+class Store:
+    """SQLite storage for runs. ``readonly=True`` opens the file with mode=ro (dashboard)."""
+
+    def __init__(self, path: str | os.PathLike | None = None, readonly: bool = False):
+        self.path = Path(path) if path else DEFAULT_DB
+        self.readonly = readonly
+        try:
+            if readonly:
+                if not self.path.exists():
+                    raise StoreError(f"no database at {self.path}")
+                conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True,
+                                       check_same_thread=False, timeout=10)
+            else:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                conn = sqlite3.connect(str(self.path), check_same_thread=False, timeout=30)
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            self.db = sqlite_utils.Database(conn)
+            if not readonly:
+                self._migrate()
+        except (sqlite3.Error, OSError) as e:
+            raise StoreError(f"cannot open database {self.path}: {e}") from e
+
+    # ---- schema -------------------------------------------------------------------------------
+    def _migrate(self) -> None:
+        c = self.db.conn
+        c.execute("CREATE TABLE IF NOT EXISTS schema_version (name TEXT PRIMARY KEY, applied_at REAL)")
+        done = {r[0] for r in c.execute("SELECT name FROM schema_version")}
+        for name, sql in MIGRATIONS:
+            if name in done:
+                continue
+            with c:  # one transaction per migration
+                for stmt in [s for s in sql.split(";") if s.strip()]:
+                    c.execute(stmt)
+                c.execute("INSERT INTO schema_version VALUES (?, ?)", (name, _now()))
+
+    def close(self) -> None:
+        self.db.conn.close()
+
+    # ---- runs ---------------------------------------------------------------------------------
+    def create_run(self, model: str, config: dict, device: dict, timing_mode: str,
+                   ceilings: dict | None) -> str:
+        run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
+        with self.db.conn:
+            self.db["runs"].insert(dict(
+                id=run_id, created_at=_now(), updated_at=_now(), status="running", model=model,
+                config=json.dumps(config), device=json.dumps(device), timing_mode=timing_mode,
+                ceilings=json.dumps(ceilings or {}), experiments_done=0))
+        return run_id
+
+    def update_run(self, run_id: str, **fields) -> None:
+        for k in ("config", "device", "ceilings"):
+            if k in fields and not isinstance(fields[k], str):
+                fields[k] = json.dumps(fields[k])
+        fields["updated_at"] = _now()
+        with self.db.conn:
+            self.db["runs"].update(run_id, fields)
+
+    def get_run(self, run_id: str) -> dict | None:
+        rows = list(self.db.query("SELECT * FROM runs WHERE id = ?", [run_id]))
+        return _decode(rows[0], ("config", "device", "ceilings")) if rows else None
+
+    def list_runs(self) -> list[dict]:
+        return [_decode(r, ("config", "device", "ceilings"))
+                for r in self.db.query("SELECT * FROM runs ORDER BY created_at DESC")]
+
+    # ---- profile and targets ------------------------------------------------------------------
+    def save_profile(self, run_id: str, rows: list[dict], model_time_us: float) -> None:
+        with self.db.conn:
+            self.db.conn.execute("DELETE FROM profile_ops WHERE run_id = ?", [run_id])
+            for r in rows:
+                self.db["profile_ops"].insert(dict(
+                    run_id=run_id, family=r["family"], time_us=r["time_us"], fraction=r["fraction"],
+                    calls=r["calls"], shapes=json.dumps(r["shapes"]), top_ops=json.dumps(r["top_ops"]),
+                    has_kernel=int(r["has_kernel"])))
+            self.db["runs"].update(run_id, dict(model_time_us=model_time_us, updated_at=_now()))
+
+    def profile(self, run_id: str) -> list[dict]:
+        return [_decode(r, ("shapes", "top_ops")) for r in self.db.query(
+            "SELECT * FROM profile_ops WHERE run_id = ? ORDER BY time_us DESC", [run_id])]
+
+    def add_target(self, run_id: str, family: str, dtype: str, shapes: list[dict],
+                   fraction: float) -> int:
+        with self.db.conn:
+            return self.db["targets"].insert(dict(
+                run_id=run_id, family=family, dtype=dtype, shapes=json.dumps(shapes),
+                fraction=fraction, state="pending", experiments=0, no_improve=0)).last_pk
+
+    def update_target(self, target_id: int, **fields) -> None:
+        if "shapes" in fields and not isinstance(fields["shapes"], str):
+            fields["shapes"] = json.dumps(fields["shapes"])
+        with self.db.conn:
+            self.db["targets"].update(target_id, fields)
+
+    def targets(self, run_id: str) -> list[dict]:
+        return [_decode(r, ("shapes",)) for r in self.db.query(
+            "SELECT * FROM targets WHERE run_id = ? ORDER BY fraction DESC, id", [run_id])]
+
+    # ---- experiments --------------------------------------------------------------------------
+    def record_experiment(self, exp: dict, verifications: list[dict],
+                          target_update: dict | None = None) -> int:
+        """Insert one experiment with its per-stage rows (and the target's new state) atomically."""
+        exp = dict(exp)
+        for k in ("params", "shape_times"):
+            if k in exp and exp[k] is not None and not isinstance(exp[k], str):
+                exp[k] = json.dumps(exp[k])
+        exp.setdefault("created_at", _now())
+        with self.db.conn:
+            seq = self.db.conn.execute(
+                "SELECT COALESCE(MAX(seq), 0) + 1 FROM experiments WHERE run_id = ?",
+                [exp["run_id"]]).fetchone()[0]
+            exp["seq"] = seq
+            exp_id = self.db["experiments"].insert(exp).last_pk
+            for v in verifications:
+                self.db["verifications"].insert(dict(v, experiment_id=exp_id))
+            if target_update:
+                tu = dict(target_update)
+                if tu.pop("best_is_this", False):
+                    tu["best_experiment_id"] = exp_id
+                self.db["targets"].update(exp["target_id"], tu)
+            self.db.conn.execute(
+                "UPDATE runs SET experiments_done = ?, updated_at = ? WHERE id = ?",
+                [seq, _now(), exp["run_id"]])
+        return exp_id
+
+    def experiments(self, run_id: str, since_id: int = 0, with_source: bool = False) -> list[dict]:
+        cols = "*" if with_source else ", ".join(
+            c for c in EXPERIMENT_COLUMNS if c != "source")
+        return [_decode(r, ("params", "shape_times")) for r in self.db.query(
+            f"SELECT {cols} FROM experiments WHERE run_id = ? AND id > ? ORDER BY id",
+            [run_id, since_id])]
+
+    def experiment(self, exp_id: int) -> dict | None:
+        rows = list(self.db.query("SELECT * FROM experiments WHERE id = ?", [exp_id]))
+        return _decode(rows[0], ("params", "shape_times")) if rows else None
+
+    def verifications(self, experiment_id: int) -> list[dict]:
+        return list(self.db.query(
+            "SELECT * FROM verifications WHERE experiment_id = ? ORDER BY id", [experiment_id]))
+
+    def stage_outcomes(self, run_id: str) -> list[dict]:
+        """Count of passed / failed / skipped per verifier stage over a run's experiments."""
+        return list(self.db.query(
+            """SELECT v.stage, v.status, COUNT(*) AS n FROM verifications v
+               JOIN experiments e ON e.id = v.experiment_id
+               WHERE e.run_id = ? GROUP BY v.stage, v.status""", [run_id]))
+
+    # ---- events -------------------------------------------------------------------------------
+    def event(self, run_id: str, message: str, level: str = "info") -> None:
+        with self.db.conn:
+            self.db["events"].insert(dict(run_id=run_id, ts=_now(), level=level, message=message))
+
+    def events(self, run_id: str, limit: int = 200) -> list[dict]:
+        return list(self.db.query(
+            "SELECT * FROM events WHERE run_id = ? ORDER BY id DESC LIMIT ?", [run_id, limit]))
+
+
+EXPERIMENT_COLUMNS = (
+    "id", "run_id", "target_id", "family", "seq", "created_at", "parent_id", "proposer",
+    "hypothesis", "params", "source", "source_hash", "state", "failed_stage", "error", "latency_us",
+    "noise", "shape_times", "speedup", "pct_sol", "timing_mode", "worker", "duration_s",
+    "tokens_in", "tokens_out", "cost_usd")
+
+
+def _decode(row: dict, json_cols: tuple) -> dict:
+    row = dict(row)
+    for k in json_cols:
+        if k in row and isinstance(row[k], str):
+            try:
+                row[k] = json.loads(row[k])
+            except json.JSONDecodeError:
+                pass
+    return row
