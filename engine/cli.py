@@ -1,0 +1,160 @@
+"""Command line: ``python -m engine run ...`` and ``python -m engine verify ...``.
+
+Exit codes: 0 success (verify: the candidate passed), 1 the candidate was rejected (verify) or the
+run failed, 2 a usage error (unknown model or family, malformed shape, missing file, a database
+that cannot be written). Errors print one line on stderr; nothing is written half-way.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m engine", description="Nightshift: write, verify and keep faster "
+                "Triton kernels for a PyTorch model.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    r = sub.add_parser("run", help="profile a model and optimize its kernels")
+    r.add_argument("--model", default="llama-tiny", help="built-in model name")
+    r.add_argument("--dtype", default="auto", help="auto | float32 | float16 | bfloat16")
+    r.add_argument("--input-shape", default=None, help="BATCHxSEQ, e.g. 2x32")
+    r.add_argument("--families", default=None, help="comma-separated family names (default: all found)")
+    r.add_argument("--proposer", default="search")
+    r.add_argument("--budget-experiments", type=int, default=None)
+    r.add_argument("--budget-minutes", type=float, default=None)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--db", default=None, help="SQLite file (default data/runs.db)")
+    r.add_argument("--resume", default=None, metavar="RUN", help="resume a run by id")
+    r.add_argument("--patience", type=int, default=5)
+    r.add_argument("--worker-timeout", type=float, default=300.0, help="seconds per candidate")
+    r.add_argument("--n-layer", type=int, default=None, help="override the model's layer count")
+
+    v = sub.add_parser("verify", help="judge one candidate file; prints one JSON object")
+    v.add_argument("--family", required=True)
+    v.add_argument("--candidate", required=True, help="path to a .py file defining kernel_fn")
+    v.add_argument("--dtype", default=None, help="float32 | float16 | bfloat16")
+    v.add_argument("--shape", action="append", default=None,
+                   help="main input shape like 64x1024 (repeatable); default a family shape")
+    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--timeout", type=float, default=300.0)
+    v.add_argument("--no-time", action="store_true", help="verify only, skip timing")
+    return p
+
+
+def _shape(text: str) -> list[int]:
+    try:
+        dims = [int(x) for x in text.lower().replace(",", "x").split("x")]
+    except ValueError:
+        raise UsageError(f"malformed shape {text!r}; write it like 64x1024") from None
+    if not dims or any(d <= 0 for d in dims):
+        raise UsageError(f"malformed shape {text!r}; every dimension must be a positive integer")
+    return dims
+
+
+def cmd_run(a) -> int:
+    from engine.loop import ConfigError, RunConfig, execute
+    from engine.store import Store, StoreError
+    budget = a.budget_experiments
+    if budget is None and a.budget_minutes is None and not a.resume:
+        budget = 40
+    cfg = RunConfig(model=a.model, dtype=a.dtype, input_shape=a.input_shape,
+                    families=[f.strip() for f in a.families.split(",")] if a.families else None,
+                    proposer=a.proposer, budget_experiments=budget,
+                    budget_minutes=a.budget_minutes, seed=a.seed, db=a.db, patience=a.patience,
+                    worker_timeout_s=a.worker_timeout,
+                    model_overrides={"n_layer": a.n_layer} if a.n_layer else {})
+    try:
+        cfg.validate()
+        Store(a.db).close()   # a database that cannot be opened fails here, before any work
+    except (ConfigError, StoreError) as e:
+        raise UsageError(str(e)) from None
+    try:
+        execute(cfg, resume_run_id=a.resume, log=lambda s: print(s, flush=True))
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+    except KeyboardInterrupt:
+        print("stopped; resume with --resume RUN", file=sys.stderr)
+        return 130
+    return 0
+
+
+def cmd_verify(a) -> int:
+    import kernels
+    from engine import verify
+    from engine.worker import Worker, WorkerDied
+    try:
+        fam = kernels.get(a.family)
+    except kernels.UnknownFamily as e:
+        raise UsageError(str(e)) from None
+    if not os.path.isfile(a.candidate):
+        raise UsageError(f"no such candidate file: {a.candidate}")
+    if a.dtype is not None and a.dtype not in fam.dtypes:
+        raise UsageError(f"unknown dtype {a.dtype!r}; choose one of {', '.join(fam.dtypes)}")
+    shapes = [_shape(s) for s in a.shape] if a.shape else None
+    with open(a.candidate, encoding="utf-8", errors="replace") as f:
+        source = f.read()
+    import torch
+    gpu = torch.cuda.is_available()
+    dtype = a.dtype or ("bfloat16" if gpu else "float32")
+    if shapes is None:
+        shapes = [list(fam.bench_shapes[0])] if gpu else [list(fam.sweep_shapes[4])]
+    out = {"family": fam.name, "candidate": a.candidate, "dtype": dtype,
+           "timing_mode": "gpu" if gpu else "interpreter"}
+    reason = verify.static_check(source, fam.arg_names)
+    if reason:
+        out.update(passed=False, failed_stage="static", error=reason,
+                   stages=[{"name": "static", "status": "failed", "detail": reason}] +
+                   [{"name": s, "status": "skipped", "detail": "static check failed"}
+                    for s in verify.STAGES])
+        print(json.dumps(out, indent=1))
+        return 1
+    w = Worker(interpret=not gpu)
+    try:
+        w.start()
+        r = w.request({"op": "evaluate", "family": fam.name, "source": source, "dtype": dtype,
+                       "shapes": [{"shape": s, "count": 1} for s in shapes], "seed": a.seed,
+                       "time": not a.no_time}, timeout_s=a.timeout)
+    except WorkerDied as e:
+        from engine.loop import _died
+        r = _died(e)
+    finally:
+        w.close()
+    if "stages" not in r:
+        raise RuntimeError(r.get("error", "worker failed"))
+    stages = [{"name": "static", "status": "passed", "detail": ""}] + [
+        {"name": s["stage"], "status": s["status"], "detail": s.get("detail", ""),
+         "worst_error": s.get("worst_error"), "failed_case": s.get("failed_case")}
+        for s in r["stages"]]
+    out.update(passed=not r["failed_stage"], failed_stage=r["failed_stage"], error=r["error"],
+               stages=stages)
+    if r.get("timing"):
+        out["timing"] = r["timing"]
+        if not gpu:
+            out["timing"]["note"] = "interpreter timing: not GPU performance"
+    print(json.dumps(out, indent=1, default=str))
+    return 0 if out["passed"] else 1
+
+
+def main(argv=None) -> int:
+    try:
+        a = _parser().parse_args(argv)
+        return cmd_run(a) if a.cmd == "run" else cmd_verify(a)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,539 @@
+"""The verifier: five stages every candidate must pass before its timing counts.
+
+  1. smoke        compiles, runs one real shape, matches the reference within the dtype's tolerance
+  2. shape_sweep  the model's real shapes plus odd, tiny and large ones, in every supported dtype
+  3. stability    adversarial inputs (huge, tiny, mixed scales, constant rows, heavy tails, -inf);
+                  the NaN/Inf pattern must equal the reference's
+  4. determinism  repeated runs on the same inputs are bitwise identical
+  5. edge_cases   size-1 and prime sizes, very many rows, non-contiguous inputs
+
+Guards on every single call (``check_call``): fresh random inputs; every tensor the call allocates
+through PyTorch is poisoned with NaN (or a sentinel for integers) so an unwritten output fails;
+inputs must be bitwise unchanged afterwards; the output must not alias an input; the call must
+launch at least one Triton kernel of its own; and outside Triton launches it may only allocate,
+view, reshape and copy: any PyTorch compute op (the reference op, or PyTorch's implementation of
+it, or any fallback) is recorded and rejects the candidate. ``static_check`` runs first, in the
+engine process, at no device cost. ``tamper_check`` catches candidates that replace clocks, the
+reference or torch functions in the worker.
+
+Expected outputs are the family's reference computed on float64 copies of the inputs, cast to the
+output dtype; the comparison is |out - expected| <= atol + rtol * |expected| elementwise.
+
+This module runs inside the worker process (engine/worker.py) except ``static_check``.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass
+
+STAGES = ("smoke", "shape_sweep", "stability", "determinism", "edge_cases")
+
+# Modules a candidate may import. Everything a kernel needs; nothing that reaches the process,
+# the clock, the file system, or this project's own reference implementations.
+ALLOWED_IMPORTS = {"torch", "triton", "math", "functools", "typing", "itertools", "operator",
+                   "dataclasses", "__future__"}
+FORBIDDEN_NAMES = {"__import__", "eval", "exec", "compile", "open", "globals", "locals", "vars",
+                   "__builtins__", "breakpoint", "input", "getattr", "setattr", "delattr",
+                   "__loader__", "__spec__"}
+# torch attributes that lead to reference implementations or around the guard.
+FORBIDDEN_TORCH_ATTRS = {"nn", "functional", "ops", "_C", "library", "_refs", "_decomp", "_prims",
+                         "softmax", "log_softmax", "layer_norm", "rms_norm", "cross_entropy",
+                         "nll_loss", "logsumexp", "native_layer_norm", "_softmax", "special",
+                         "compile", "_dynamo", "_inductor", "jit", "utils"}
+ALLOWED_TRITON_ROOTS = {"tl", "triton", "libdevice"}
+
+# aten ops a candidate may call on the host: allocation, views, reshapes, copies, conversions.
+ALLOWED_ATEN = {
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros",
+    "zeros_like", "new_zeros", "full", "full_like", "new_full", "fill_", "zero_", "ones",
+    "ones_like", "view", "_unsafe_view", "reshape", "_reshape_alias", "as_strided", "t",
+    "transpose", "permute", "expand", "unsqueeze", "squeeze", "select", "slice", "alias",
+    "detach", "clone", "copy_", "_to_copy", "lift_fresh", "_local_scalar_dense", "unbind",
+    "split", "split_with_sizes", "narrow", "resolve_conj", "resolve_neg", "contiguous",
+    "flatten", "view_as", "expand_as", "_unsafe_index", "is_same_size", "lift_fresh_copy",
+}
+POISON_OPS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
+
+
+class CandidateError(Exception):
+    """A candidate failed a check; ``stage`` says which, the message says why."""
+
+    def __init__(self, stage: str, message: str):
+        super().__init__(message)
+        self.stage = stage
+
+
+# ---------------------------------------------------------------------------------------------
+# static check (engine process; no torch needed)
+# ---------------------------------------------------------------------------------------------
+def static_check(source: str, arg_names: tuple[str, ...]) -> str | None:
+    """Why ``source`` cannot be a candidate, or None. Costs no device time."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as e:
+        return f"syntax error at line {e.lineno}: {e.msg}"
+    kernel_fn = None
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "kernel_fn":
+            kernel_fn = node
+    if kernel_fn is None:
+        return "no top-level function kernel_fn"
+    params = [a.arg for a in kernel_fn.args.posonlyargs + kernel_fn.args.args]
+    if tuple(params[:len(arg_names)]) != tuple(arg_names) or (
+            len(params) > len(arg_names) and
+            len(kernel_fn.args.defaults) < len(params) - len(arg_names)):
+        return f"kernel_fn must take ({', '.join(arg_names)}); it takes ({', '.join(params)})"
+    uses_triton_jit = False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] not in ALLOWED_IMPORTS:
+                    return f"import of {a.name!r} is not allowed (allowed: {', '.join(sorted(ALLOWED_IMPORTS))})"
+        elif isinstance(node, ast.ImportFrom):
+            mod = node.module or ""
+            if node.level or mod.split(".")[0] not in ALLOWED_IMPORTS:
+                return f"import from {mod or '.'!r} is not allowed"
+            if mod.split(".")[0] == "torch" and any(
+                    a.name in FORBIDDEN_TORCH_ATTRS for a in node.names) or mod.startswith(
+                    ("torch.nn", "torch.ops", "torch._", "torch.library", "torch.special")):
+                return f"import from {mod!r} reaches PyTorch's implementations"
+        elif isinstance(node, ast.Name) and node.id in FORBIDDEN_NAMES:
+            return f"use of {node.id!r} is not allowed in a candidate"
+        elif isinstance(node, ast.Attribute):
+            root = node
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            root_name = root.id if isinstance(root, ast.Name) else None
+            if node.attr.startswith("__") and node.attr not in ("__name__", "__doc__"):
+                return f"dunder attribute access .{node.attr} is not allowed"
+            if root_name not in ALLOWED_TRITON_ROOTS and node.attr in FORBIDDEN_TORCH_ATTRS:
+                return f"call into PyTorch's .{node.attr} is not allowed: compute with your own Triton kernel"
+            if node.attr == "jit" and root_name == "triton":
+                uses_triton_jit = True
+        elif isinstance(node, ast.Name) and node.id == "jit":
+            uses_triton_jit = True
+    if not uses_triton_jit:
+        return "no @triton.jit kernel: a candidate must compute with its own Triton kernel"
+    return None
+
+
+def source_hash(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------------------------
+# runtime guards (worker process)
+# ---------------------------------------------------------------------------------------------
+class _LaunchState:
+    launches = 0
+    depth = 0  # > 0 while inside a Triton launch or autotuner: its host ops are Triton's, not ours
+
+
+_STATE = _LaunchState()
+_patched = False
+
+
+def install_launch_counter() -> None:
+    """Count Triton kernel launches, compiled or interpreted, by wrapping their ``run``."""
+    global _patched
+    if _patched:
+        return
+    import triton.runtime.jit as jit
+    classes = [jit.JITFunction]
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+        classes.append(InterpretedFunction)
+    except Exception:
+        pass
+    try:
+        from triton.runtime.autotuner import Autotuner, Heuristics
+        wrappers = [Autotuner, Heuristics]
+    except Exception:
+        wrappers = []
+
+    def wrap(cls, count: bool):
+        orig = cls.run
+
+        def run(self, *args, **kwargs):
+            if count and not kwargs.get("warmup", False):
+                _STATE.launches += 1
+            _STATE.depth += 1
+            try:
+                return orig(self, *args, **kwargs)
+            finally:
+                _STATE.depth -= 1
+        run.__wrapped__ = orig
+        cls.run = run
+
+    for cls in classes:
+        wrap(cls, True)
+    for cls in wrappers:
+        wrap(cls, False)
+    _patched = True
+
+
+def _guard_mode_class():
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Guard(TorchDispatchMode):
+        """Poisons fresh allocations and records host compute ops outside Triton launches."""
+
+        def __init__(self, extra_allowed=()):
+            super().__init__()
+            self.allowed = ALLOWED_ATEN | set(extra_allowed)
+            self.bad_ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if _STATE.depth > 0:
+                return out
+            name = func.overloadpacket.__name__
+            if name in POISON_OPS and isinstance(out, torch.Tensor):
+                _poison(out)
+            elif name not in self.allowed and name not in self.bad_ops:
+                self.bad_ops.append(name)
+            return out
+
+    return Guard
+
+
+_Guard = None
+
+
+def _poison(t) -> None:
+    import torch
+    if t.numel() == 0:
+        return
+    if t.is_floating_point() or t.is_complex():
+        t.fill_(float("nan"))
+    elif t.dtype == torch.bool:
+        t.fill_(True)
+    else:
+        t.fill_(torch.iinfo(t.dtype).max // 3)
+
+
+# ---------------------------------------------------------------------------------------------
+# tamper check
+# ---------------------------------------------------------------------------------------------
+def _watched():
+    import time as _time
+    import torch
+    import torch.nn.functional as F
+    import triton
+    import triton.testing
+    from engine import bench
+    objs = {"time": _time, "torch": torch, "torch.Tensor": torch.Tensor,
+            "torch.nn.functional": F, "torch.cuda": torch.cuda, "torch.cuda.Event": torch.cuda.Event,
+            "triton.testing": triton.testing, "engine.bench": bench,
+            "engine.verify": sys.modules[__name__]}
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("kernels.") and mod is not None:
+            objs[name] = mod
+    return objs
+
+
+def tamper_snapshot() -> dict:
+    snap = {}
+    for oname, obj in _watched().items():
+        for k, v in list(vars(obj).items()):
+            snap[(oname, k)] = id(v)
+    return snap
+
+
+def tamper_check(snapshot: dict) -> str | None:
+    objs = _watched()
+    for (oname, k), ident in snapshot.items():
+        obj = objs.get(oname)
+        if obj is None:
+            continue
+        d = vars(obj)
+        if k not in d:
+            return f"candidate deleted {oname}.{k}"
+        if id(d[k]) != ident:
+            return f"candidate replaced {oname}.{k}"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# one guarded call
+# ---------------------------------------------------------------------------------------------
+def load_candidate(source: str, workdir: str):
+    """Import ``source`` from a file (Triton reads kernel source through inspect) -> kernel_fn."""
+    import os
+    h = source_hash(source)
+    path = os.path.join(workdir, f"candidate_{h}.py")
+    with open(path, "w") as f:
+        f.write(source)
+    name = f"nightshift_candidate_{h}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    fn = getattr(module, "kernel_fn", None)
+    if not callable(fn):
+        raise CandidateError("smoke", "kernel_fn is not callable")
+    return fn
+
+
+def _float64(v):
+    import torch
+    if isinstance(v, torch.Tensor) and v.is_floating_point():
+        return v.detach().to(torch.float64)
+    return v
+
+
+def _bytes_equal(a, b) -> bool:
+    import torch
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.numel() == 0:
+        return True
+    ac, bc = a.contiguous(), b.contiguous()
+    return torch.equal(ac.view(torch.uint8) if ac.dim() else ac.reshape(1).view(torch.uint8),
+                       bc.view(torch.uint8) if bc.dim() else bc.reshape(1).view(torch.uint8))
+
+
+def _storage_span(t):
+    if t.numel() == 0:
+        return None
+    start = t.data_ptr()
+    extent = sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride())) + 1
+    return start, start + extent * t.element_size()
+
+
+def _overlaps(a, b) -> bool:
+    sa, sb = _storage_span(a), _storage_span(b)
+    return bool(sa and sb and sa[0] < sb[1] and sb[0] < sa[1])
+
+
+def guarded_call(fn, inputs: dict, extra_allowed=()):
+    """Run fn(**inputs) under the guard; return the output. Raises CandidateError(stage '')."""
+    global _Guard
+    import torch
+    if _Guard is None:
+        _Guard = _guard_mode_class()
+    before = _STATE.launches
+    guard = _Guard(extra_allowed)
+    try:
+        with guard:
+            out = fn(**inputs)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    except CandidateError:
+        raise
+    except Exception as e:
+        tb = traceback.format_exception(type(e), e, e.__traceback__)
+        raise CandidateError("", f"raised {type(e).__name__}: {str(e)[:400]}\n" +
+                             "".join(tb[-3:])[-1200:]) from None
+    if guard.bad_ops:
+        raise CandidateError("", "computed with PyTorch op(s) " + ", ".join(
+            f"aten.{o}" for o in guard.bad_ops[:6]) +
+            " outside its Triton kernels; a candidate must compute with its own Triton kernel")
+    if _STATE.launches == before:
+        raise CandidateError("", "launched no Triton kernel")
+    return out
+
+
+def compare(out, expected, atol: float, rtol: float) -> tuple[bool, float, str]:
+    """(ok, worst absolute error, why-not) for out vs expected of the same shape."""
+    import torch
+    o, e = out.detach().to(torch.float64), expected.detach().to(torch.float64)
+    nan_o, nan_e = torch.isnan(o), torch.isnan(e)
+    if not torch.equal(nan_o, nan_e):
+        n = int((nan_o != nan_e).sum())
+        where = "NaN where the reference is finite" if bool((nan_o & ~nan_e).any()) \
+            else "finite where the reference is NaN"
+        return False, float("nan"), f"{n} element(s) {where}"
+    inf_pos = torch.isposinf(o) != torch.isposinf(e)
+    inf_neg = torch.isneginf(o) != torch.isneginf(e)
+    if bool(inf_pos.any() | inf_neg.any()):
+        return False, float("inf"), f"{int((inf_pos | inf_neg).sum())} element(s) differ in Inf"
+    fin = torch.isfinite(e)
+    if not bool(fin.any()):
+        return True, 0.0, ""
+    err = (o[fin] - e[fin]).abs()
+    bound = atol + rtol * e[fin].abs()
+    worst = float(err.max())
+    bad = err > bound
+    if bool(bad.any()):
+        i = int((err / bound).argmax())
+        return False, worst, (f"{int(bad.sum())} of {int(fin.sum())} element(s) out of tolerance; "
+                              f"worst |out-ref| {worst:.3g} (out {float(o[fin][i]):.6g}, ref "
+                              f"{float(e[fin][i]):.6g}; atol {atol:g}, rtol {rtol:g})")
+    return True, worst, ""
+
+
+# ---------------------------------------------------------------------------------------------
+# stages
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class StageResult:
+    stage: str
+    status: str              # passed | failed | skipped
+    worst_error: float | None = None
+    failed_case: str | None = None
+    detail: str = ""
+    duration_s: float = 0.0
+
+    def row(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Case:
+    shape: tuple
+    dtype: str
+    kind: str = "normal"
+    layout: str = "contiguous"   # contiguous | row_strided | column_major
+
+    def __str__(self) -> str:
+        s = f"shape={list(self.shape)} dtype={self.dtype}"
+        if self.kind != "normal":
+            s += f" inputs={self.kind}"
+        if self.layout != "contiguous":
+            s += f" layout={self.layout}"
+        return s
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _relayout(t, layout: str):
+    """Same values as ``t`` in a non-contiguous layout models really pass."""
+    import torch
+    if layout == "row_strided" and t.dim() >= 1:
+        # rows of a wider buffer, as when q/k/v are sliced out of one fused projection
+        big = torch.empty(*t.shape[:-1], t.shape[-1] + 13, dtype=t.dtype, device=t.device)
+        big[..., : t.shape[-1]].copy_(t)
+        return big[..., : t.shape[-1]]
+    if layout == "column_major" and t.dim() >= 2:
+        return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+    return t
+
+
+class Verifier:
+    """Runs the five stages for one family on one device. One per candidate evaluation."""
+
+    def __init__(self, fam, spec: dict, device: str, interpret: bool):
+        import torch
+        self.fam = fam
+        self.device = device
+        self.interpret = interpret
+        self.dtype = spec["dtype"]
+        self.real_shapes = [tuple(s["shape"]) for s in spec["shapes"]] or [fam.bench_shapes[0]]
+        self.gen = torch.Generator(device=device)
+        self.gen.manual_seed(int(spec.get("seed", 0)))
+        # Under the interpreter every program instance is Python: keep checks to small sizes.
+        self.numel_cap = spec.get("numel_cap") or (1 << 15 if interpret else 1 << 27)
+        self.dtypes = [d for d in fam.dtypes if d in spec.get("dtypes", fam.dtypes)]
+
+    def _tdtype(self, name):
+        import torch
+        return getattr(torch, name)
+
+    def inputs(self, case: Case) -> dict:
+        inp = self.fam.make_inputs(case.shape, self._tdtype(case.dtype), self.device, self.gen,
+                                   kind=case.kind)
+        if case.layout != "contiguous":
+            first = self.fam.arg_names[0]
+            inp[first] = _relayout(inp[first], case.layout)
+        return inp
+
+    def check(self, fn, case: Case, inputs: dict | None = None):
+        """One guarded call on fresh inputs; returns (out, worst error). Raises CandidateError."""
+        import torch
+        inputs = inputs if inputs is not None else self.inputs(case)
+        tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+        saved = {k: v.clone() for k, v in tensors.items()}
+        out = guarded_call(fn, inputs, self.fam.allowed_host_ops)
+        for k, v in tensors.items():
+            if not _bytes_equal(v, saved[k]):
+                raise CandidateError("", f"modified its input {k!r}")
+        if not isinstance(out, torch.Tensor):
+            raise CandidateError("", f"returned {type(out).__name__}, not a tensor")
+        for k, v in tensors.items():
+            if _overlaps(out, v):
+                raise CandidateError("", f"output aliases input {k!r}")
+        ref_native = self.fam.reference(**saved)
+        if out.shape != ref_native.shape or out.dtype != ref_native.dtype:
+            raise CandidateError("", f"returned shape {list(out.shape)} {out.dtype}; the reference "
+                                     f"returns {list(ref_native.shape)} {ref_native.dtype}")
+        expected = self.fam.reference(**{k: _float64(v) for k, v in saved.items()}).to(out.dtype)
+        atol, rtol = self.fam.tolerance[self._tdtype(case.dtype)]
+        ok, worst, why = compare(out, expected, atol, rtol)
+        if not ok:
+            raise CandidateError("", f"wrong result: {why}")
+        return out, worst
+
+    # -- the stages ------------------------------------------------------------------------------
+    def _fit(self, shapes):
+        seen, out = set(), []
+        for s in shapes:
+            s = tuple(s)
+            if s not in seen and _numel(s) <= self.numel_cap:
+                seen.add(s)
+                out.append(s)
+        return out
+
+    def cases(self, stage: str) -> list[Case]:
+        fam, dt = self.fam, self.dtype
+        real = self.real_shapes
+        small_real = self._fit(real) or [min(real, key=_numel)]
+        if stage == "smoke":
+            return [Case(small_real[0], dt)]
+        if stage == "shape_sweep":
+            shapes = list(dict.fromkeys(real)) + self._fit(fam.sweep_shapes)
+            return [Case(s, d) for s in shapes for d in self.dtypes
+                    if _numel(s) <= self.numel_cap or s in real]
+        if stage == "stability":
+            odd = self._fit(fam.sweep_shapes)
+            other = odd[min(3, len(odd) - 1)] if odd else small_real[0]
+            cs = []
+            for kind in fam.adversarial:
+                cs += [Case(small_real[0], d, kind) for d in self.dtypes]
+                cs.append(Case(other, dt, kind))
+            return cs
+        if stage == "determinism":
+            return [Case(s, dt) for s in list(dict.fromkeys([small_real[0], real[0]]))]
+        if stage == "edge_cases":
+            cs = [Case(s, dt) for s in self._fit(fam.edge_shapes)]
+            odd = self._fit(fam.sweep_shapes)
+            for s in list(dict.fromkeys([small_real[0]] + odd[2:4])):
+                cs += [Case(s, dt, layout="row_strided"), Case(s, dt, layout="column_major")]
+            return cs
+        raise ValueError(stage)
+
+    def run_stage(self, fn, stage: str) -> StageResult:
+        t0 = time.perf_counter()
+        worst = 0.0
+        cases = self.cases(stage)
+        for case in cases:
+            try:
+                if stage == "determinism":
+                    inputs = self.inputs(case)
+                    first, w = self.check(fn, case, inputs)
+                    first = first.clone()
+                    for rep in range(2):
+                        again = guarded_call(fn, inputs, self.fam.allowed_host_ops)
+                        if not _bytes_equal(first, again):
+                            diff = int((first.double() != again.double()).sum())
+                            raise CandidateError("", f"run {rep + 2} differs from run 1 in {diff} "
+                                                     f"element(s): not bitwise deterministic")
+                else:
+                    _, w = self.check(fn, case)
+                worst = max(worst, w if w == w else 0.0)
+            except CandidateError as e:
+                return StageResult(stage, "failed", worst_error=worst, failed_case=str(case),
+                                   detail=str(e), duration_s=time.perf_counter() - t0)
+        return StageResult(stage, "passed", worst_error=worst,
+                           detail=f"{len(cases)} case(s)", duration_s=time.perf_counter() - t0)
