@@ -1,0 +1,149 @@
+"""Plotly figure builders: pure functions from pandas DataFrames (as app/data.py makes them) to
+go.Figure. No Streamlit and no database here, so each chart is unit-testable on its own.
+
+Every figure sets a constant ``uirevision``: the page redraws the charts every refresh, and a
+constant uirevision tells plotly.js to keep the user's zoom, pan and legend toggles across redraws.
+"""
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from app.data import INTERPRETER_LABEL, stage_order
+
+STATE_STYLE = {  # experiment state -> (colour, marker symbol)
+    "kept": ("#2ca02c", "circle"),
+    "reverted": ("#ff7f0e", "circle-open"),
+    "failed": ("#d62728", "x"),
+}
+STATUS_COLOURS = {"passed": "#2ca02c", "failed": "#d62728", "skipped": "#b0b0b0"}
+BEST_COLOUR = "#1f77b4"
+
+
+def _title(text: str, interpreter: bool) -> dict:
+    # The interpreter label goes into the chart itself, not only the page, so a screenshot of
+    # a chart can never pass interpreter numbers off as GPU performance.
+    if interpreter:
+        text += f"<br><sup>{INTERPRETER_LABEL}</sup>"
+    return dict(text=text, x=0, xanchor="left")
+
+
+def _empty(fig: go.Figure, message: str) -> go.Figure:
+    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+                       font=dict(size=14, color="#888"))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return fig
+
+
+def _short(text, n: int = 90) -> str:
+    text = "" if text is None or (isinstance(text, float) and pd.isna(text)) else str(text)
+    text = text.strip().splitlines()[0] if text.strip() else ""
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def speedup_figure(exps: pd.DataFrame, best: pd.DataFrame, interpreter: bool = False) -> go.Figure:
+    """Per-kernel speedup over experiments, one facet per family.
+
+    exps: experiments (seq, family, state, speedup, failed_stage, hypothesis, error);
+    best: data.best_so_far(exps) (family, seq, best). Each facet has the best-so-far step line,
+    a marker per experiment coloured by state, and the reference baseline at 1x. Failed
+    experiments have no valid speedup: their markers sit at 0 and the hover names the stage."""
+    families = sorted(exps["family"].dropna().unique()) if not exps.empty else []
+    if not families:
+        fig = _empty(go.Figure(), "no experiments yet")
+        fig.update_layout(title=_title("Per-kernel speedup", interpreter), height=300,
+                          uirevision="speedup")
+        return fig
+
+    n = len(families)
+    height = 170 * n + 170
+    # ~50 px between facets whatever their number (the spacing is a fraction of the plot area)
+    fig = make_subplots(rows=n, cols=1, shared_xaxes=True, subplot_titles=families,
+                        vertical_spacing=min(0.3, 50 / (height - 180)))
+    shown: set[str] = set()  # one legend entry per trace kind, not per facet
+    for row, fam in enumerate(families, start=1):
+        fe = exps[exps["family"] == fam]
+        fb = best[best["family"] == fam].sort_values("seq")
+        fig.add_trace(go.Scatter(
+            x=fb["seq"], y=fb["best"], mode="lines", line=dict(shape="hv", color=BEST_COLOUR, width=2),
+            name="best so far", legendgroup="best", showlegend="best" not in shown,
+            hovertemplate="seq %{x}<br>best so far %{y:.3f}×<extra>" + fam + "</extra>"),
+            row=row, col=1)
+        shown.add("best")
+        for state, (colour, symbol) in STATE_STYLE.items():
+            se = fe[fe["state"] == state]
+            if se.empty:
+                continue
+            y = se["speedup"].astype(float)
+            if state == "failed":
+                y = y.fillna(0.0)
+            custom = list(zip(se["hypothesis"].map(_short),
+                              se["failed_stage"].fillna("").astype(str),
+                              se["error"].map(_short) if "error" in se else [""] * len(se)))
+            if state == "failed":
+                hover = ("seq %{x}: <b>failed at %{customdata[1]}</b><br>%{customdata[0]}"
+                         "<br>%{customdata[2]}<extra>" + fam + "</extra>")
+            else:
+                hover = ("seq %{x}: <b>" + state + "</b> %{y:.3f}×<br>%{customdata[0]}"
+                         "<extra>" + fam + "</extra>")
+            fig.add_trace(go.Scatter(
+                x=se["seq"], y=y, mode="markers", name=state, legendgroup=state,
+                cliponaxis=False,  # failed markers sit on the axis at 0: draw them whole
+                showlegend=state not in shown, customdata=custom, hovertemplate=hover,
+                marker=dict(color=colour, symbol=symbol, size=9,
+                            line=dict(width=2 if symbol != "circle" else 0, color=colour))),
+                row=row, col=1)
+            shown.add(state)
+        fig.add_hline(y=1.0, line=dict(color="#888", dash="dash", width=1), row=row, col=1)
+        fig.update_yaxes(title_text="speedup ×", rangemode="tozero", row=row, col=1)
+    fig.update_xaxes(title_text="experiment seq", row=n, col=1)
+    fig.update_layout(title=_title("Per-kernel speedup (dashed: reference 1×)", interpreter),
+                      height=height, margin=dict(t=90, b=90, l=60, r=20),
+                      # in the bottom margin, whatever the number of facets
+                      legend=dict(orientation="h", yref="container", y=0, yanchor="bottom"),
+                      hovermode="closest", uirevision="speedup")
+    return fig
+
+
+def amdahl_figure(proj: pd.DataFrame, limit: float | None = None,
+                  interpreter: bool = False) -> go.Figure:
+    """Projected end-to-end speedup over experiments: data.amdahl_projection as a step line.
+
+    limit: the Amdahl ceiling 1 / (1 - Σf), what the model would gain if every targeted kernel
+    took no time at all; drawn when finite, so the projection is read against what is possible."""
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(
+        x=proj["seq"], y=proj["projected"], mode="lines+markers", line=dict(shape="hv", width=2),
+        marker=dict(size=5), name="projected", customdata=proj["family"].fillna("—"),
+        hovertemplate="after seq %{x} (%{customdata})<br>projected %{y:.3f}×<extra></extra>"))
+    fig.add_hline(y=1.0, line=dict(color="#888", dash="dash", width=1))
+    if limit is not None and limit != float("inf"):
+        fig.add_hline(y=limit, line=dict(color="#9467bd", dash="dot", width=1),
+                      annotation_text=f"Amdahl limit {limit:.2f}×", annotation_position="top left")
+    fig.update_layout(title=_title("Projected end-to-end speedup (Amdahl)", interpreter),
+                      xaxis_title="experiment seq", yaxis_title="model speedup ×", height=320,
+                      margin=dict(t=70, b=40, l=60, r=20), showlegend=False,
+                      uirevision="amdahl")
+    fig.update_yaxes(rangemode="tozero")
+    return fig
+
+
+def stage_figure(outcomes: pd.DataFrame) -> go.Figure:
+    """Verifier outcomes per stage: stacked passed / failed / skipped counts, stages in order.
+
+    outcomes: data.stage_outcomes_frame (stage, status, n)."""
+    fig = go.Figure()
+    stages = stage_order(outcomes)
+    counts = (outcomes.pivot_table(index="stage", columns="status", values="n", aggfunc="sum")
+              .reindex(stages).fillna(0) if not outcomes.empty else pd.DataFrame(index=stages))
+    for status, colour in STATUS_COLOURS.items():
+        y = counts[status] if status in counts else pd.Series(0, index=stages)
+        fig.add_trace(go.Bar(x=stages, y=y.astype(int), name=status, marker_color=colour,
+                             hovertemplate="%{x}: %{y} " + status + "<extra></extra>"))
+    fig.update_layout(barmode="stack", title=dict(text="Verifier outcomes per stage", x=0),
+                      yaxis_title="experiments", height=340, margin=dict(t=60, b=80, l=60, r=20),
+                      legend=dict(orientation="h", yref="container", y=0, yanchor="bottom"),
+                      uirevision="stages")
+    return fig

@@ -1,0 +1,89 @@
+"""What every page shares: the process's engine and the sidebar (database path, run selector).
+
+The sidebar keeps its choices in st.session_state ("db_path", "run_id"), which the pages read.
+"""
+from __future__ import annotations
+
+import streamlit as st
+
+from app import data
+
+# Engine states in which the engine is working on (or winding down) its run.
+BUSY_STATES = ("starting", "running", "paused", "stopping")
+
+
+@st.cache_resource(show_spinner=False)
+def _engine():
+    # One Engine per dashboard process, shared by every browser session: it runs at most one run
+    # in its own thread, and talks to the pages only through SQLite and engine.status()/stop()/...
+    from engine.loop import Engine
+    return Engine()
+
+
+def engine_handle():
+    """(engine, None), or (None, why) when engine.loop cannot be loaded in this process.
+
+    A failed import is not cached (cache_resource does not cache exceptions), so the page picks
+    the engine up as soon as it can be imported, without restarting the dashboard."""
+    try:
+        return _engine(), None
+    except Exception as e:  # ImportError while engine.loop is missing, or any error in its imports
+        return None, f"{type(e).__name__}: {e}"
+
+
+def engine_owns(run_id: str | None) -> dict | None:
+    """engine.status() when this process's engine is the one running ``run_id``, else None."""
+    eng, _ = engine_handle()
+    if eng is None or run_id is None:
+        return None
+    status = eng.status()
+    return status if status.get("run_id") == run_id else None
+
+
+def select_run(run_id: str) -> None:
+    """Make the sidebar select ``run_id`` on the next script run (e.g. a run just started).
+
+    A widget's state cannot be set once the widget has rendered in the current run, so this is
+    applied by sidebar() before it draws the selector."""
+    st.session_state["pending_run_id"] = run_id
+
+
+def _run_label(run: dict) -> str:
+    mode = " · interpreter" if run["timing_mode"] == "interpreter" else ""
+    return f"{run['id']} · {run['model']} · {run['status']} · {run['experiments_done']} exp{mode}"
+
+
+def sidebar() -> None:
+    st.session_state.setdefault("db_path", data.default_db_path())
+    sb = st.sidebar
+    sb.text_input("Database", key="db_path",
+                  help="SQLite file the engine writes; relative paths are from the repository root.")
+    try:
+        store = data.open_store(st.session_state["db_path"])
+    except data.StoreError as e:
+        sb.error(str(e))
+        st.session_state["run_id"] = None
+        return
+    if store is None:
+        sb.caption("No database there yet: starting a run creates it.")
+        st.session_state["run_id"] = None
+        return
+    try:
+        runs = {r["id"]: r for r in data.list_runs(store)}
+    finally:
+        store.close()
+    # The selector's own key is "run_select"; pages read the plain "run_id". A stale selection
+    # (a run of another database) is dropped before the widget renders, so it falls back to the
+    # newest run instead of erroring.
+    pending = st.session_state.pop("pending_run_id", None)
+    if pending in runs:
+        st.session_state["run_select"] = pending
+    elif st.session_state.get("run_select") not in runs:
+        st.session_state.pop("run_select", None)
+    if not runs:
+        sb.caption("No runs in this database yet.")
+        st.session_state["run_id"] = None
+        return
+    st.session_state["run_id"] = sb.selectbox(
+        "Run", list(runs), key="run_select", format_func=lambda rid: _run_label(runs[rid]),
+        help="Runs in this database, newest first.")

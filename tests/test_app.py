@@ -1,0 +1,319 @@
+"""Dashboard tests: the Live run page under Streamlit's AppTest, and the chart builders.
+
+The database is real SQLite, filled through the engine's own writer (engine.store.Store), so the
+page is tested against exactly the rows the engine writes. No mocks.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+import pandas as pd
+import plotly.graph_objects as go
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from app import charts, data
+from engine.store import STAGES, Store
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = str(ROOT / "streamlit_app.py")
+TIMEOUT = 30  # first run imports pandas/plotly (and the engine, when it is there)
+
+# (family, state, failed_stage, speedup) per experiment, in seq order
+PLAN = [
+    ("rmsnorm", "kept", None, 1.5),
+    ("rmsnorm", "reverted", None, 1.2),
+    ("softmax", "failed", "shape_sweep", None),
+    ("rmsnorm", "kept", None, 2.0),
+    ("softmax", "kept", None, 1.25),
+    ("softmax", "failed", "stability", None),
+]
+
+
+def _verifications(failed_stage):
+    rows, failed = [], False
+    for stage in STAGES:
+        if failed:
+            rows.append(dict(stage=stage, status="skipped"))
+        elif stage == failed_stage:
+            rows.append(dict(stage=stage, status="failed", worst_error=0.5, failed_case="[7, 13]",
+                             detail="max abs error 0.5 > tol"))
+            failed = True
+        else:
+            rows.append(dict(stage=stage, status="passed", worst_error=1e-6))
+    return rows
+
+
+def _fill(path: Path, timing_mode: str, plan=PLAN, status="running") -> str:
+    s = Store(path)
+    try:
+        run_id = s.create_run("llama-tiny", {"model": "llama-tiny", "budget_experiments": 40},
+                              {"name": "cpu"}, timing_mode, None)
+        s.save_profile(run_id, [
+            dict(family="rmsnorm", time_us=400.0, fraction=0.4, calls=5, shapes=[], top_ops=[],
+                 has_kernel=True),
+            dict(family="softmax", time_us=200.0, fraction=0.2, calls=2, shapes=[], top_ops=[],
+                 has_kernel=True),
+            dict(family="other", time_us=400.0, fraction=0.4, calls=30, shapes=[], top_ops=[],
+                 has_kernel=False)], model_time_us=1000.0)
+        tids = {f: s.add_target(run_id, f, "float32", [{"shape": [2, 32, 64], "count": 1}], frac)
+                for f, frac in (("rmsnorm", 0.4), ("softmax", 0.2))}
+        for i, (fam, state, stage, speedup) in enumerate(plan):
+            s.record_experiment(dict(
+                run_id=run_id, target_id=tids[fam], family=fam, proposer="search",
+                hypothesis=f"try {i}: BLOCK_SIZE={64 << i}", source="def kernel_fn(): pass",
+                source_hash=f"h{i}", state=state, failed_stage=stage,
+                error="mismatch" if stage else None,
+                latency_us=None if speedup is None else 100.0 / speedup,
+                speedup=speedup, pct_sol=None if speedup is None else 10.0 * speedup,
+                timing_mode=timing_mode), _verifications(stage))
+            s.event(run_id, f"experiment {i + 1} on {fam}: {state}")
+        s.update_run(run_id, current_target="rmsnorm",
+                     current_reason="largest Amdahl headroom: f=0.40", status=status)
+        return run_id
+    finally:
+        s.close()
+
+
+@pytest.fixture
+def db(tmp_path, monkeypatch):
+    """A database with an older finished GPU run and a newer running interpreter run."""
+    path = tmp_path / "runs.db"
+    gpu = _fill(path, "gpu", plan=PLAN[:2], status="done")
+    interp = _fill(path, "interpreter")
+    monkeypatch.setenv("NIGHTSHIFT_DB", str(path))
+    return dict(path=path, gpu=gpu, interp=interp)
+
+
+def _app() -> AppTest:
+    return AppTest.from_file(APP, default_timeout=TIMEOUT)
+
+
+def _texts(at: AppTest) -> str:
+    parts = [e.value for kind in ("markdown", "warning", "error", "info", "caption")
+             for e in getattr(at, kind)]
+    return "\n".join(str(p) for p in parts)
+
+
+def _frame(at: AppTest, first_column: str) -> pd.DataFrame:
+    # AppTest does not expose a dataframe's key; the page's tables differ by their first column.
+    return next(d.value for d in at.dataframe if d.value.columns[0] == first_column)
+
+
+def _metric(at: AppTest, label: str) -> str:
+    return next(m.value for m in at.metric if m.label == label)
+
+
+# ---- the page ---------------------------------------------------------------------------------
+def test_live_page_renders_newest_run(db):
+    at = _app().run()
+    assert not at.exception, at.exception
+    # sidebar: the db path from $NIGHTSHIFT_DB, runs newest first, the newest selected
+    assert at.sidebar.text_input(key="db_path").value == str(db["path"])
+    sel = at.sidebar.selectbox(key="run_select")
+    assert sel.options[:2] == [db["interp"], db["gpu"]] or \
+        [o.split(" · ")[0] for o in sel.options] == [db["interp"], db["gpu"]]
+    assert sel.value == db["interp"]
+
+    assert _metric(at, "Experiments") == str(len(PLAN))
+    assert _metric(at, "Status") == "running"
+    # Amdahl: f=0.4 at s=2.0, f=0.2 at s=1.25 -> 1 / (0.4 + 0.2 + 0.16) = 1.316
+    assert _metric(at, "Projected model speedup") == "1.316×"
+
+    table = _frame(at, "seq")
+    assert list(table.columns) == data.TABLE_COLUMNS
+    assert len(table) == len(PLAN)
+    assert table["seq"].tolist() == list(range(len(PLAN), 0, -1))  # newest first
+    failed = table[table["state"] == "failed"].set_index("seq")["failed_stage"].to_dict()
+    assert failed == {3: "shape_sweep", 6: "stability"}
+
+    events = _frame(at, "ts")
+    assert len(events) == len(PLAN)
+    assert events["message"].iloc[0] == f"experiment {len(PLAN)} on softmax: failed"
+
+    text = _texts(at)
+    assert data.INTERPRETER_LABEL.lower() in text.lower()
+    assert "rmsnorm" in text and "largest Amdahl headroom" in text
+
+    plots = at.get("plotly_chart")
+    assert len(plots) == 3
+
+
+def test_gpu_run_has_no_interpreter_label(db):
+    at = _app().run()
+    at.sidebar.selectbox(key="run_select").select(db["gpu"]).run()
+    assert not at.exception, at.exception
+    assert _metric(at, "Experiments") == "2"
+    assert _metric(at, "Status") == "done"
+    assert "interpreter" not in _texts(at).lower()
+    assert len(_frame(at, "seq")) == 2
+
+
+def test_page_never_writes_to_the_database(db):
+    before = hashlib.sha256(db["path"].read_bytes()).hexdigest()
+    runs_before = len(Store(db["path"], readonly=True).list_runs())
+    at = _app().run()
+    assert not at.exception
+    assert hashlib.sha256(db["path"].read_bytes()).hexdigest() == before
+    assert len(Store(db["path"], readonly=True).list_runs()) == runs_before
+
+
+def test_missing_database_is_not_an_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("NIGHTSHIFT_DB", str(tmp_path / "nothing-here.db"))
+    at = _app().run()
+    assert not at.exception, at.exception
+    assert not at.error
+    assert any("No run selected" in i.value for i in at.info)
+    assert not (tmp_path / "nothing-here.db").exists()  # reading never creates the file
+
+
+def test_bad_start_form_shows_error_and_starts_nothing(db):
+    pytest.importorskip("engine.loop", reason="engine/loop.py has not landed yet")
+    at = _app().run()
+    assert not at.exception, at.exception
+    at.text_input(key="f_shape").input("2by32")
+    at.button(key="f_start").click().run()
+    assert not at.exception, at.exception
+    assert at.error, "a malformed input shape must give st.error"
+    assert "Not started" in at.error[0].value
+    # nothing was started: still the same two runs
+    assert len(Store(db["path"], readonly=True).list_runs()) == 2
+
+
+def test_app_package_never_imports_triton_nor_writes_sql():
+    for f in (ROOT / "app").glob("*.py"):
+        src = f.read_text()
+        assert not re.search(r"^\s*(import|from)\s+triton\b", src, re.M), f
+        assert not re.search(r"\b(INSERT|UPDATE|DELETE|CREATE|DROP|ALTER)\s", src), f
+    assert not re.search(r"plotly", (ROOT / "streamlit_app.py").read_text())
+
+
+# ---- data and chart builders ------------------------------------------------------------------
+def _exps(rows) -> pd.DataFrame:
+    return pd.DataFrame([dict(seq=i + 1, family=f, state=s, failed_stage=st, speedup=sp,
+                              hypothesis=f"h{i}", error=None, created_at=1000.0 + i)
+                         for i, (f, s, st, sp) in enumerate(rows)])
+
+
+TARGETS = pd.DataFrame([dict(family="rmsnorm", fraction=0.4), dict(family="softmax", fraction=0.2)])
+
+
+def test_amdahl_math():
+    assert data.amdahl({"a": 0.5}, {"a": 2.0}) == pytest.approx(4 / 3)
+    assert data.amdahl({"a": 0.5}, {}) == 1.0
+    assert data.amdahl({"a": 0.5}, {"a": 0.5}) == 1.0  # slower than reference: not used
+    assert data.amdahl({"a": 0.3, "b": 0.2}, {"a": 3.0, "b": 2.0}) == pytest.approx(1 / 0.7)
+    assert data.amdahl_limit(TARGETS) == pytest.approx(1 / 0.4)
+
+
+def test_amdahl_projection_from_experiments():
+    proj = data.amdahl_projection(_exps(PLAN), TARGETS)
+    assert proj["seq"].tolist() == [0, 1, 2, 3, 4, 5, 6]
+    f, g = 0.4, 0.2
+    expect = [1.0,
+              1 / ((1 - f - g) + f / 1.5 + g),          # rmsnorm kept at 1.5
+              1 / ((1 - f - g) + f / 1.5 + g),          # reverted: no change
+              1 / ((1 - f - g) + f / 1.5 + g),          # failed: no change
+              1 / ((1 - f - g) + f / 2.0 + g),          # rmsnorm kept at 2.0
+              1 / ((1 - f - g) + f / 2.0 + g / 1.25),   # softmax kept at 1.25
+              1 / ((1 - f - g) + f / 2.0 + g / 1.25)]
+    assert proj["projected"].tolist() == pytest.approx(expect)
+    # one family at half the model's time, made 2x faster -> 1.333x
+    one = data.amdahl_projection(_exps([("rmsnorm", "kept", None, 2.0)]),
+                                 pd.DataFrame([dict(family="rmsnorm", fraction=0.5)]))
+    assert one["projected"].iloc[-1] == pytest.approx(1.3333, abs=1e-4)
+
+
+def test_best_so_far_only_counts_kept_and_carries_forward():
+    best = data.best_so_far(_exps([
+        ("rmsnorm", "reverted", None, 3.0),   # never kept: not a best
+        ("rmsnorm", "kept", None, 1.5),
+        ("rmsnorm", "failed", "smoke", None),
+        ("rmsnorm", "kept", None, 1.2),       # kept but worse than the best: best stays
+        ("rmsnorm", "kept", None, 2.0)]))
+    vals = best["best"].tolist()
+    assert pd.isna(vals[0]) and vals[1:] == [1.5, 1.5, 1.5, 2.0]
+
+
+def test_speedup_figure():
+    exps = _exps(PLAN)
+    fig = charts.speedup_figure(exps, data.best_so_far(exps), interpreter=True)
+    assert isinstance(fig, go.Figure)
+    assert fig.layout.uirevision == "speedup"
+    assert data.INTERPRETER_LABEL in fig.layout.title.text
+    titles = [a.text for a in fig.layout.annotations]
+    assert "rmsnorm" in titles and "softmax" in titles  # one facet per family
+    by_name = {}
+    for t in fig.data:
+        by_name.setdefault(t.name, []).append(t)
+    assert set(by_name) == {"best so far", "kept", "reverted", "failed"}
+    assert len(by_name["best so far"]) == 2
+    failed = by_name["failed"][0]
+    assert list(failed.y) == [0.0, 0.0]  # no valid speedup: drawn at 0
+    assert [c[1] for c in failed.customdata] == ["shape_sweep", "stability"]
+    assert "failed at %{customdata[1]}" in failed.hovertemplate
+    # baseline at 1x in each facet
+    assert sum(1 for s in fig.layout.shapes if s.y0 == 1.0 and s.y1 == 1.0) == 2
+    # a GPU run's chart carries no interpreter label
+    gpu = charts.speedup_figure(exps, data.best_so_far(exps), interpreter=False)
+    assert data.INTERPRETER_LABEL not in gpu.layout.title.text
+
+
+def test_speedup_figure_empty():
+    empty = pd.DataFrame(columns=data.EXPERIMENT_FIELDS)
+    fig = charts.speedup_figure(empty, data.best_so_far(empty))
+    assert fig.layout.uirevision == "speedup" and not fig.data
+
+
+def test_amdahl_figure():
+    proj = data.amdahl_projection(_exps(PLAN), TARGETS)
+    fig = charts.amdahl_figure(proj, data.amdahl_limit(TARGETS), interpreter=True)
+    assert fig.layout.uirevision == "amdahl"
+    assert list(fig.data[0].y) == pytest.approx(proj["projected"].tolist())
+    assert fig.data[0].line.shape == "hv"
+    assert sorted(s.y0 for s in fig.layout.shapes) == pytest.approx([1.0, 2.5])  # baseline, limit
+    assert data.INTERPRETER_LABEL in fig.layout.title.text
+
+
+def test_stage_figure_stacks_outcomes_in_pipeline_order():
+    outcomes = pd.DataFrame([
+        dict(stage="smoke", status="passed", n=5), dict(stage="smoke", status="failed", n=1),
+        dict(stage="shape_sweep", status="passed", n=4), dict(stage="shape_sweep", status="skipped", n=2),
+        dict(stage="static", status="failed", n=1)])
+    fig = charts.stage_figure(outcomes)
+    assert fig.layout.barmode == "stack" and fig.layout.uirevision == "stages"
+    bars = {t.name: dict(zip(t.x, t.y)) for t in fig.data}
+    assert set(bars) == {"passed", "failed", "skipped"}
+    assert list(fig.data[0].x) == list(STAGES) + ["static"]
+    assert bars["passed"]["smoke"] == 5 and bars["failed"]["smoke"] == 1
+    assert bars["skipped"]["shape_sweep"] == 2 and bars["passed"]["edge_cases"] == 0
+    assert bars["failed"]["static"] == 1
+
+
+def test_stage_outcomes_from_store(db):
+    store = Store(db["path"], readonly=True)
+    out = data.stage_outcomes_frame(store, db["interp"])
+    total = out.groupby("stage")["n"].sum()
+    assert (total.reindex(list(STAGES)) == len(PLAN)).all()  # every stage recorded per experiment
+    fig = charts.stage_figure(out)
+    bars = {t.name: dict(zip(t.x, t.y)) for t in fig.data}
+    assert bars["failed"]["shape_sweep"] == 1 and bars["failed"]["stability"] == 1
+    assert bars["skipped"]["edge_cases"] == 2
+
+
+def test_experiments_frame_reads_incrementally(db):
+    store = Store(db["path"], readonly=True)
+    cache: dict = {}
+    first = data.experiments_frame(store, db["interp"], cache)
+    assert len(first) == len(PLAN) and "source" not in first.columns
+    w = Store(db["path"])
+    tid = w.targets(db["interp"])[0]["id"]
+    w.record_experiment(dict(run_id=db["interp"], target_id=tid, family="rmsnorm",
+                             proposer="search", hypothesis="new", source="x", source_hash="n",
+                             state="reverted", speedup=1.1, timing_mode="interpreter"), [])
+    w.close()
+    second = data.experiments_frame(store, db["interp"], cache)
+    assert second["seq"].tolist() == list(range(1, len(PLAN) + 2))
+    assert cache["last_id"] == second["id"].max()
