@@ -101,7 +101,7 @@ class Control:
 
 def _log_line(exp: dict, timing_mode: str) -> str:
     lat = f"{exp['latency_us']:10.1f} us" if exp.get("latency_us") else " " * 13
-    spd = f"{exp['speedup']:6.2f}x" if exp.get("speedup") else " " * 7
+    spd = f"{exp['speedup']:7.3g}x" if exp.get("speedup") else " " * 8
     sol = f"{exp['pct_sol']:4.0f}% SOL" if exp.get("pct_sol") else " " * 8
     state = exp["state"] + (f"@{exp['failed_stage']}" if exp.get("failed_stage") else "")
     tag = " [interpreter timing]" if timing_mode == "interpreter" and exp.get("latency_us") else ""
@@ -120,12 +120,14 @@ def _target_shapes(row: dict) -> tuple[str, list[dict]]:
 
 
 def execute(cfg: RunConfig, control: Control | None = None, resume_run_id: str | None = None,
-            log=print) -> str:
-    """Run (or resume) one optimization run to its end. Returns the run id."""
+            log=print, proposer=None) -> str:
+    """Run (or resume) one optimization run to its end. Returns the run id.
+
+    ``proposer`` replaces the one ``cfg.proposer`` names (any object with ``propose``)."""
     control = control or Control()
     store = Store(cfg.db)
     try:
-        return _execute(cfg, control, store, resume_run_id, log)
+        return _execute(cfg, control, store, resume_run_id, log, proposer)
     finally:
         store.close()
 
@@ -162,7 +164,7 @@ def _prepare(cfg: RunConfig, store: Store, control: Control, log) -> str:
     return run_id
 
 
-def _execute(cfg, control, store, resume_run_id, log) -> str:
+def _execute(cfg, control, store, resume_run_id, log, proposer=None) -> str:
     control.stop_event.clear()
     control.set(state="starting", error=None)
     if resume_run_id:
@@ -212,7 +214,7 @@ def _execute(cfg, control, store, resume_run_id, log) -> str:
             store.event(run_id, "the profile found no family with a kernel: nothing to optimize",
                         "warn")
             log("nothing to optimize: no profiled family has a kernel")
-        proposer = proposers.make(cfg.proposer, cfg.seed)
+        proposer = proposer or proposers.make(cfg.proposer, cfg.seed)
         started = time.monotonic()
         previous = run["current_target"]
         while True:

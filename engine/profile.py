@@ -1,0 +1,504 @@
+"""Profile a model's forward pass and attribute its time to kernel families.
+
+profile_model(model, inputs) runs the forward under torch.profiler and returns one FamilyTime
+row per family (plus "other"), times per forward pass in microseconds, sorted by time. The
+planner ranks these rows by Amdahl's law, so the one property that matters most is that every
+microsecond is counted exactly once.
+
+What is timed
+- On a GPU (CUDA, or ROCm, which reports through the same CUDA activity): device kernel time.
+  Each kernel is linked by the profiler to the CPU op (or profiler scope) that launched it, and
+  counted once, under that op. Kernels with no launching op stay in "other" under their own name.
+- On CPU: each aten op's self CPU time (its time minus its children's), on the thread that ran
+  the forward. Time in Python between ops (and in our scopes themselves) is not op time and is
+  left out.
+
+Attribution rules (the family of one op, walking the op tree from the root down)
+1. An op is classified by its name (aten::softmax -> softmax, aten::linear/mm/addmm/bmm/matmul
+   -> matmul, aten::scaled_dot_product_attention and its fused variants -> attention, ...; see
+   _OP_FAMILY), and a profiler scope named "family::<name>" classifies everything inside it.
+2. Composite families are recognized by module: forward hooks open such a scope around
+   nn.LayerNorm (layernorm), nn.RMSNorm or any class named like *RMSNorm* (rmsnorm), classes
+   named like rotary embeddings (rotary) and gated MLPs (fused_mlp). Model code can also open
+   "family::<name>" itself, as our apply_rotary() does.
+3. The OUTERMOST classified ancestor wins: aten::linear's child aten::addmm, the bmm/softmax of
+   an SDPA math fallback, the log_softmax/nll_loss under aten::cross_entropy_loss, and the
+   pow/mean/rsqrt of a composite RMSNorm all belong to the enclosing family. (The innermost rule
+   would split SDPA into matmul+softmax and RMSNorm's mean into reduce.)
+4. Exception: fused_mlp is a weak scope. Matmuls (and any other classified op) inside a gated
+   MLP keep their own family: the projections are ordinary GEMMs that a matmul kernel targets,
+   and only the elementwise glue (silu, mul) between them is what a fused MLP kernel removes.
+5. Everything with no classified ancestor is "other"; its top_ops name what is left.
+
+A "call" of a family is an op or scope where rule 1/2 starts that family (not its children),
+so F.linear -> addmm is one matmul call, and an RMSNorm module is one rmsnorm call.
+"""
+from __future__ import annotations
+
+import math
+import re
+import warnings
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn as nn
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, record_function
+
+from kernels import FAMILY_NAMES
+
+# Every family the profiler recognizes; kernels/ has files for a subset (FAMILY_NAMES).
+FAMILIES = ("rmsnorm", "softmax", "layernorm", "cross_entropy",
+            "matmul", "attention", "fused_mlp", "rotary", "reduce")
+OTHER = "other"
+SCOPE_PREFIX = "family::"
+_FORWARD_SCOPE = "engine::forward"
+_WEAK = frozenset({"fused_mlp"})   # scopes that don't absorb classified ops (rule 4)
+TOP_OPS = 5                        # how many op names each row keeps
+
+_OP_FAMILY = {
+    "aten::softmax": "softmax", "aten::_softmax": "softmax", "aten::_safe_softmax": "softmax",
+    "aten::layer_norm": "layernorm", "aten::native_layer_norm": "layernorm",
+    "aten::rms_norm": "rmsnorm", "aten::_fused_rms_norm": "rmsnorm",
+    "aten::cross_entropy_loss": "cross_entropy",
+    "aten::linear": "matmul", "aten::matmul": "matmul", "aten::mm": "matmul", "aten::addmm": "matmul",
+    "aten::bmm": "matmul", "aten::baddbmm": "matmul", "aten::_scaled_mm": "matmul",
+    "aten::scaled_dot_product_attention": "attention",
+    "aten::_flash_attention_forward": "attention", "aten::_efficient_attention_forward": "attention",
+    "aten::sum": "reduce", "aten::mean": "reduce",
+}
+
+
+def _op_family(name: str) -> str | None:
+    if name.startswith(SCOPE_PREFIX):
+        fam = name[len(SCOPE_PREFIX):].split("::")[0]
+        return fam if fam in FAMILIES else None
+    if name.startswith("aten::_scaled_dot_product_"):   # flash / efficient / cudnn / math / for_cpu
+        return "attention"
+    return _OP_FAMILY.get(name)
+
+
+@dataclass
+class FamilyTime:
+    family: str
+    time_us: float          # per forward pass: device time on GPU, op self CPU time on CPU
+    fraction: float         # share of the forward pass; sums to 1 over all rows
+    calls: int              # family calls per forward pass
+    shapes: list[dict] = field(default_factory=list)   # [{"shape": [...], "dtype": str, "count": int, ...}]
+    top_ops: list[dict] = field(default_factory=list)  # [{"name": str, "time_us": float, "calls": int}]
+    has_kernel: bool = False
+
+
+@dataclass
+class ProfileResult:
+    families: list[FamilyTime]   # sorted by time_us, descending
+    total_us: float              # per forward pass, measured independently of the attribution
+    device: str
+
+    def rows(self) -> list[dict]:
+        """Plain dicts, as engine.store.Store.save_profile takes them."""
+        return [asdict(f) for f in self.families]
+
+    def get(self, family: str) -> FamilyTime | None:
+        return next((f for f in self.families if f.family == family), None)
+
+
+# ---- module hooks: family scopes around composite modules ------------------------------------
+
+def module_family(module: nn.Module) -> str | None:
+    """The family a module's whole forward belongs to, or None (most modules)."""
+    name = type(module).__name__
+    if isinstance(module, nn.LayerNorm):
+        return "layernorm"
+    if (hasattr(nn, "RMSNorm") and isinstance(module, nn.RMSNorm)) or "rmsnorm" in name.lower():
+        return "rmsnorm"
+    if re.search(r"Rotary|RoPE|Rope(?![a-z])", name):
+        return "rotary"
+    if re.search(r"mlp|glu|feedforward|ffn", name, re.IGNORECASE) and _is_gated(module):
+        return "fused_mlp"
+    return None
+
+
+def _is_gated(module: nn.Module) -> bool:
+    # Gated MLPs name their three projections gate/up/down (ours, HF: gate_proj...) or w1/w3/w2 (Meta).
+    names = [n.lower() for n, _ in module.named_children()]
+    has = lambda part: any(part in n for n in names)   # noqa: E731
+    return (has("gate") and has("up") and has("down")) or {"w1", "w2", "w3"} <= set(names)
+
+
+def _first_tensor(args, kwargs):
+    for a in list(args) + list(kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            return a
+    return None
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+class _Hooks:
+    """Opens a "family::<name>" profiler scope around each family module's forward, and records
+    the module's input shape (the family-level call shape) for calls that start a family."""
+
+    def __init__(self, model: nn.Module):
+        self.handles = []
+        self.open: list[tuple[str, record_function]] = []    # (family, scope), innermost last
+        self.recording = False
+        self.shapes: Counter = Counter()                      # (family, shape, dtype, extras) -> calls
+        for mod in model.modules():
+            fam = module_family(mod)
+            if fam is None:
+                continue
+            self.handles.append(mod.register_forward_pre_hook(self._pre(fam), with_kwargs=True))
+            # always_call: the scope closes even when forward raises, so scopes never leak.
+            self.handles.append(mod.register_forward_hook(self._post, always_call=True))
+
+    def _pre(self, fam):
+        def hook(module, args, kwargs):
+            if self.recording and _starts_call(self._current(), fam):
+                x = _first_tensor(args, kwargs)
+                if x is not None:
+                    extras = ()
+                    if fam == "fused_mlp":
+                        extras = (("d_model", x.shape[-1]), ("ffn_dim", _ffn_dim(module)))
+                    self.shapes[(fam, tuple(x.shape), _dtype_name(x.dtype), extras)] += 1
+            scope = record_function(f"{SCOPE_PREFIX}{fam}::{type(module).__name__}")
+            scope.__enter__()
+            self.open.append((fam, scope))
+        return hook
+
+    def _post(self, module, args, output):
+        if self.open:
+            self.open.pop()[1].__exit__(None, None, None)
+
+    def _current(self) -> str | None:
+        cur = None
+        for fam, _ in self.open:
+            cur = _inherit(cur, fam)
+        return cur
+
+    def remove(self):
+        while self.open:
+            self.open.pop()[1].__exit__(None, None, None)
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+
+
+def _ffn_dim(module: nn.Module) -> int | None:
+    for name, child in module.named_children():
+        if ("gate" in name.lower() or name.lower() == "w1") and hasattr(child, "weight"):
+            return int(child.weight.shape[0])     # nn.Linear weight [F, D]
+    return None
+
+
+def _starts_call(cur: str | None, label: str | None) -> bool:
+    """Does an op/scope classified ``label`` start a new family call under inherited family ``cur``?"""
+    return label is not None and (cur is None or (cur in _WEAK and label != cur))
+
+
+def _inherit(cur: str | None, label: str | None) -> str | None:
+    """The family of an op/scope classified ``label`` (None: unclassified) under ``cur`` (rules 3-4)."""
+    return label if _starts_call(cur, label) else cur
+
+
+# ---- call shapes of functional ops -----------------------------------------------------------
+
+_CPP_DTYPES = {"float": "float32", "double": "float64", "c10::Half": "float16", "c10::BFloat16": "bfloat16",
+               "long int": "int64", "int": "int32", "short int": "int16", "signed char": "int8",
+               "unsigned char": "uint8", "bool": "bool", "c10::Float8_e4m3fn": "float8_e4m3fn",
+               "c10::Float8_e5m2": "float8_e5m2", "c10::Float8_e4m3fnuz": "float8_e4m3fnuz",
+               "c10::Float8_e5m2fnuz": "float8_e5m2fnuz"}
+
+
+def _event_dtype(evt, i: int, fallback: str) -> str:
+    dtypes = getattr(evt, "input_dtypes", None) or []   # recorded with record_shapes=True
+    return _CPP_DTYPES.get(dtypes[i], dtypes[i]) if i < len(dtypes) and dtypes[i] else fallback
+
+
+def _tensor_inputs(evt) -> list[list[int]]:
+    return [list(s) for s in (evt.input_shapes or []) if isinstance(s, (list, tuple)) and len(s) > 0]
+
+
+def _call_shape(evt, fam: str, fallback_dtype: str) -> tuple | None:
+    """(shape, dtype, extras) of the family-level call ``evt`` (an aten op or a code scope)."""
+    if evt.name.startswith(SCOPE_PREFIX):
+        # A scope placed in model code has no recorded inputs: use the first op inside it that
+        # reads a tensor (apply_rotary's first op is x * cos, so this is x).
+        for d in _descendants(evt):
+            if d.name.startswith("aten::") and _tensor_inputs(d):
+                shapes = d.input_shapes
+                i = next(i for i, s in enumerate(shapes) if isinstance(s, (list, tuple)) and len(s) > 0)
+                return tuple(shapes[i]), _event_dtype(d, i, fallback_dtype), ()
+        return None
+    shapes = [list(s) if isinstance(s, (list, tuple)) else [] for s in (evt.input_shapes or [])]
+    if fam == "matmul":
+        mkn = _matmul_mkn(evt.name, shapes)
+        if mkn is None:
+            return None
+        (m, k, n), batch = mkn
+        i = 1 if evt.name in ("aten::addmm", "aten::baddbmm") else 0
+        return (m, k, n), _event_dtype(evt, i, fallback_dtype), ((("batch", batch),) if batch > 1 else ())
+    if not shapes or not shapes[0]:
+        return None
+    dtype = _event_dtype(evt, 0, fallback_dtype)
+    if fam == "attention" and len(shapes) >= 2 and len(shapes[1]) >= 3:
+        # SDPA variants take [B, H, S, Dh]; the _flash/_efficient_attention_forward ops [B, S, H, Dh].
+        k = shapes[1]
+        kv_heads = k[-2] if evt.name in ("aten::_flash_attention_forward",
+                                         "aten::_efficient_attention_forward") else k[-3]
+        return tuple(shapes[0]), dtype, (("kv_heads", kv_heads),)
+    return tuple(shapes[0]), dtype, ()
+
+
+def _matmul_mkn(name: str, shapes: list[list[int]]):
+    """([M, K, N], batch) of a matmul-family op from its input shapes, or None."""
+    try:
+        if name == "aten::linear":                     # x [..., K], weight [N, K]
+            x, w = shapes[0], shapes[1]
+            return (math.prod(x[:-1]), x[-1], w[0]), 1
+        a, b = (shapes[1], shapes[2]) if name in ("aten::addmm", "aten::baddbmm") else (shapes[0], shapes[1])
+        if len(a) == 1:
+            a = [1] + a
+        if len(b) == 1:
+            b = b + [1]
+        if len(b) == 2:                                # [..., M, K] @ [K, N]: leading dims fold into M
+            return (math.prod(a[:-1]), a[-1], b[1]), 1
+        lead = torch.broadcast_shapes(tuple(a[:-2]), tuple(b[:-2]))
+        return (a[-2], a[-1], b[-1]), math.prod(lead)
+    except (IndexError, RuntimeError, TypeError):
+        return None
+
+
+def _descendants(evt):
+    stack = list(reversed(evt.cpu_children))
+    while stack:
+        e = stack.pop()
+        yield e
+        stack.extend(reversed(e.cpu_children))
+
+
+# ---- the profile ------------------------------------------------------------------------------
+
+_SCOPE_NAMES = (SCOPE_PREFIX, "engine::", "ProfilerStep")
+
+
+def _is_annotation(evt) -> bool:
+    """A user scope (record_function), on the CPU or its projection on the GPU timeline."""
+    return bool(getattr(evt, "is_user_annotation", False)) or evt.name.startswith(_SCOPE_NAMES)
+
+
+def _is_op(evt) -> bool:
+    """A real operator ("aten::mm", "mylib::op"), as opposed to a scope or a runtime API call
+    ("cudaLaunchKernel", "cuLaunchKernelEx", "hipLaunchKernel"), which has no "::"."""
+    return "::" in evt.name and not _is_annotation(evt)
+
+
+def _model_device(model: nn.Module, inputs) -> torch.device:
+    for t in list(model.parameters()) + list(model.buffers()):
+        return t.device
+    for t in _input_list(inputs):
+        if isinstance(t, torch.Tensor):
+            return t.device
+    return torch.device("cpu")
+
+
+def _input_list(inputs):
+    if isinstance(inputs, dict):
+        return list(inputs.values())
+    if isinstance(inputs, (list, tuple)):
+        return list(inputs)
+    return [inputs]
+
+
+def _call(model, inputs):
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    if isinstance(inputs, (list, tuple)):
+        return model(*inputs)
+    return model(inputs)
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+    return str(device)
+
+
+def profile_model(model: nn.Module, inputs, warmup: int = 1, iters: int = 3) -> ProfileResult:
+    """Profile ``model(*inputs)`` (or model(**inputs) for a dict) under no_grad.
+
+    warmup forwards run first (unprofiled: first calls pay for allocation and autotuning), then
+    ``iters`` profiled forwards; every number returned is per forward pass. The model is left
+    exactly as it was: the hooks are removed even if the forward raises.
+    """
+    if iters < 1:
+        raise ValueError(f"iters must be >= 1, got {iters}")
+    device = _model_device(model, inputs)
+    on_gpu = device.type == "cuda"          # ROCm builds report AMD GPUs as "cuda" too
+    param_dtype = next((_dtype_name(p.dtype) for p in model.parameters()), "float32")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+
+    hooks = _Hooks(model)
+    try:
+        with torch.no_grad():
+            for _ in range(warmup):
+                _call(model, inputs)
+            if on_gpu:
+                torch.cuda.synchronize(device)   # no warmup kernel may run into the profiled window
+            hooks.recording = True
+            with warnings.catch_warnings():
+                # torch 2.11 warns on start that events are cleared per cycle; we run one cycle.
+                warnings.filterwarnings("ignore", message=".*clears events at the end of each cycle")
+                with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
+                    for _ in range(iters):
+                        with record_function(_FORWARD_SCOPE):
+                            _call(model, inputs)
+                    if on_gpu:
+                        torch.cuda.synchronize(device)
+            hooks.recording = False
+    finally:
+        hooks.remove()
+
+    events = prof.events()
+    _fill_input_dtypes(prof, events)
+    result = _attribute(events, on_gpu, param_dtype, hooks.shapes)
+    return _finish(result, iters, _device_name(device))
+
+
+def _fill_input_dtypes(prof, events) -> None:
+    """Older torch (2.11, as on our H200) has no FunctionEvent.input_dtypes; the raw kineto
+    events behind them have the dtypes, under the same correlation id. Without either, call
+    dtypes fall back to the parameters' dtype."""
+    if all(hasattr(e, "input_dtypes") for e in events):
+        return
+    try:
+        by_id = {k.correlation_id(): k.dtypes() for k in prof.profiler.kineto_results.events()
+                 if k.device_type() == DeviceType.CPU}
+    except Exception:                # private API: a profile without dtypes beats no profile
+        return
+    for e in events:
+        if e.device_type == DeviceType.CPU and not hasattr(e, "input_dtypes"):
+            e.input_dtypes = by_id.get(e.id)
+
+
+def _attribute(events, on_gpu: bool, fallback_dtype: str, hook_shapes: Counter) -> dict:
+    """Walk the op trees under each forward scope; return raw totals summed over all iterations.
+
+    GPU: a device activity (kernel, memcpy, memset) shares its correlation id with the runtime
+    call that launched it ("cudaLaunchKernel", "cuLaunchKernelEx" for Triton, "hipLaunchKernel"),
+    and that call sits in the CPU tree under the op or scope that made it. Matching by id counts
+    every activity once, including kernels launched straight from a scope (Triton), which the
+    profiler's own op->kernel links miss. Those links (FunctionEvent.kernels) are only the
+    fallback for activities whose launch call isn't in the tree.
+    """
+    time = defaultdict(float)                                  # family -> us
+    calls = Counter()                                          # family -> calls
+    ops = defaultdict(lambda: defaultdict(lambda: [0.0, 0]))   # family -> op name -> [us, runs]
+    shapes = Counter(hook_shapes)                              # (family, shape, dtype, extras) -> calls
+    cpu_total = 0.0                                            # independent CPU total: top-level op spans
+    device = defaultdict(list)                                 # correlation id -> device activities
+    if on_gpu:
+        for e in events:
+            if e.device_type != DeviceType.CPU and not _is_annotation(e):
+                device[e.id].append(e)
+    matched: set = set()                                       # correlation ids already counted
+    walked_ops: list = []                                      # (op event, row) for the fallback
+
+    def visit(evt, cur: str | None, op_name: str | None, under_op: bool):
+        nonlocal cpu_total
+        is_op = _is_op(evt)
+        label = _op_family(evt.name) if is_op or _is_annotation(evt) else None
+        fam = _inherit(cur, label)
+        row = fam or OTHER
+        if _starts_call(cur, label):
+            calls[label] += 1
+            # Module scopes' shapes came from the hooks (their inputs); the rest from the event.
+            is_module_scope = evt.name.startswith(SCOPE_PREFIX) and evt.name.count("::") >= 2
+            if not is_module_scope:
+                s = _call_shape(evt, label, fallback_dtype)
+                if s is not None:
+                    shapes[(label,) + s] += 1
+        if is_op:
+            ops[row][evt.name][1] += 1              # how often this op ran, whatever its time
+            op_name = evt.name
+            if fam is None and not under_op:
+                calls[OTHER] += 1                   # a top-level op outside every family
+        if on_gpu:
+            if is_op:
+                walked_ops.append((evt, row))
+            elif evt.id in device and evt.id not in matched and not _is_annotation(evt):
+                matched.add(evt.id)
+                for d in device[evt.id]:            # a graph launch has several
+                    us = d.time_range.elapsed_us()
+                    time[row] += us
+                    ops[row][op_name or d.name][0] += us
+                    if op_name is None:
+                        ops[row][d.name][1] += 1    # named by the kernel: count its launches
+        elif is_op:
+            self_us = evt.self_cpu_time_total
+            time[row] += self_us
+            ops[row][evt.name][0] += self_us
+            if not under_op:
+                cpu_total += evt.cpu_time_total
+        for child in evt.cpu_children:
+            visit(child, fam, op_name, under_op or is_op)
+
+    roots = [e for e in events if e.name == _FORWARD_SCOPE and e.device_type == DeviceType.CPU]
+    for root in roots:
+        for child in root.cpu_children:
+            visit(child, None, None, False)
+
+    if not on_gpu:
+        return dict(time=time, calls=calls, ops=ops, shapes=shapes, total=cpu_total)
+
+    # Independent total: every device activity in the profiled window, once.
+    left = Counter()                                 # kernel name -> us not matched by id
+    total = 0.0
+    for cid, acts in device.items():
+        for d in acts:
+            us = d.time_range.elapsed_us()
+            total += us
+            if cid not in matched:
+                left[d.name] += us
+    # Fallback: the profiler's op->kernel links, spending each kernel name's unmatched time once.
+    for evt, row in walked_ops:
+        for k in evt.kernels:
+            take = min(k.duration, left[k.name])
+            if take > 0:
+                left[k.name] -= take
+                time[row] += take
+                ops[row][evt.name][0] += take
+    for name, us in left.items():                    # launched outside the walked trees
+        if us > 1e-6:
+            time[OTHER] += us
+            ops[OTHER][name][0] += us
+    return dict(time=time, calls=calls, ops=ops, shapes=shapes, total=total)
+
+
+def _finish(raw: dict, iters: int, device: str) -> ProfileResult:
+    time, calls, ops, shapes = raw["time"], raw["calls"], raw["ops"], raw["shapes"]
+    attributed = sum(time.values())
+    rows = []
+    for fam in list(FAMILIES) + [OTHER]:
+        if time.get(fam, 0.0) <= 0.0 and not (fam != OTHER and calls.get(fam)):
+            continue
+        fam_shapes = [dict(shape=list(shape), dtype=dtype, count=round(n / iters), **dict(extras))
+                      for (f, shape, dtype, extras), n in shapes.items() if f == fam]
+        fam_shapes.sort(key=lambda s: -s["count"])
+        # Ops with no time of their own (aten::linear around its addmm, views) name nothing useful.
+        top = sorted(((n, v) for n, v in ops[fam].items() if v[0] > 0), key=lambda kv: -kv[1][0])[:TOP_OPS]
+        rows.append(FamilyTime(
+            family=fam,
+            time_us=time.get(fam, 0.0) / iters,
+            fraction=time.get(fam, 0.0) / attributed if attributed > 0 else 0.0,
+            calls=round(calls.get(fam, 0) / iters),
+            shapes=fam_shapes,
+            top_ops=[dict(name=n, time_us=us / iters, calls=round(c / iters)) for n, (us, c) in top],
+            has_kernel=fam in FAMILY_NAMES,
+        ))
+    rows.sort(key=lambda r: -r.time_us)
+    return ProfileResult(families=rows, total_us=raw["total"] / iters, device=device)

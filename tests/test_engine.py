@@ -1,0 +1,227 @@
+"""The loop end to end on the CPU (Triton interpreter): runs, survives bad candidates, resumes
+after SIGKILL with nothing committed lost, and the CLI turns bad input into one clear message."""
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import kernels
+from engine import plan
+from engine.loop import ConfigError, Engine, RunConfig, execute
+from engine.proposers import Proposal
+from engine.store import Store
+
+ROOT = Path(__file__).resolve().parent.parent
+CAND = Path(__file__).parent / "candidates"
+
+
+def cli(*args, timeout=600, env=None):
+    return subprocess.run([sys.executable, "-m", "engine", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, env=env or os.environ.copy())
+
+
+class Scripted:
+    """A proposer that replays given sources (starter first), then defers to the search."""
+
+    def __init__(self, sources):
+        from engine.proposers import SearchProposer
+        self.sources = list(sources)
+        self.search = SearchProposer(0)
+
+    def propose(self, family, history, best):
+        if not history:
+            return self.search.propose(family, history, best)
+        if self.sources:
+            name = self.sources.pop(0)
+            return Proposal((CAND / name).read_text(), f"scripted {name}",
+                            parent_id=best["id"] if best else None, proposer="scripted")
+        return self.search.propose(family, history, best)
+
+
+def test_loop_survives_every_bad_candidate(tmp_path):
+    bad = ["softmax_unmasked.py", "softmax_no_max.py", "softmax_cache_by_shape.py",
+           "softmax_partial_write.py", "softmax_in_place.py", "softmax_returns_torch.py",
+           "softmax_torch_ops.py", "softmax_hang.py", "softmax_kill_self.py",
+           "softmax_patch_clock.py", "softmax_two_kernels.py"]
+    cfg = RunConfig(model="llama-tiny", families=["softmax"], budget_experiments=len(bad) + 1,
+                    db=str(tmp_path / "runs.db"), worker_timeout_s=25, patience=100)
+    lines = []
+    run_id = execute(cfg, log=lines.append, proposer=Scripted(bad))
+    s = Store(tmp_path / "runs.db", readonly=True)
+    exps = s.experiments(run_id)
+    assert len(exps) == len(bad) + 1
+    states = {e["hypothesis"].split()[-1]: e for e in exps[1:]}
+    assert exps[0]["state"] == "kept"                       # the starter
+    for name in bad[:-1]:
+        assert states[name]["state"] == "failed", (name, states[name])
+        assert states[name]["failed_stage"] and states[name]["error"]
+    assert states["softmax_returns_torch.py"]["failed_stage"] == "static"
+    assert "timed out" in states["softmax_hang.py"]["error"]
+    assert "signal 9" in states["softmax_kill_self.py"]["error"]
+    assert states["softmax_two_kernels.py"]["state"] in ("kept", "reverted")
+    for e in exps:   # verifier rows for every experiment, one per stage
+        assert [v["stage"] for v in s.verifications(e["id"])] == list(
+            ("smoke", "shape_sweep", "stability", "determinism", "edge_cases"))
+    assert s.get_run(run_id)["status"] == "done"
+
+
+def test_cli_run_targets_every_found_family_and_keeps_an_improvement(tmp_path):
+    db = tmp_path / "runs.db"
+    r = cli("run", "--model", "llama-tiny", "--budget-experiments", "12", "--patience", "3",
+            "--db", str(db))
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = [l for l in r.stdout.splitlines() if l.startswith("exp ")]
+    assert len(lines) == 12
+    assert "[interpreter timing]" in r.stdout
+    assert "Amdahl-projected end-to-end speedup" in r.stdout
+    s = Store(db, readonly=True)
+    run = s.list_runs()[0]
+    found = {p["family"] for p in s.profile(run["id"]) if p["has_kernel"]}
+    targeted = {e["family"] for e in s.experiments(run["id"])}
+    assert found and found == targeted
+    exps = s.experiments(run["id"])
+    by_family = {}
+    for e in exps:
+        by_family.setdefault(e["family"], []).append(e)
+    improvements = [e for fam in by_family.values() for e in fam[1:] if e["state"] == "kept"]
+    assert improvements, "expected at least one kept improvement over a starter"
+    assert all(e["timing_mode"] == "interpreter" for e in exps)
+
+
+def test_sigkill_mid_run_then_resume_loses_nothing(tmp_path):
+    db = tmp_path / "runs.db"
+    p = subprocess.Popen([sys.executable, "-m", "engine", "run", "--model", "llama-tiny",
+                          "--families", "rmsnorm", "--budget-experiments", "6", "--db", str(db)],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+    deadline = time.time() + 400
+    committed = []
+    while time.time() < deadline:
+        time.sleep(1)
+        if db.exists():
+            with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as c:
+                try:
+                    committed = c.execute("SELECT id, source_hash FROM experiments").fetchall()
+                except sqlite3.OperationalError:
+                    committed = []
+            if len(committed) >= 2:
+                break
+    os.killpg(p.pid, signal.SIGKILL)                         # engine and its worker, no warning
+    p.wait()
+    assert len(committed) >= 2
+    s = Store(db)
+    run = s.list_runs()[0]
+    assert run["status"] == "running"                        # it never got to say otherwise
+    before = {(e["id"], e["source_hash"]) for e in s.experiments(run["id"])}
+    assert set(committed) <= before
+    s.close()
+    r = cli("run", "--resume", run["id"], "--db", str(db))
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = Store(db, readonly=True)
+    after = s.experiments(run["id"])
+    assert before <= {(e["id"], e["source_hash"]) for e in after}
+    assert len(after) == 6 and [e["seq"] for e in after] == list(range(1, 7))
+    assert s.get_run(run["id"])["status"] == "done"
+    assert len({e["source_hash"] for e in after}) == 6      # the resumed search did not repeat
+
+
+@pytest.mark.parametrize("args, words", [
+    (["run", "--model", "gpt5"], "unknown model"),
+    (["run", "--input-shape", "2xbanana"], "shape"),
+    (["run", "--families", "rmsnorm,warpdrive"], "unknown family"),
+    (["run", "--budget-experiments", "0"], "budget"),
+    (["verify", "--family", "warpdrive", "--candidate", "x.py"], "unknown family"),
+    (["verify", "--family", "softmax", "--candidate", "does/not/exist.py"], "no such candidate"),
+    (["verify", "--family", "softmax", "--candidate", "README.md", "--shape", "4xx"], "malformed shape"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_cli_bad_input_one_clear_message(tmp_path, args, words):
+    db = tmp_path / "sub" / "runs.db"
+    r = cli(*args, *(["--db", str(db)] if args[0] == "run" else []), timeout=120)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and words in err[0].lower(), r.stderr
+    assert not db.exists()                                   # nothing written half-way
+
+
+def test_cli_unwritable_database(tmp_path):
+    blocker = tmp_path / "afile"
+    blocker.write_text("not a directory")
+    r = cli("run", "--db", str(blocker / "runs.db"), timeout=120)
+    assert r.returncode == 2 and "cannot open database" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_cli_verify_judges_a_candidate(tmp_path):
+    good = cli("verify", "--family", "softmax", "--candidate",
+               str(CAND / "softmax_two_kernels.py"), "--shape", "5x100", "--no-time")
+    assert good.returncode == 0, good.stderr
+    out = json.loads(good.stdout)
+    assert out["passed"] is True
+    assert [s["name"] for s in out["stages"]] == ["static", "smoke", "shape_sweep", "stability",
+                                                  "determinism", "edge_cases"]
+    assert all({"name", "status", "detail"} <= set(s) for s in out["stages"])
+    bad = cli("verify", "--family", "softmax", "--candidate", str(CAND / "softmax_no_max.py"),
+              "--shape", "5x100", "--no-time")
+    assert bad.returncode == 1
+    out = json.loads(bad.stdout)
+    assert out["passed"] is False and out["failed_stage"] == "stability"
+    syntax = tmp_path / "broken.py"
+    syntax.write_text("def kernel_fn(x):\n    return (\n")
+    r = cli("verify", "--family", "softmax", "--candidate", str(syntax))
+    assert r.returncode == 1
+    out = json.loads(r.stdout)
+    assert out["failed_stage"] == "static" and "syntax error" in out["error"]
+
+
+def test_engine_handle_runs_in_a_thread_and_stops(tmp_path):
+    eng = Engine()
+    with pytest.raises(ConfigError):
+        eng.start(RunConfig(model="nope", db=str(tmp_path / "x.db")))
+    run_id = eng.start(RunConfig(model="llama-tiny", families=["rmsnorm"], budget_experiments=50,
+                                 db=str(tmp_path / "x.db")))
+    assert run_id
+    deadline = time.time() + 300
+    while time.time() < deadline and eng.status()["experiments"] < 1:
+        time.sleep(0.5)
+    eng.stop()
+    eng.join(120)
+    st = eng.status()
+    assert st["state"] == "stopped", st
+    s = Store(tmp_path / "x.db", readonly=True)
+    assert s.get_run(run_id)["status"] == "stopped"
+    assert 1 <= s.get_run(run_id)["experiments_done"] < 50
+
+
+def test_amdahl():
+    assert plan.amdahl([(0.5, 2.0)]) == pytest.approx(1 / 0.75)
+    assert plan.amdahl([(0.3, 0.5)]) == 1.0                 # slower kernels are never swapped in
+    assert plan.amdahl([(0.2, 4.0), (0.3, 3.0)]) == pytest.approx(1 / (0.5 + 0.05 + 0.1))
+
+
+def test_planner_rests_targets_and_comes_back():
+    ts = [dict(family="a", fraction=0.5, state="active", experiments=3, no_improve=0,
+               best_latency_us=None, ref_latency_us=10, sol_latency_us=None),
+          dict(family="b", fraction=0.2, state="active", experiments=0, no_improve=0,
+               best_latency_us=None, ref_latency_us=10, sol_latency_us=None)]
+    t, why, new_round = plan.choose_next(ts, patience=2)
+    assert t["family"] == "a" and not new_round and "50.0%" in why
+    ts[0]["no_improve"] = 2
+    t, _, _ = plan.choose_next(ts, patience=2)
+    assert t["family"] == "b"
+    ts[1]["no_improve"] = 2
+    t, why, new_round = plan.choose_next(ts, patience=2)
+    assert new_round and "new round" in why
+    # with a roofline, the most end-to-end time left wins, and near-SOL targets are done
+    ts = [dict(family="a", fraction=0.5, state="active", experiments=1, no_improve=0,
+               best_latency_us=10.5, ref_latency_us=30, sol_latency_us=10),
+          dict(family="b", fraction=0.2, state="active", experiments=1, no_improve=0,
+               best_latency_us=40, ref_latency_us=40, sol_latency_us=10)]
+    t, _, _ = plan.choose_next(ts, patience=5)
+    assert t["family"] == "b"

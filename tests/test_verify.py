@@ -1,0 +1,136 @@
+"""The verifier against deliberately wrong candidates, each rejected at the right stage, and
+correct candidates of unusual structure, which pass. All run in one real worker process; crashes
+and hangs replace it, and the next candidate is judged by a fresh one."""
+from pathlib import Path
+
+import pytest
+
+import kernels
+from engine import verify
+from engine.worker import Worker, WorkerDied
+
+CAND = Path(__file__).parent / "candidates"
+SHAPES = [{"shape": [6, 100], "count": 1}]
+
+
+@pytest.fixture(scope="module")
+def worker():
+    w = Worker(interpret=True)
+    w.start()
+    yield w
+    w.close()
+
+
+def evaluate(worker, name, family="softmax", timeout=120.0, time=False, shapes=SHAPES, seed=1):
+    source = (CAND / name).read_text() if name.endswith(".py") else name
+    reason = verify.static_check(source, kernels.get(family).arg_names)
+    if reason:
+        return {"failed_stage": "static", "error": reason, "stages": []}
+    req = {"op": "evaluate", "family": family, "source": source, "dtype": "float32",
+           "shapes": shapes, "seed": seed, "time": time}
+    try:
+        r = worker.request(req, timeout_s=timeout)
+    except WorkerDied as e:
+        worker.restart()
+        return {"failed_stage": e.stage, "error": str(e), "died": True, "timed_out": e.timed_out,
+                "stages": []}
+    if r.get("restart"):
+        worker.restart()
+    return r
+
+
+def test_starter_passes_every_stage(worker):
+    r = evaluate(worker, kernels.get("softmax").starter(), time=True)
+    assert r["failed_stage"] is None, r["error"]
+    assert [s["stage"] for s in r["stages"]] == list(verify.STAGES)
+    assert all(s["status"] == "passed" for s in r["stages"])
+    assert r["timing"]["timing_mode"] == "interpreter"
+    assert r["timing"]["latency_us"] > 0
+
+
+def test_unusual_but_correct_candidate_passes(worker):
+    r = evaluate(worker, "softmax_two_kernels.py")
+    assert r["failed_stage"] is None, r["error"]
+
+
+@pytest.mark.parametrize("name, stages, words", [
+    ("softmax_unmasked.py", {"smoke", "shape_sweep", "edge_cases"}, ""),
+    ("softmax_no_max.py", {"stability"}, "nan"),
+    ("softmax_cache_by_shape.py", {"shape_sweep", "stability"}, "launched no triton kernel"),
+    ("softmax_partial_write.py", {"smoke", "shape_sweep"}, "nan"),
+    ("softmax_in_place.py", {"smoke"}, "modified its input"),
+    ("softmax_torch_ops.py", {"smoke"}, "aten.exp"),
+])
+def test_wrong_candidates_are_rejected(worker, name, stages, words):
+    r = evaluate(worker, name)
+    assert r["failed_stage"] in stages, (r["failed_stage"], r["error"])
+    assert words in r["error"].lower(), r["error"]
+    if not r.get("died"):
+        failed = [s for s in r["stages"] if s["status"] == "failed"]
+        assert len(failed) == 1 and failed[0]["failed_case"]
+
+
+def test_returning_the_reference_is_rejected_statically():
+    src = (CAND / "softmax_returns_torch.py").read_text()
+    assert "softmax" in verify.static_check(src, ("x",))
+
+
+def test_returning_the_reference_is_rejected_at_runtime_too(worker):
+    # the same candidate with the static check bypassed: the runtime guard sees aten._softmax
+    src = (CAND / "softmax_returns_torch.py").read_text()
+    r = worker.request({"op": "evaluate", "family": "softmax", "source": src, "dtype": "float32",
+                        "shapes": SHAPES, "seed": 2, "time": False}, timeout_s=120)
+    assert r["failed_stage"] == "smoke"
+    assert "aten._softmax" in r["error"] or "aten.softmax" in r["error"]
+
+
+def test_hanging_candidate_times_out_and_worker_is_replaced(worker):
+    r = evaluate(worker, "softmax_hang.py", timeout=20)
+    assert r.get("died") and r["timed_out"] and r["failed_stage"] == "smoke"
+    assert evaluate(worker, "softmax_two_kernels.py")["failed_stage"] is None
+
+
+def test_candidate_killing_its_process_is_contained(worker):
+    r = evaluate(worker, "softmax_kill_self.py")
+    assert r.get("died") and not r["timed_out"]
+    assert "signal 9" in r["error"]
+    assert evaluate(worker, "softmax_two_kernels.py")["failed_stage"] is None
+
+
+def test_clock_patching_is_caught(worker):
+    r = evaluate(worker, "softmax_patch_clock.py", time=True)
+    assert r["failed_stage"] == "smoke"
+    assert "replaced" in r["error"] and ("elapsed_time" in r["error"] or "do_bench" in r["error"])
+
+
+@pytest.mark.parametrize("source, words", [
+    ("def kernel_fn(x):\n    return x +\n", "syntax error"),
+    ("import os\nimport triton\n@triton.jit\ndef k(): pass\ndef kernel_fn(x):\n    return x\n", "import"),
+    ("import triton\n@triton.jit\ndef k(): pass\ndef kernel_fn(y):\n    return y\n", "kernel_fn must take"),
+    ("import torch\ndef kernel_fn(x):\n    return x.clone()\n", "triton"),
+    ("import torch\nimport triton\n@triton.jit\ndef k(): pass\n"
+     "def kernel_fn(x):\n    return torch.nn.functional.softmax(x, -1)\n", "not allowed"),
+    ("import triton\nfrom kernels.softmax import FAMILY\n@triton.jit\ndef k(): pass\n"
+     "def kernel_fn(x):\n    return FAMILY.reference(x)\n", "import"),
+    ("import triton\n@triton.jit\ndef k(): pass\n"
+     "def kernel_fn(x):\n    return __import__('torch').softmax(x, -1)\n", "not allowed"),
+])
+def test_static_check(source, words):
+    reason = verify.static_check(source, ("x",))
+    assert reason and words in reason.lower(), reason
+
+
+def test_worker_environment_holds_no_secrets(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-secret-value")
+    monkeypatch.setenv("MY_SERVICE_TOKEN", "tok")
+    from engine.worker import clean_env
+    env = clean_env()
+    assert "OPENAI_API_KEY" not in env and "MY_SERVICE_TOKEN" not in env
+    assert not any("sk-test-secret-value" in v for v in env.values())
+    w = Worker(interpret=True)
+    try:
+        hello = w.start()
+        assert "OPENAI_API_KEY" not in hello["env_names"]
+        assert "MY_SERVICE_TOKEN" not in hello["env_names"]
+    finally:
+        w.close()
