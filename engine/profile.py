@@ -6,9 +6,12 @@ planner ranks these rows by Amdahl's law, so the one property that matters most 
 microsecond is counted exactly once.
 
 What is timed
-- On a GPU (CUDA, or ROCm, which reports through the same CUDA activity): device kernel time.
-  Each kernel is linked by the profiler to the CPU op (or profiler scope) that launched it, and
-  counted once, under that op. Kernels with no launching op stay in "other" under their own name.
+- On a GPU (CUDA, or ROCm, which reports through the same CUDA activity): device time of every
+  kernel, memcpy and memset in the profiled window. Each activity is matched, by correlation id,
+  to the runtime call that launched it (cudaLaunchKernel, cuLaunchKernelEx for Triton,
+  hipLaunchKernel...), which sits in the CPU op tree under the op or scope that made it; so each
+  is counted exactly once, under the family of that op. Activities whose launch can't be placed
+  stay in "other" under their kernel name. Profiler scopes shown on the GPU timeline are not time.
 - On CPU: each aten op's self CPU time (its time minus its children's), on the thread that ran
   the forward. Time in Python between ops (and in our scopes themselves) is not op time and is
   left out.
@@ -32,6 +35,16 @@ Attribution rules (the family of one op, walking the op tree from the root down)
 
 A "call" of a family is an op or scope where rule 1/2 starts that family (not its children),
 so F.linear -> addmm is one matmul call, and an RMSNorm module is one rmsnorm call.
+
+total_us is measured apart from the attribution (GPU: all device activities; CPU: the spans of
+top-level ops), so sum(family time_us) == total_us is a real check that nothing counts twice.
+
+Call shapes (FamilyTime.shapes: the main input of each call, with its dtype and calls per
+forward): rmsnorm, layernorm, softmax, reduce (aten::sum/mean): x; cross_entropy: the logits as
+passed, [rows, V]; matmul: [M, K, N], plus "batch" for batched products; attention: q
+[B, H, S, Dh] plus "kv_heads"; rotary: x [B, H, S, Dh]; fused_mlp: x plus "d_model" and
+"ffn_dim". A module family's shape is the module's first tensor input; a scope placed in model
+code records none, so its shape is the first tensor read by the first op inside it.
 """
 from __future__ import annotations
 
