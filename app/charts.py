@@ -6,6 +6,8 @@ constant uirevision tells plotly.js to keep the user's zoom, pan and legend togg
 """
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -37,6 +39,12 @@ def _empty(fig: go.Figure, message: str) -> go.Figure:
     return fig
 
 
+def _seq_ticks(max_seq) -> dict:
+    """Whole-number ticks for experiment seq (plotly would put ticks at 0.5 for short runs)."""
+    max_seq = int(max_seq) if pd.notna(max_seq) else 1
+    return dict(tick0=0, dtick=max(1, math.ceil(max_seq / 10)))
+
+
 def _short(text, n: int = 90) -> str:
     text = "" if text is None or (isinstance(text, float) and pd.isna(text)) else str(text)
     text = text.strip().splitlines()[0] if text.strip() else ""
@@ -44,18 +52,30 @@ def _short(text, n: int = 90) -> str:
 
 
 def speedup_figure(exps: pd.DataFrame, best: pd.DataFrame, interpreter: bool = False) -> go.Figure:
-    """Per-kernel speedup over experiments, one facet per family.
+    """Per-kernel speedup over experiments, one facet per family, on a log axis.
 
     exps: experiments (seq, family, state, speedup, failed_stage, hypothesis, error);
     best: data.best_so_far(exps) (family, seq, best). Each facet has the best-so-far step line,
-    a marker per experiment coloured by state, and the reference baseline at 1x. Failed
-    experiments have no valid speedup: their markers sit at 0 and the hover names the stage."""
+    a marker per experiment coloured by state, and the reference baseline at 1x.
+
+    The axis is logarithmic because speedups are ratios (2x and 0.5x are equally far from 1x)
+    and because interpreter runs sit orders of magnitude below 1x. Failed experiments have no
+    valid speedup: their markers sit on a floor line under every real value, and the hover
+    names the verifier stage that failed."""
     families = sorted(exps["family"].dropna().unique()) if not exps.empty else []
     if not families:
         fig = _empty(go.Figure(), "no experiments yet")
         fig.update_layout(title=_title("Per-kernel speedup", interpreter), height=300,
                           uirevision="speedup")
         return fig
+
+    valid = exps["speedup"].astype(float)
+    valid = valid[valid > 0]
+    lo = min(float(valid.min()), 1.0) if len(valid) else 1.0
+    hi = max(float(valid.max()), 1.0) if len(valid) else 1.0
+    floor = lo / 2  # where failed experiments are drawn: below everything that has a speedup
+    # one y range for every facet, so families compare at a glance (log axis range is in log10)
+    y_range = [math.log10(floor) - 0.15, math.log10(hi) + 0.15]
 
     n = len(families)
     height = 170 * n + 170
@@ -69,7 +89,7 @@ def speedup_figure(exps: pd.DataFrame, best: pd.DataFrame, interpreter: bool = F
         fig.add_trace(go.Scatter(
             x=fb["seq"], y=fb["best"], mode="lines", line=dict(shape="hv", color=BEST_COLOUR, width=2),
             name="best so far", legendgroup="best", showlegend="best" not in shown,
-            hovertemplate="seq %{x}<br>best so far %{y:.3f}×<extra>" + fam + "</extra>"),
+            hovertemplate="seq %{x}<br>best so far %{y:.3g}×<extra>" + fam + "</extra>"),
             row=row, col=1)
         shown.add("best")
         for state, (colour, symbol) in STATE_STYLE.items():
@@ -78,7 +98,7 @@ def speedup_figure(exps: pd.DataFrame, best: pd.DataFrame, interpreter: bool = F
                 continue
             y = se["speedup"].astype(float)
             if state == "failed":
-                y = y.fillna(0.0)
+                y = y.where(y > 0, floor)
             custom = list(zip(se["hypothesis"].map(_short),
                               se["failed_stage"].fillna("").astype(str),
                               se["error"].map(_short) if "error" in se else [""] * len(se)))
@@ -86,20 +106,24 @@ def speedup_figure(exps: pd.DataFrame, best: pd.DataFrame, interpreter: bool = F
                 hover = ("seq %{x}: <b>failed at %{customdata[1]}</b><br>%{customdata[0]}"
                          "<br>%{customdata[2]}<extra>" + fam + "</extra>")
             else:
-                hover = ("seq %{x}: <b>" + state + "</b> %{y:.3f}×<br>%{customdata[0]}"
+                hover = ("seq %{x}: <b>" + state + "</b> %{y:.3g}×<br>%{customdata[0]}"
                          "<extra>" + fam + "</extra>")
             fig.add_trace(go.Scatter(
                 x=se["seq"], y=y, mode="markers", name=state, legendgroup=state,
-                cliponaxis=False,  # failed markers sit on the axis at 0: draw them whole
                 showlegend=state not in shown, customdata=custom, hovertemplate=hover,
                 marker=dict(color=colour, symbol=symbol, size=9,
                             line=dict(width=2 if symbol != "circle" else 0, color=colour))),
                 row=row, col=1)
             shown.add(state)
         fig.add_hline(y=1.0, line=dict(color="#888", dash="dash", width=1), row=row, col=1)
-        fig.update_yaxes(title_text="speedup ×", rangemode="tozero", row=row, col=1)
+        # plain numbers at each decade (or 1-2-5 steps within one), not 10^-1 with minor labels
+        fig.update_yaxes(title_text="speedup ×", type="log", range=y_range, tickformat="~g",
+                         dtick=1 if y_range[1] - y_range[0] > 2 else "D2", row=row, col=1)
+    fig.update_xaxes(**_seq_ticks(exps["seq"].max()))
     fig.update_xaxes(title_text="experiment seq", row=n, col=1)
-    fig.update_layout(title=_title("Per-kernel speedup (dashed: reference 1×)", interpreter),
+    sub = "dashed: reference 1×" + ("; failed at the bottom" if (exps["state"] == "failed").any()
+                                    else "")
+    fig.update_layout(title=_title(f"Per-kernel speedup ({sub})", interpreter),
                       height=height, margin=dict(t=90, b=90, l=60, r=20),
                       # in the bottom margin, whatever the number of facets
                       legend=dict(orientation="h", yref="container", y=0, yanchor="bottom"),
@@ -119,7 +143,7 @@ def amdahl_figure(proj: pd.DataFrame, limit: float | None = None,
         marker=dict(size=5), name="projected", customdata=proj["family"].fillna("—"),
         hovertemplate="after seq %{x} (%{customdata})<br>projected %{y:.3f}×<extra></extra>"))
     fig.add_hline(y=1.0, line=dict(color="#888", dash="dash", width=1))
-    if limit is not None and limit != float("inf"):
+    if limit is not None and 1.005 < limit < float("inf"):  # (at ~1x it would hide the baseline)
         fig.add_hline(y=limit, line=dict(color="#9467bd", dash="dot", width=1),
                       annotation_text=f"Amdahl limit {limit:.2f}×", annotation_position="top left")
     fig.update_layout(title=_title("Projected end-to-end speedup (Amdahl)", interpreter),
@@ -127,6 +151,7 @@ def amdahl_figure(proj: pd.DataFrame, limit: float | None = None,
                       margin=dict(t=70, b=40, l=60, r=20), showlegend=False,
                       uirevision="amdahl")
     fig.update_yaxes(rangemode="tozero")
+    fig.update_xaxes(**_seq_ticks(proj["seq"].max()))
     return fig
 
 

@@ -224,13 +224,14 @@ def _render(run, owned, exps, targets, outcomes, events, db_path) -> None:
     spd = "speedup (interpreter)" if interpreter else "speedup"
     st.subheader("Experiments")
     st.dataframe(
-        data.experiment_table(exps), hide_index=True, key="exp_table", height=320, placeholder="—",
+        data.experiment_table(exps), hide_index=True, key="exp_table", placeholder="—",
         column_config={
             "seq": st.column_config.NumberColumn("seq", width="small"),
             "failed_stage": st.column_config.TextColumn("failed stage"),
             "hypothesis": st.column_config.TextColumn("hypothesis", width="medium"),
             "latency_us": st.column_config.NumberColumn(lat, format="%.1f"),
-            "speedup": st.column_config.NumberColumn(spd, format="%.3f×"),
+            # %g: interpreter speedups can be 1e-4, which a fixed %.3f would show as 0.000
+            "speedup": st.column_config.NumberColumn(spd, format="%.3g×"),
             "pct_sol": st.column_config.NumberColumn(
                 "% SOL", format="%.1f%%", help="Share of the speed of light (memory-bound floor)."),
         })
@@ -238,9 +239,11 @@ def _render(run, owned, exps, targets, outcomes, events, db_path) -> None:
         with st.expander("Targets (ranked by share of model time)"):
             st.dataframe(targets.drop(columns=["id"]), hide_index=True, key="targets_table")
     st.subheader("Event log")
-    st.dataframe(events, hide_index=True, key="event_log", height=240,
-                 column_config={"ts": st.column_config.DatetimeColumn("time (UTC)",
-                                                                      format="HH:mm:ss")})
+    st.dataframe(events, hide_index=True, key="event_log",
+                 column_config={"ts": st.column_config.DatetimeColumn("time (UTC)", format="HH:mm:ss",
+                                                                      width="small"),
+                                "level": st.column_config.TextColumn("level", width="small"),
+                                "message": st.column_config.TextColumn("message", width="large")})
 
 
 def _controls(run: dict, owned: dict | None, db_path: str) -> None:

@@ -251,7 +251,9 @@ def test_speedup_figure():
     assert set(by_name) == {"best so far", "kept", "reverted", "failed"}
     assert len(by_name["best so far"]) == 2
     failed = by_name["failed"][0]
-    assert list(failed.y) == [0.0, 0.0]  # no valid speedup: drawn at 0
+    # no valid speedup: drawn on a floor under every real value of the log axis
+    assert list(failed.y) == [0.5, 0.5]  # lowest value is the 1x baseline -> floor 0.5
+    assert all(fig.layout[f"yaxis{i}"].type == "log" for i in ("", "2"))
     assert [c[1] for c in failed.customdata] == ["shape_sweep", "stability"]
     assert "failed at %{customdata[1]}" in failed.hovertemplate
     # baseline at 1x in each facet
