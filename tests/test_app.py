@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -180,6 +181,55 @@ def test_bad_start_form_shows_error_and_starts_nothing(db):
     assert "Not started" in at.error[0].value
     # nothing was started: still the same two runs
     assert len(Store(db["path"], readonly=True).list_runs()) == 2
+
+
+def test_fresh_run_without_experiments_renders(tmp_path, monkeypatch):
+    # what the page sees right after the engine created the run row, before any experiment
+    path = tmp_path / "runs.db"
+    s = Store(path)
+    s.create_run("gpt2-tiny", {"model": "gpt2-tiny"}, {"name": "cpu"}, "interpreter", None)
+    s.close()
+    monkeypatch.setenv("NIGHTSHIFT_DB", str(path))
+    at = _app().run()
+    assert not at.exception, at.exception
+    assert _metric(at, "Experiments") == "0"
+    assert _metric(at, "Projected model speedup") == "1.000×"
+    assert len(_frame(at, "seq")) == 0 and len(_frame(at, "ts")) == 0
+    assert len(at.get("plotly_chart")) == 3
+
+
+def test_start_from_the_form_then_stop(tmp_path, monkeypatch):
+    """The real engine, started from the form: the new run is selected, this process's engine
+    owns it so Stop is offered, and Stop ends it; a stopped run can then be continued."""
+    pytest.importorskip("engine.loop", reason="engine/loop.py has not landed yet")
+    from app.shared import _engine
+    path = tmp_path / "runs.db"
+    monkeypatch.setenv("NIGHTSHIFT_DB", str(path))
+    at = _app().run()
+    at.multiselect(key="f_families").select("rmsnorm")
+    at.number_input(key="f_budget_exp").set_value(5)
+    at.button(key="f_start").click().run(timeout=120)  # start() returns once profiled
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    runs = Store(path, readonly=True).list_runs()
+    assert len(runs) == 1 and runs[0]["model"] == "llama-tiny"
+    assert at.sidebar.selectbox(key="run_select").value == runs[0]["id"]
+    engine = _engine()
+    # interpreted experiments take 10 s or more each: the run cannot be over yet
+    assert engine.status()["state"] in ("starting", "running"), engine.status()
+    assert _metric(at, "Status") in ("starting", "running")
+    assert {"ctl_stop", "ctl_pause"} <= {b.key for b in at.button}
+    at.button(key="ctl_stop").click().run()
+    assert not at.exception, at.exception
+    deadline = time.monotonic() + 120  # it stops after the step in flight
+    while engine.status()["state"] in ("starting", "running", "stopping") and \
+            time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert engine.status()["state"] == "stopped", engine.status()
+    at.run()
+    assert _metric(at, "Status") == "stopped"
+    keys = {b.key for b in at.button}
+    assert "ctl_stop" not in keys and "ctl_continue" in keys
 
 
 def test_app_package_never_imports_triton_nor_writes_sql():
