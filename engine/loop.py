@@ -141,16 +141,23 @@ def _prepare(cfg: RunConfig, store: Store, control: Control, log) -> str:
     gpu = device["timing_mode"] == "gpu"
     dtype = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if gpu else "float32")
     shape = models.parse_input_shape(cfg.input_shape) if cfg.input_shape else None
-    model, inputs = models.build(cfg.model, dtype=getattr(torch, dtype),
-                                 device="cuda" if gpu else "cpu", input_shape=shape,
-                                 seed=cfg.seed, **cfg.model_overrides)
-    log(f"profiling {cfg.model} ({dtype}) on {device['name']} ...")
-    prof = profiler.profile_model(model, inputs)
-    del model, inputs
-    if gpu:
-        torch.cuda.empty_cache()
     run_id = store.create_run(cfg.model, asdict(cfg), device, device["timing_mode"], None)
     control.set(run_id=run_id)
+    store.update_run(run_id, current_reason="profiling the model")
+    log(f"profiling {cfg.model} ({dtype}) on {device['name']} ...")
+    try:
+        model, inputs = models.build(cfg.model, dtype=getattr(torch, dtype),
+                                     device="cuda" if gpu else "cpu", input_shape=shape,
+                                     seed=cfg.seed, **cfg.model_overrides)
+        prof = profiler.profile_model(model, inputs)
+        del model, inputs
+    except Exception as e:
+        store.update_run(run_id, status="failed", current_reason=None,
+                         error=f"profiling failed: {type(e).__name__}: {e}")
+        control.set(state="failed", error=f"profiling failed: {type(e).__name__}: {e}")
+        raise
+    if gpu:
+        torch.cuda.empty_cache()
     rows = [asdict(f) for f in prof.families]
     store.save_profile(run_id, rows, prof.total_us)
     wanted = set(cfg.families or kernels.FAMILY_NAMES)

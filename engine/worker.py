@@ -189,10 +189,7 @@ def _main() -> None:
     verify.install_launch_counter()
     verify.warm_imports()  # modules torch imports lazily re-bind torch attributes on first import
     for name in kernels.FAMILY_NAMES:
-        try:
-            kernels.get(name)  # TEMP
-        except ModuleNotFoundError:
-            pass
+        kernels.get(name)
     snapshot = verify.tamper_snapshot()
     workdir = tempfile.mkdtemp(prefix="nightshift-cand-")
     state = {"ceilings": None}

@@ -50,7 +50,7 @@ def test_loop_survives_every_bad_candidate(tmp_path):
            "softmax_torch_ops.py", "softmax_hang.py", "softmax_kill_self.py",
            "softmax_patch_clock.py", "softmax_two_kernels.py"]
     cfg = RunConfig(model="llama-tiny", families=["softmax"], budget_experiments=len(bad) + 1,
-                    db=str(tmp_path / "runs.db"), worker_timeout_s=25, patience=100)
+                    db=str(tmp_path / "runs.db"), worker_timeout_s=60, patience=100)
     lines = []
     run_id = execute(cfg, log=lines.append, proposer=Scripted(bad))
     s = Store(tmp_path / "runs.db", readonly=True)
@@ -64,7 +64,7 @@ def test_loop_survives_every_bad_candidate(tmp_path):
     assert states["softmax_returns_torch.py"]["failed_stage"] == "static"
     assert "timed out" in states["softmax_hang.py"]["error"]
     assert "signal 9" in states["softmax_kill_self.py"]["error"]
-    assert states["softmax_two_kernels.py"]["state"] in ("kept", "reverted")
+    assert states["softmax_two_kernels.py"]["state"] in ("kept", "reverted"), states["softmax_two_kernels.py"]["error"]
     for e in exps:   # verifier rows for every experiment, one per stage
         assert [v["stage"] for v in s.verifications(e["id"])] == list(
             ("smoke", "shape_sweep", "stability", "determinism", "edge_cases"))
