@@ -168,6 +168,10 @@ def _prepare(cfg: RunConfig, store: Store, control: Control, log) -> str:
     found = ", ".join(f"{r['family']} {r['fraction']:.1%}" for r in rows)
     store.event(run_id, f"profiled {cfg.model}: {prof.total_us:.0f} us per forward; {found}")
     log(f"run {run_id}: {found}")
+    for r in rows:
+        if r["family"] == "other" and r["top_ops"]:
+            log("  other: " + ", ".join(f"{o['name']} {o['time_us']:.0f} us"
+                                        for o in r["top_ops"][:5]))
     return run_id
 
 
