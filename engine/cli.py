@@ -50,6 +50,11 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--timeout", type=float, default=300.0)
     v.add_argument("--no-time", action="store_true", help="verify only, skip timing")
+
+    rp = sub.add_parser("report", help="a run as Markdown (targets, per-shape results, machine)")
+    rp.add_argument("run", help="run id, or 'latest'")
+    rp.add_argument("--db", default=None)
+    rp.add_argument("--out", default=None, help="write to this file instead of stdout")
     return p
 
 
@@ -147,10 +152,30 @@ def cmd_verify(a) -> int:
     return 0 if out["passed"] else 1
 
 
+def cmd_report(a) -> int:
+    from engine.report import run_markdown
+    from engine.store import Store, StoreError
+    try:
+        store = Store(a.db, readonly=True)
+    except StoreError as e:
+        raise UsageError(str(e)) from None
+    runs = store.list_runs()
+    run_id = runs[0]["id"] if a.run == "latest" and runs else a.run
+    if store.get_run(run_id) is None:
+        raise UsageError(f"no run {a.run!r} in {store.path}")
+    text = run_markdown(store, run_id)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text)
+    else:
+        print(text, end="")
+    return 0
+
+
 def main(argv=None) -> int:
     try:
         a = _parser().parse_args(argv)
-        return cmd_run(a) if a.cmd == "run" else cmd_verify(a)
+        return {"run": cmd_run, "verify": cmd_verify, "report": cmd_report}[a.cmd](a)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -217,7 +217,7 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None) -> str:
                 if "error" in r:
                     raise RuntimeError(f"timing the {t['family']} reference failed: {r['error']}")
                 store.update_target(t["id"], ref_latency_us=r["latency_us"], ref_noise=r["noise"],
-                                    sol_latency_us=r["sol_us"])
+                                    sol_latency_us=r["sol_us"], ref_shape_times=r["shape_times"])
                 log(f"{t['family']}: eager reference {r['latency_us']:.1f} us"
                     + (f", speed of light {r['sol_us']:.1f} us" if r["sol_us"] else "")
                     + (" [interpreter timing]" if interpret else ""))
@@ -384,7 +384,7 @@ def _summary(store: Store, run_id: str, log) -> None:
         if t["best_latency_us"]:
             line += f"  best {t['best_latency_us']:.1f} us"
             if t["speedup"]:
-                line += f"  {t['speedup']:.2f}x eager"
+                line += f"  {t['speedup']:.3g}x eager"
             if t["sol_latency_us"]:
                 line += f"  {100 * t['sol_latency_us'] / t['best_latency_us']:.0f}% of speed of light"
         else:

@@ -133,6 +133,10 @@ MIGRATIONS: list[tuple[str, str]] = [
     );
     CREATE INDEX events_run ON events(run_id, id);
     """),
+    # targets.ref_shape_times: the eager reference per shape, JSON like experiments.shape_times
+    ("0002_reference_per_shape", """
+    ALTER TABLE targets ADD COLUMN ref_shape_times TEXT
+    """),
 ]
 
 STAGES = ("smoke", "shape_sweep", "stability", "determinism", "edge_cases")
@@ -228,13 +232,14 @@ class Store:
                 fraction=fraction, state="pending", experiments=0, no_improve=0)).last_pk
 
     def update_target(self, target_id: int, **fields) -> None:
-        if "shapes" in fields and not isinstance(fields["shapes"], str):
-            fields["shapes"] = json.dumps(fields["shapes"])
+        for k in ("shapes", "ref_shape_times"):
+            if k in fields and not isinstance(fields[k], str):
+                fields[k] = json.dumps(fields[k])
         with self.db.conn:
             self.db["targets"].update(target_id, fields)
 
     def targets(self, run_id: str) -> list[dict]:
-        return [_decode(r, ("shapes",)) for r in self.db.query(
+        return [_decode(r, ("shapes", "ref_shape_times")) for r in self.db.query(
             "SELECT * FROM targets WHERE run_id = ? ORDER BY fraction DESC, id", [run_id])]
 
     # ---- experiments --------------------------------------------------------------------------

@@ -1,0 +1,76 @@
+"""A run as Markdown: what the loop found, per target and per shape, with the machine and versions.
+
+Used by ``python -m engine report RUN`` (and for docs/benchmarks.md). Reads the store only.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+from collections import Counter
+
+from engine import plan
+from engine.store import Store
+
+
+def run_markdown(store: Store, run_id: str) -> str:
+    run = store.get_run(run_id)
+    if run is None:
+        raise KeyError(run_id)
+    dev, ceil = run["device"] or {}, run["ceilings"] or {}
+    interp = run["timing_mode"] == "interpreter"
+    when = _dt.datetime.fromtimestamp(run["created_at"], _dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    out = [f"### Run `{run_id}`: {run['model']}",
+           "",
+           f"- machine: {dev.get('name', '?')} ({dev.get('vendor', '?')}), torch {dev.get('torch')}, "
+           f"triton {dev.get('triton')}, {when}",
+           f"- config: `{_cfg(run['config'])}`",
+           f"- status: {run['status']}, {run['experiments_done']} experiments"]
+    if ceil:
+        out.append(f"- measured ceilings: copy {ceil['copy_gbps']:.0f} GB/s (read + write), "
+                   f"bf16 matmul {ceil['matmul_tflops']:.0f} TFLOP/s")
+    if interp:
+        out.append("- **interpreter timings** (Triton's CPU interpreter): not GPU performance")
+    out += ["", "| family | share of model | experiments | kept | eager (us) | best (us) | "
+            "speedup vs eager | % of speed of light | found at experiment |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    exps = store.experiments(run_id)
+    for t in store.targets(run_id):
+        mine = [e for e in exps if e["target_id"] == t["id"]]
+        kept = sum(e["state"] == "kept" for e in mine)
+        best = next((e for e in mine if e["id"] == t["best_experiment_id"]), None)
+        pct = (f"{100 * t['sol_latency_us'] / t['best_latency_us']:.0f}%"
+               if t["sol_latency_us"] and t["best_latency_us"] else "n/a")
+        out.append(f"| {t['family']} | {t['fraction']:.1%} | {len(mine)} | {kept} | "
+                   f"{_us(t['ref_latency_us'])} | {_us(t['best_latency_us'])} | "
+                   f"{(t['speedup'] or 0):.3g}x | {pct} | "
+                   f"{'#%d (%d of its target)' % (best['seq'], mine.index(best) + 1) if best else '-'} |")
+    out += ["", "Per shape, best kernel of each target (shape of the main input, dtype, calls per "
+            "forward):", "", "| family | shape | dtype | calls | eager (us) | best (us) | speedup | "
+            "% of speed of light |", "|---|---|---|---|---|---|---|---|"]
+    for t in store.targets(run_id):
+        if not t["best_experiment_id"]:
+            continue
+        best = store.experiment(t["best_experiment_id"])
+        eager = {tuple(r["shape"]): r["us"] for r in (t.get("ref_shape_times") or [])}
+        for row in best["shape_times"] or []:
+            pct = f"{row['pct_sol']:.1f}%" if row.get("pct_sol") else "n/a"
+            ref = eager.get(tuple(row["shape"]))
+            speedup = f"{ref / row['us']:.3g}x" if ref else "-"
+            out.append(f"| {t['family']} | {'x'.join(map(str, row['shape']))} | {t['dtype']} | "
+                       f"{row['count']} | {_us(ref)} | {row['us']:.1f} | {speedup} | {pct} |")
+    states = Counter(e["state"] for e in exps)
+    fails = Counter(e["failed_stage"] for e in exps if e["state"] == "failed")
+    out += ["", f"Outcomes: {states['kept']} kept, {states['reverted']} reverted, "
+            f"{states['failed']} failed" + (" (" + ", ".join(f"{k}: {v}" for k, v in
+                                                            fails.most_common()) + ")" if fails else "")
+            + f". Amdahl-projected end-to-end speedup: {plan.projected(store.targets(run_id)):.3f}x."]
+    return "\n".join(out) + "\n"
+
+
+def _us(v) -> str:
+    return f"{v:.1f}" if v else "-"
+
+
+def _cfg(cfg: dict) -> str:
+    keys = ("model", "dtype", "input_shape", "families", "budget_experiments", "budget_minutes",
+            "seed", "patience", "model_overrides")
+    return ", ".join(f"{k}={cfg[k]}" for k in keys if cfg.get(k) not in (None, {}, []))
