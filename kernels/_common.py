@@ -1,0 +1,228 @@
+"""Helpers shared by the family files: dtype handling, random inputs, and source rendering.
+
+Nothing here is imported by a rendered candidate: every candidate source is self-contained.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def as_dtype(dtype) -> torch.dtype:
+    """torch.dtype from a torch.dtype or its name ("float16")."""
+    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
+
+
+def itemsize(dtype) -> int:
+    return torch.empty((), dtype=as_dtype(dtype)).element_size()
+
+
+def rows_and_cols(shape) -> tuple[int, int]:
+    """(N, D) of a [..., D] shape viewed as [N, D]."""
+    shape = tuple(int(s) for s in shape)
+    if not shape:
+        return 1, 1
+    return math.prod(shape[:-1]), shape[-1]
+
+
+# ---------------------------------------------------------------------------------------------
+# random inputs (float32 on the generator's device; the family casts and moves them)
+# ---------------------------------------------------------------------------------------------
+
+def randn(gen, *size):
+    return torch.randn(*size, generator=gen, device=gen.device)
+
+
+def rand(gen, *size):
+    return torch.rand(*size, generator=gen, device=gen.device)
+
+
+def log_uniform(gen, n, lo, hi):
+    """[n, 1] scales log-uniform in [10^lo, 10^hi]."""
+    return torch.pow(10.0, lo + (hi - lo) * rand(gen, n, 1))
+
+
+def random_signs(gen, n):
+    """[n, 1] of +-1."""
+    return torch.where(rand(gen, n, 1) < 0.5, -1.0, 1.0)
+
+
+def cauchy(gen, n, d):
+    """[n, d] ratio of normals: Cauchy distributed, occasional values of 1e3..1e7."""
+    return randn(gen, n, d) / randn(gen, n, d).abs().clamp_min(1e-12)
+
+
+# ---- normalization inputs (rmsnorm, layernorm) ----
+
+# Largest magnitude a generated value may take, per dtype: finite in the dtype, and small enough
+# that a sum of squares over 2^20 elements stays finite in fp32 (1e16^2 * 2^20 ~ 1e38 < 3.4e38).
+_LIMIT = {torch.float16: 6.0e4, torch.bfloat16: 1e16, torch.float32: 1e16}
+# "huge": fp16 values ~300 so x^2 (~1e5) overflows fp16 (max 65504) but not fp32; bf16/fp32 near
+# the top of what an fp32 sum of squares holds.
+_HUGE = {torch.float16: 300.0, torch.bfloat16: 1e15, torch.float32: 1e15}
+# "mixed_scale": per-row scale times (+-OFFSET + unit noise); the offset is as large as the dtype
+# still resolves unit noise on (fp16 has 11 significant bits, bf16 8).
+_OFFSET = {torch.float16: 64.0, torch.bfloat16: 16.0, torch.float32: 1000.0}
+
+
+NORM_KINDS = ("huge", "tiny", "mixed_scale", "constant_rows", "heavy_tail")
+
+
+def norm_input(shape, dtype, gen, kind):
+    """Float32 values (on gen.device) for the [..., D] input of rmsnorm/layernorm, of ``kind``."""
+    n, d = rows_and_cols(shape)
+    if kind == "normal":
+        x = randn(gen, n, d)
+    elif kind == "huge":
+        x = randn(gen, n, d) * _HUGE[dtype]
+    elif kind == "tiny":
+        # 1e-6..1e-4: below fp16's smallest normal (6.1e-5); squares (1e-12..1e-8) sit far below a
+        # 1e-6 eps, so a kernel that drops or misplaces eps is off by orders of magnitude.
+        x = randn(gen, n, d) * log_uniform(gen, n, -6.0, -4.0)
+    elif kind == "mixed_scale":
+        # rows 10^-2..10^1.5 apart in scale, each a large constant offset plus unit noise
+        x = (random_signs(gen, n) * _OFFSET[dtype] + randn(gen, n, d)) * log_uniform(gen, n, -2.0, 1.5)
+    elif kind == "constant_rows":
+        x = (randn(gen, n, 1) * 2.0).expand(n, d).clone()
+    elif kind == "heavy_tail":
+        x = cauchy(gen, n, d)
+    else:
+        raise ValueError(f"unknown input kind {kind!r}; known: normal, {', '.join(NORM_KINDS)}")
+    lim = _LIMIT[dtype]
+    return x.clamp(-lim, lim).reshape(tuple(int(s) for s in shape))
+
+
+# ---------------------------------------------------------------------------------------------
+# search-space points
+# ---------------------------------------------------------------------------------------------
+
+def resolve(name: str, space: dict, default: dict, params) -> dict:
+    """DEFAULT overlaid with ``params``; unknown names and values outside the space raise."""
+    p = dict(default)
+    for k, v in dict(params).items():
+        if k not in space:
+            raise ValueError(f"unknown {name} parameter {k!r}; known: {', '.join(space)}")
+        if v not in space[k]:
+            raise ValueError(f"{name} parameter {k}={v!r} not in {space[k]}")
+        p[k] = v
+    return p
+
+
+def point_line(space: dict, p: dict) -> str:
+    return ", ".join(f"{k}={p[k]!r}" for k in space)
+
+
+# ---------------------------------------------------------------------------------------------
+# source rendering
+# ---------------------------------------------------------------------------------------------
+
+def indent(text: str, n: int) -> str:
+    pad = " " * n
+    return "\n".join(pad + line if line.strip() else "" for line in text.strip("\n").split("\n"))
+
+
+def tiled_kernel(name: str, args: str, doc: str, prologue: str, body: str, persistent: bool) -> str:
+    """Source of a @triton.jit kernel whose per-tile ``body`` (it reads ``tile``) runs once per
+    program, or, with a persistent grid, for tiles pid, pid + P, pid + 2P, ... (P programs).
+
+    The kernel must take ``num_tiles`` among its arguments. Under the Triton interpreter the loop
+    variable of ``range(program_id, ...)`` is a Python int, so bodies never call ``tile.to(...)``:
+    they convert ``tile * ROWS + tl.arange(...)`` instead.
+    """
+    out = ["@triton.jit", f"def {name}({args}):", indent(doc, 4)]
+    if prologue.strip():
+        out.append(indent(prologue, 4))
+    if persistent:
+        out.append("    for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):")
+        out.append(indent(body, 8))
+    else:
+        out.append("    tile = tl.program_id(0)")
+        out.append(indent(body, 4))
+    return "\n".join(out) + "\n"
+
+
+def exp_expr(arg: str, use_exp2: bool) -> str:
+    """exp(arg) in Triton source; the exp2 form scales the (small, already max-subtracted)
+    argument by log2(e), never x itself, so no precision is lost at large |x|."""
+    if use_exp2:
+        return f"tl.exp2(({arg}) * 1.4426950408889634)"
+    return f"tl.exp({arg})"
+
+
+FIT_ROWS_SRC = '''
+MAX_TILE = 65536  # elements in one program's register tile [ROWS, BLOCK]
+# Shared memory that the software-pipelined loads of one loop may use: (stages - 1) buffered
+# tiles. 48 KB fits Hopper's 227 KB and AMD's 64 KB LDS with room left for reductions.
+PIPELINE_SMEM = 48 * 1024
+
+
+def _fit_rows(rows, block):
+    """Largest power of two <= rows such that a [rows, block] tile stays within MAX_TILE."""
+    while rows > 1 and rows * block > MAX_TILE:
+        rows //= 2
+    return rows
+
+
+def _fit_stages(stages, tile_bytes):
+    """Largest stage count <= stages whose (stages - 1) buffered loads of tile_bytes fit in
+    PIPELINE_SMEM; a bigger request would fail at launch (out of shared memory)."""
+    while stages > 1 and (stages - 1) * tile_bytes > PIPELINE_SMEM:
+        stages -= 1
+    return stages
+'''
+
+NUM_SMS_SRC = '''
+
+def _num_sms(device):
+    """Streaming multiprocessors (CUs on ROCm) of the device; any fixed count is correct elsewhere."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 8
+'''
+
+IMPORTS_SRC = '''import torch
+import triton
+import triton.language as tl
+'''
+
+
+def cache_hints(enabled: bool) -> tuple[str, str]:
+    """(keep, stream) keyword suffixes for tl.load: evict_last for data read again, evict_first
+    for data read for the last time; empty strings when disabled."""
+    if not enabled:
+        return "", ""
+    return ', eviction_policy="evict_last"', ', eviction_policy="evict_first"'
+
+
+def tidy(src: str) -> str:
+    """At most two blank lines in a row, one newline at the end."""
+    lines, blank = [], 0
+    for line in src.rstrip().split("\n"):
+        blank = blank + 1 if not line.strip() else 0
+        if blank <= 2:
+            lines.append(line.rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def select_src(one_pass: str | None, looped: str) -> str:
+    """Launcher lines (4-space indented) choosing the kernel, its tile [rows, width] and its
+    pipeline depth; ``one_pass`` (a kernel name or None) takes rows up to MAX_TILE wide."""
+    fit = '''rows = _fit_rows(ROWS_PER_PROG, width)
+# pipelined loads keep (stages - 1) x tiles [rows, width] (+2 rows: weight/bias chunks) in shared memory
+stages = _fit_stages(NUM_STAGES, (rows + 2) * width * x2.dtype.itemsize)'''
+    if one_pass is None:
+        src = f'''kernel, width = {looped}, min(BLOCK_D, block)   # chunks no wider than the row
+{fit}
+meta = {{"ROWS": rows, "BLOCK_D": width, "NUM_STAGES": stages}}'''
+    else:
+        src = f'''if block <= MAX_TILE:
+    kernel, width = {one_pass}, block
+else:                                # a wider row does not fit one register tile
+    kernel, width = {looped}, min(BLOCK_D, block)
+{fit}
+if kernel is {one_pass}:
+    meta = {{"ROWS": rows, "BLOCK": width}}
+else:
+    meta = {{"ROWS": rows, "BLOCK_D": width, "NUM_STAGES": stages}}'''
+    return indent(src, 4)

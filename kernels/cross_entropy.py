@@ -1,0 +1,368 @@
+"""Cross-entropy family: mean over counted rows of logsumexp(logits[n, :]) - logits[n, target[n]].
+
+logits [..., V] are viewed as [N, V]; targets are int64 of shape logits.shape[:-1]; rows whose
+target is -100 (ignore_index) add nothing and are not counted; the result is a 0-d float32
+tensor (NaN when every row is ignored, like torch). The op must read the logits once and the
+targets once and write 4 bytes: N*V*itemsize + 8*N + 4 bytes, about 4 flops per logit
+(max, subtract, exp, add), so it is memory bound; at 128k vocab one row is 256 KB (bf16).
+
+Numerics: an online log-sum-exp in fp32 (running max m, sum s of exp(x - m) rescaled when m
+grows; rows or lanes that have seen only -inf subtract 0 rather than -inf, so no NaN appears).
+The loss is formed as (m - x_target) + log(s): the subtraction of two nearby large logits is
+exact, where logsumexp - x_target would lose the low bits of a large logsumexp.
+The mean is a separate one-program Triton kernel that sums the per-row losses and counts the
+counted rows in a fixed order: deterministic, no atomics.
+
+Search space (``SPACE``), rendered by ``render`` into one self-contained candidate source:
+- variant "row": a program owns ROWS rows and loops over the vocabulary in chunks of BLOCK_V
+  (rows_per_prog > 1 suits small vocabularies; the [ROWS, BLOCK_V] tile is capped at 65536).
+- variant "split": each row is cut into ``splits`` vocab slices, one program per (row, slice)
+  writes a partial (m, s) to an fp32 workspace [N, splits]; a second kernel merges the partials
+  of each row and forms its loss. More programs in flight per row: the speed at 128k vocab.
+- online "chunk" (one max per chunk, one exp per logit) or "lane" (per-lane running max and sum,
+  merged after the loop: no cross-lane reduction in the loop, two exps per logit).
+- block_v (chunk width, clamped to the row or slice length), num_warps, num_stages (software
+  pipelining of the vocab loop), use_exp2 (exp2((x - m) * log2(e))).
+Parameters that do not apply render the same source (rows_per_prog with "split", splits with
+"row").
+Launch-time clamps keep every point valid on the GPU: a program's register tile is at most
+65536 elements (ROWS halves until it fits) and num_stages drops until the (stages - 1)
+pipelined load buffers fit 48 KB of shared memory (a 4-stage fp32 [8, 4096] loop would ask
+for 384 KB and fail to launch).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels import Family
+from kernels import _common as C
+from kernels.softmax import softmax_input
+
+NAME = "cross_entropy"
+SIGNATURE = "kernel_fn(logits, targets)"
+ARG_NAMES = ("logits", "targets")
+ADVERSARIAL = ("huge", "tiny", "mixed_scale", "constant_rows", "heavy_tail", "neg_inf")
+IGNORE_INDEX = -100
+
+
+def reference(logits, targets):
+    """Mean cross-entropy in fp32 (fp64 when given fp64 logits, for the ground truth)."""
+    v = logits.shape[-1]
+    x = logits.reshape(-1, v)
+    if x.dtype != torch.float64:
+        x = x.float()
+    return F.cross_entropy(x, targets.reshape(-1).long(), ignore_index=IGNORE_INDEX)
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs
+# ---------------------------------------------------------------------------------------------
+
+# "huge" logits: rows centered at c ~ U(-2e4, 2e4) (fp16's safe top; exp overflows past 89) with a
+# spread of a few ulps; fp32 gets the same range, the scale at which LLM logits could ever sit.
+_HUGE = {torch.float16: (2e4, 24.0), torch.bfloat16: (2e4, 200.0), torch.float32: (2e4, 4.0)}
+
+
+def make_inputs(shape, dtype, device, gen, kind="normal"):
+    """{logits: [*shape], targets: int64 [*shape[:-1]]} from ``gen``; ~5% of targets are -100.
+
+    Logit kinds are softmax's, except "neg_inf": ~10% of logits are -inf but never a row's
+    target logit (that loss would be +inf), and row 0 (when there are 2+ rows) is entirely -inf
+    with its target ignored: its NaN log-sum-exp must not leak into the mean."""
+    dtype = C.as_dtype(dtype)
+    shape = tuple(int(s) for s in shape)
+    n, v = C.rows_and_cols(shape)
+    if kind == "neg_inf":
+        x = C.randn(gen, n, v) * 3.0
+        x = torch.where(C.rand(gen, n, v) < 0.1, float("-inf"), x)
+    else:
+        x = softmax_input(shape, dtype, gen, kind, huge=_HUGE).reshape(n, v)
+    t = torch.randint(0, v, (n,), generator=gen, device=gen.device)
+    t = torch.where(C.rand(gen, n) < 0.05, IGNORE_INDEX, t)
+    if kind == "neg_inf":
+        rows = torch.arange(n, device=gen.device)
+        counted = t != IGNORE_INDEX
+        safe_t = torch.where(counted, t, 0)
+        x[rows[counted], safe_t[counted]] = C.randn(gen, int(counted.sum()))
+        if n >= 2:
+            x[0] = float("-inf")
+            t[0] = IGNORE_INDEX
+            t[1] = int(v * C.rand(gen, 1).item()) % v
+            x[1, t[1]] = 0.5
+    logits = x.reshape(shape).to(dtype).to(device)
+    targets = t.reshape(shape[:-1]).to(device)
+    return {"logits": logits, "targets": targets}
+
+
+# |out - expected| <= atol + rtol * |expected| on the 0-d fp32 mean, expected = the fp64
+# reference. The inputs' dtype only changes the logits' values, not the arithmetic (fp32), so
+# one tolerance serves all. A textbook kernel forming logsumexp - x_target loses up to half an
+# fp32 ulp of the logsumexp per row (1e-3 at logits of 2e4, on means of ~40): rtol 1e-4
+# keeps it passing; dropping ignore_index, counting ignored rows, or summing padded lanes
+# moves the mean by percents.
+TOLERANCE = {
+    torch.float32: (1e-5, 1e-4),
+    torch.float16: (1e-5, 1e-4),
+    torch.bfloat16: (1e-5, 1e-4),
+}
+
+
+def cost(shape, dtype):
+    """(bytes, flops): logits once, targets (int64) once, 4 bytes out; max, subtract, exp, add
+    per logit plus a log, a subtraction and an add per row."""
+    item = C.itemsize(dtype)
+    n, v = C.rows_and_cols(shape)
+    return n * v * item + 8 * n + 4, 4 * n * v + 3 * n
+
+
+BENCH_SHAPES = ((4096, 32000), (8192, 128256), (2048, 50257), (1000, 1000), (3, 5000),
+                (4097, 1023))
+SWEEP_SHAPES = ((1, 1), (2, 3), (7, 1000), (33, 257), (3, 4097), (5, 3, 129), (256, 8192),
+                (64, 65536), (4, 50257), (9, 32003), (2, 128256))
+EDGE_SHAPES = ((1, 1), (1, 4096), (97, 127), (13, 1031), (4099, 7), (65537, 8), (4, 50257),
+               (9, 32003))
+
+
+# ---------------------------------------------------------------------------------------------
+# search space and rendering
+# ---------------------------------------------------------------------------------------------
+
+SPACE = {
+    "variant": ["row", "split"],
+    "online": ["chunk", "lane"],
+    "block_v": [1024, 2048, 4096, 8192, 16384],
+    "rows_per_prog": [1, 2, 4, 8],
+    "splits": [2, 4, 8, 16, 32],
+    "num_warps": [1, 2, 4, 8, 16],
+    "num_stages": [1, 2, 3, 4],
+    "use_exp2": [False, True],
+}
+DEFAULT = {"variant": "row", "online": "chunk", "block_v": 4096, "rows_per_prog": 1,
+           "splits": 8, "num_warps": 4, "num_stages": 1, "use_exp2": False}
+
+
+def _online_stats(p, rows: bool) -> str:
+    """Source of the vocab loop leaving per-row m (running max) and s (sum of exp(x - m)).
+
+    With ``rows`` the tile is [ROWS, BLOCK_V] over ``row_mask`` and ``x_row`` [ROWS, 1]; without,
+    a single row (one vocab slice [lo, lo + SLICE)) with scalar m and s."""
+    e2 = p["use_exp2"]
+    if rows:
+        shape, loop = "[ROWS, BLOCK_V]", "for start in tl.range(0, V, BLOCK_V, num_stages=NUM_STAGES):"
+        cols = '''cols = start + tl.arange(0, BLOCK_V)
+mask = row_mask[:, None] & (cols < V)[None, :]
+x = tl.load(x_row + cols[None, :], mask=mask, other=float("-inf")).to(tl.float32)'''
+        red, bc, m0 = "axis=1", "[:, None]", "tl.full([ROWS], float(\"-inf\"), dtype=tl.float32)"
+        s0 = "tl.zeros([ROWS], dtype=tl.float32)"
+    else:
+        shape, loop = "[BLOCK_V]", "for start in tl.range(0, SLICE, BLOCK_V, num_stages=NUM_STAGES):"
+        cols = '''cols = lo + start + tl.arange(0, BLOCK_V)
+x = tl.load(x_row + cols, mask=cols < V, other=float("-inf")).to(tl.float32)'''
+        red, bc, m0, s0 = "axis=0", "", "float(\"-inf\")", "0.0"
+    if p["online"] == "chunk":
+        return f'''
+m = {m0}  # running max
+s = {s0}  # sum of exp(x - m)
+{loop}
+{C.indent(cols, 4)}
+    m_new = tl.maximum(m, tl.max(x, {red}))
+    # rows that saw only -inf so far subtract 0: exp(-inf - 0) = 0, not exp(-inf + inf) = NaN
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    s = s * {C.exp_expr("m - m_ref", e2)} + tl.sum({C.exp_expr(f"x - m_ref{bc}", e2)}, {red})
+    m = m_new'''
+    return f'''
+m_lane = tl.full({shape}, float("-inf"), dtype=tl.float32)  # per-lane running max
+s_lane = tl.zeros({shape}, dtype=tl.float32)  # per-lane sum of exp(x - m_lane)
+{loop}
+{C.indent(cols, 4)}
+    m_new = tl.maximum(m_lane, x)
+    # lanes that saw only -inf so far subtract 0: exp(-inf - 0) = 0, not exp(-inf + inf) = NaN
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    s_lane = s_lane * {C.exp_expr("m_lane - m_ref", e2)} + {C.exp_expr("x - m_ref", e2)}
+    m_lane = m_new
+m = tl.max(m_lane, {red})                                          # merge the lanes
+m_ref = tl.where(m == float("-inf"), 0.0, m)
+s = tl.sum(s_lane * {C.exp_expr(f"m_lane - m_ref{bc}", e2)}, {red})'''
+
+
+_ROW_LOSS = '''
+t = tl.load(targets_ptr + rows, mask=row_mask, other=IGNORE_INDEX)     # [ROWS] int64
+# torch raises on targets outside [0, V); here they are never read out of bounds
+valid = row_mask & (t != IGNORE_INDEX) & (t >= 0) & (t < V)
+x_t = tl.load(logits_ptr + rows * stride_ln + tl.where(valid, t, 0), mask=valid, other=0.0).to(tl.float32)
+# logsumexp - x_t = (m - x_t) + log(s); m - x_t is exact for nearby large logits.
+# A row that is all -inf gives NaN (like torch) unless it is ignored.
+loss = (m - x_t) + tl.log(s)
+tl.store(loss_ptr + rows, tl.where(valid, loss, 0.0), mask=row_mask)'''
+
+
+def _row_kernel(p):
+    return f'''@triton.jit
+def _ce_rows(logits_ptr, targets_ptr, loss_ptr, N, V, stride_ln,
+             ROWS: tl.constexpr, BLOCK_V: tl.constexpr, NUM_STAGES: tl.constexpr,
+             IGNORE_INDEX: tl.constexpr):
+    """Tile [ROWS, BLOCK_V] sliding along the vocabulary: online log-sum-exp per row, then
+    loss[row] = logsumexp - logits[row, target] (0 for ignored rows). Reads each logit once."""
+    rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)   # [ROWS]; int64 offsets
+    row_mask = rows < N
+    x_row = logits_ptr + rows[:, None] * stride_ln                     # [ROWS, 1] row starts
+{C.indent(_online_stats(p, rows=True), 4)}
+{C.indent(_ROW_LOSS, 4)}
+'''
+
+
+def _split_kernels(p):
+    return f'''@triton.jit
+def _ce_partials(logits_ptr, part_m_ptr, part_s_ptr, V, stride_ln, SLICE,
+                 SPLITS: tl.constexpr, BLOCK_V: tl.constexpr, NUM_STAGES: tl.constexpr):
+    """Program (row, k) reduces vocab slice [k*SLICE, (k+1)*SLICE) of one row to a partial
+    (m, s): its max and the sum of exp(x - m). SLICE is a multiple of BLOCK_V; an empty slice
+    writes (-inf, 0). Writes 8 bytes per (row, slice) to the fp32 workspaces [N, SPLITS]."""
+    row = tl.program_id(0).to(tl.int64)
+    k = tl.program_id(1)
+    x_row = logits_ptr + row * stride_ln
+    lo = k * SLICE                                                     # < V + SLICE: fits int32
+{C.indent(_online_stats(p, rows=False), 4)}
+    tl.store(part_m_ptr + row * SPLITS + k, m)
+    tl.store(part_s_ptr + row * SPLITS + k, s)
+
+
+@triton.jit
+def _ce_merge(logits_ptr, targets_ptr, part_m_ptr, part_s_ptr, loss_ptr, N, V, stride_ln,
+              SPLITS: tl.constexpr, ROWS: tl.constexpr, IGNORE_INDEX: tl.constexpr):
+    """Tile [ROWS, SPLITS]: merge each row's partials, m = max(m_k), s = sum(s_k * exp(m_k - m)),
+    then loss[row] as in the one-kernel variant. Reads 8*SPLITS bytes and one logit per row."""
+    rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)   # [ROWS]
+    row_mask = rows < N
+    ks = tl.arange(0, SPLITS)
+    offs = rows[:, None] * SPLITS + ks[None, :]                        # [ROWS, SPLITS]
+    pm = tl.load(part_m_ptr + offs, mask=row_mask[:, None], other=float("-inf"))
+    ps = tl.load(part_s_ptr + offs, mask=row_mask[:, None], other=0.0)
+    m = tl.max(pm, axis=1)                                             # [ROWS]
+    m_ref = tl.where(m == float("-inf"), 0.0, m)                       # all -inf: subtract 0
+    s = tl.sum(ps * {C.exp_expr("pm - m_ref[:, None]", p["use_exp2"])}, axis=1)
+{C.indent(_ROW_LOSS, 4)}
+'''
+
+
+_MEAN_KERNEL = '''@triton.jit
+def _ce_mean(loss_ptr, targets_ptr, out_ptr, N, BLOCK: tl.constexpr, IGNORE_INDEX: tl.constexpr):
+    """One program: sum of loss[0:N] and count of targets != IGNORE_INDEX, in a fixed order
+    (per-lane partial sums, then one tree reduction), then out = sum / count. Deterministic;
+    0 / 0 = NaN when every row is ignored, like torch."""
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    cnt = tl.zeros([BLOCK], dtype=tl.int32)
+    for start in range(0, N, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < N
+        acc += tl.load(loss_ptr + offs, mask=mask, other=0.0)
+        t = tl.load(targets_ptr + offs, mask=mask, other=IGNORE_INDEX)
+        cnt += (t != IGNORE_INDEX).to(tl.int32)
+    total = tl.sum(acc, axis=0)
+    count = tl.sum(cnt, axis=0).to(tl.float32)
+    tl.store(out_ptr, total / count)
+'''
+
+
+def _launcher(p):
+    head = '''
+
+def kernel_fn(logits, targets):
+    """Mean cross-entropy of logits [..., V] against int64 targets [...] (-100 = ignored);
+    returns a 0-d float32 tensor."""
+    V = logits.shape[-1]
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()     # kernels assume unit stride along V; any row stride works
+    x2 = logits.reshape(-1, V)           # [N, V]: a view whenever the leading dims can merge
+    N = x2.shape[0]
+    t = targets.reshape(-1).to(torch.int64).contiguous()   # [N]
+    out = torch.empty((), dtype=torch.float32, device=logits.device)
+    loss = torch.empty((N,), dtype=torch.float32, device=logits.device)   # per-row losses
+    if N > 0 and V > 0:'''
+    if p["variant"] == "row":
+        body = '''
+        block_v = min(BLOCK_V, triton.next_power_of_2(V))   # no wider than the row
+        rows = _fit_rows(ROWS_PER_PROG, block_v)
+        # pipelined loads keep (stages - 1) tiles [rows, block_v] in shared memory
+        stages = _fit_stages(NUM_STAGES, rows * block_v * x2.dtype.itemsize)
+        _ce_rows[(triton.cdiv(N, rows),)](
+            x2, t, loss, N, V, x2.stride(0), ROWS=rows, BLOCK_V=block_v, NUM_STAGES=stages,
+            IGNORE_INDEX=IGNORE_INDEX, num_warps=NUM_WARPS, num_stages=stages)'''
+    else:
+        body = '''
+        per = triton.cdiv(V, SPLITS)                             # logits per slice
+        block_v = min(BLOCK_V, triton.next_power_of_2(per))      # no wider than a slice
+        slice_len = triton.cdiv(per, block_v) * block_v          # whole chunks per slice
+        stages = _fit_stages(NUM_STAGES, block_v * x2.dtype.itemsize)   # pipelined chunk buffers
+        part_m = torch.empty((N, SPLITS), dtype=torch.float32, device=logits.device)
+        part_s = torch.empty((N, SPLITS), dtype=torch.float32, device=logits.device)
+        _ce_partials[(N, SPLITS)](
+            x2, part_m, part_s, V, x2.stride(0), slice_len, SPLITS=SPLITS, BLOCK_V=block_v,
+            NUM_STAGES=stages, num_warps=NUM_WARPS, num_stages=stages)
+        _ce_merge[(triton.cdiv(N, MERGE_ROWS),)](
+            x2, t, part_m, part_s, loss, N, V, x2.stride(0), SPLITS=SPLITS, ROWS=MERGE_ROWS,
+            IGNORE_INDEX=IGNORE_INDEX, num_warps=4)'''
+    tail = '''
+    elif N > 0:
+        raise ValueError("cross_entropy over an empty vocabulary (V == 0)")
+    _ce_mean[(1,)](loss, t, out, N, BLOCK=MEAN_BLOCK, IGNORE_INDEX=IGNORE_INDEX, num_warps=4)
+    return out
+'''
+    return head + body + tail
+
+
+def render(params) -> str:
+    """Complete candidate source for one point of SPACE (missing params take DEFAULT values)."""
+    p = C.resolve(NAME, SPACE, DEFAULT, params)
+    if p["variant"] == "row":
+        traffic = ("reads each logit once (N*V*itemsize), the targets twice (16*N) and writes and\n"
+                   "re-reads 4*N bytes of per-row losses")
+    else:
+        traffic = (f"reads each logit once (N*V*itemsize), writes and re-reads an fp32 workspace\n"
+                   f"of 2*{p['splits']}*4*N bytes, the targets twice (16*N) and the per-row losses (8*N)")
+    doc = f'''"""Cross-entropy candidate ({p["variant"]}, online={p["online"]}): mean over counted rows of
+logsumexp(logits[n, :]) - logits[n, target[n]], ignore_index = -100, as a 0-d fp32 tensor.
+
+logits [..., V] are viewed as [N, V] (leading dims merged; any row stride, unit column stride);
+targets int64 [N]. fp32 online log-sum-exp; the mean is a one-program kernel summing in a fixed
+order (deterministic, no atomics).
+Bytes the op must move: N*V*itemsize + 8*N + 4 (logits, targets, the result).
+This variant {traffic}.
+Point: {C.point_line(SPACE, p)}
+"""
+{C.IMPORTS_SRC}
+IGNORE_INDEX = -100
+BLOCK_V = {p["block_v"]}        # vocab chunk width (clamped to the row / slice)
+ROWS_PER_PROG = {p["rows_per_prog"]}   # rows per program ("row" variant)
+SPLITS = {p["splits"]}          # vocab slices per row ("split" variant)
+NUM_WARPS = {p["num_warps"]}
+NUM_STAGES = {p["num_stages"]}       # software-pipelining depth of the vocab loop
+MERGE_ROWS = 16        # rows per program of the split merge
+MEAN_BLOCK = 1024      # lanes of the one-program mean
+'''
+    parts = [doc, C.FIT_ROWS_SRC, "\n"]
+    parts.append(_row_kernel(p) if p["variant"] == "row" else _split_kernels(p))
+    parts += ["\n", _MEAN_KERNEL, _launcher(p)]
+    return C.tidy("\n".join(parts))
+
+
+FAMILY = Family(
+    name=NAME,
+    signature=SIGNATURE,
+    arg_names=ARG_NAMES,
+    reference=reference,
+    make_inputs=make_inputs,
+    tolerance=TOLERANCE,
+    cost=cost,
+    bench_shapes=BENCH_SHAPES,
+    sweep_shapes=SWEEP_SHAPES,
+    edge_shapes=EDGE_SHAPES,
+    adversarial=ADVERSARIAL,
+    space=SPACE,
+    default=DEFAULT,
+    render=render,
+    description="Mean cross-entropy of logits [..., V] and int64 targets, ignore_index=-100, fp32.",
+    notes={"ignore_index": IGNORE_INDEX, "output": "0-d float32",
+           "all_ignored": "NaN, like torch", "max_tile_elems": 65536},
+)

@@ -1,0 +1,304 @@
+"""LayerNorm family: y = (x - mean(x)) * rsqrt(var(x) + eps) * weight + bias over the last dim.
+
+x has any number of leading dims and is viewed as [N, D]; weight and bias are [D] (either may be
+None). The op must read x once and write y once, plus one read of weight and bias:
+2*N*D*itemsize + 2*D*itemsize bytes, about 7 flops per element, so it is memory bound.
+
+Numerics: every variant computes the statistics of d = x - x[row, 0] (a per-row shift by the
+row's first element; exact when x sits near its mean, as with a large constant offset), the mean
+first and then the variance from centered values (or Chan's merge of per-chunk centered sums),
+all in fp32. Never E[x^2] - E[x]^2, which cancels catastrophically for offset rows.
+
+Search space (``SPACE``), rendered by ``render`` into one self-contained candidate source:
+- variant "one_pass": whole rows in registers (BLOCK = next_pow2(D) at launch), x read once.
+  Falls back to the chunked kernel (with ``stats``) when next_pow2(D) > 65536.
+- variant "chunked": column chunks of BLOCK_D; ``stats`` picks how the statistics are gathered:
+  "two_pass" (a mean loop, a centered-variance loop, a write loop: reads x 3 times) or
+  "chunk_merge" (one loop computing each chunk's mean and centered M2 and merging them with
+  Chan's formula, then the write loop: reads x twice).
+- rows_per_prog, grid ("rows" | "persistent" with progs_per_sm), num_warps, num_stages,
+  block_d, cache_hints: as in rmsnorm. A tile [ROWS, BLOCK] is capped at 65536 elements.
+Parameters that do not apply to a point render the same source (block_d/num_stages/stats with
+one_pass except for its wide-row fallback; progs_per_sm with grid "rows").
+Launch-time clamps keep every point valid on the GPU: a program's register tile is at most
+65536 elements (ROWS halves until it fits) and num_stages drops until the (stages - 1)
+pipelined load buffers fit 48 KB of shared memory (a 4-stage fp32 [8, 4096] loop would ask
+for 384 KB and fail to launch).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels import Family
+from kernels import _common as C
+
+NAME = "layernorm"
+SIGNATURE = "kernel_fn(x, weight, bias, eps)"
+ARG_NAMES = ("x", "weight", "bias", "eps")
+ADVERSARIAL = C.NORM_KINDS  # huge, tiny, mixed_scale, constant_rows, heavy_tail
+
+
+def reference(x, weight, bias, eps):
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+def make_inputs(shape, dtype, device, gen, kind="normal"):
+    """{x: [*shape], weight: [D], bias: [D], eps} with fresh random values from ``gen``."""
+    dtype = C.as_dtype(dtype)
+    d = int(shape[-1])
+    x = C.norm_input(shape, dtype, gen, kind)
+    w = 1.0 + 0.1 * C.randn(gen, d)
+    b = 0.1 * C.randn(gen, d)
+    return {"x": x.to(dtype).to(device), "weight": w.to(dtype).to(device),
+            "bias": b.to(dtype).to(device), "eps": 1e-5}
+
+
+# |out - expected| <= atol + rtol * |expected|, expected = fp64 reference cast to the output dtype.
+# fp16/bf16: output rounding is up to 1 ulp (2^-10 resp. 2^-7 relative); rtol is about twice that.
+# fp32: a textbook two-pass kernel (mean, then centered variance, no shift) loses about
+# |mean|/std * 1e-7 * log2(D) to the rounding of the mean: ~1e-4 on "mixed_scale" rows
+# (offset/std = 1000) and on "constant_rows"; atol/rtol 1e-3 let such a correct kernel pass while
+# E[x^2] - E[x]^2, even accumulated in fp32, is off by tens of percent there.
+TOLERANCE = {
+    torch.float32: (1e-3, 1e-3),
+    torch.float16: (2e-3, 2e-3),
+    torch.bfloat16: (1e-2, 1.6e-2),
+}
+
+
+def cost(shape, dtype):
+    """(bytes, flops): read x, weight, bias once, write y once; per element: +mean, -mean,
+    square, +var, *rstd, *w, +b."""
+    item = C.itemsize(dtype)
+    n, d = C.rows_and_cols(shape)
+    return 2 * n * d * item + 2 * d * item, 7 * n * d + 4 * n
+
+
+BENCH_SHAPES = ((4096, 4096), (8192, 4096), (2048, 768), (8, 2048, 4096),
+                (1000, 1000), (3, 5000), (4097, 1023))
+SWEEP_SHAPES = ((1, 1), (2, 3), (7, 1000), (33, 257), (3, 4097), (5, 3, 129), (256, 8192),
+                (64, 65536), (2, 100000))
+EDGE_SHAPES = ((1, 1), (1, 4096), (97, 127), (13, 1031), (4099, 7), (65537, 8))
+
+
+# ---------------------------------------------------------------------------------------------
+# search space and rendering
+# ---------------------------------------------------------------------------------------------
+
+SPACE = {
+    "variant": ["one_pass", "chunked"],
+    "stats": ["two_pass", "chunk_merge"],
+    "rows_per_prog": [1, 2, 4, 8],
+    "num_warps": [1, 2, 4, 8, 16],
+    "num_stages": [1, 2, 3, 4],
+    "block_d": [1024, 2048, 4096, 8192],
+    "grid": ["rows", "persistent"],
+    "progs_per_sm": [1, 2, 4, 8],
+    "cache_hints": [False, True],
+}
+DEFAULT = {"variant": "one_pass", "stats": "two_pass", "rows_per_prog": 1, "num_warps": 4,
+           "num_stages": 1, "block_d": 4096, "grid": "rows", "progs_per_sm": 4,
+           "cache_hints": False}
+
+_ARGS = ("x_ptr, w_ptr, b_ptr, y_ptr, N, D, stride_xn, eps, num_tiles,\n"
+         "        HAS_W: tl.constexpr, HAS_B: tl.constexpr, ROWS: tl.constexpr")
+
+
+def _one_pass_kernel(p):
+    keep, stream = C.cache_hints(p["cache_hints"])
+    doc = '''
+"""Tile [ROWS, BLOCK] (BLOCK = next_pow2(D)): ROWS whole rows in registers, x read once.
+Statistics of d = x - x[row, 0]: mean first, then the variance of the centered values."""'''
+    prologue = f'''
+cols = tl.arange(0, BLOCK)                                          # [BLOCK]
+col_mask = cols < D
+# weight and bias [D] are the same for every row: one load per program, fp32 registers
+if HAS_W:
+    w = tl.load(w_ptr + cols, mask=col_mask, other=0.0{keep}).to(tl.float32)
+if HAS_B:
+    b = tl.load(b_ptr + cols, mask=col_mask, other=0.0{keep}).to(tl.float32)'''
+    body = f'''
+rows = (tile * ROWS + tl.arange(0, ROWS)).to(tl.int64)             # [ROWS]; int64: rows*stride may pass 2^31
+row_mask = rows < N
+mask = row_mask[:, None] & col_mask[None, :]                       # [ROWS, BLOCK]
+x_row = x_ptr + rows[:, None] * stride_xn                          # [ROWS, 1]
+x = tl.load(x_row + cols[None, :], mask=mask, other=0.0{stream}).to(tl.float32)
+shift = tl.load(x_row, mask=row_mask[:, None], other=0.0).to(tl.float32)   # [ROWS, 1] x[row, 0]
+d = tl.where(mask, x - shift, 0.0)
+mean_d = tl.sum(d, axis=1) / D                                     # [ROWS]
+xc = tl.where(mask, d - mean_d[:, None], 0.0)                      # x - mean(x), 0 off the row
+var = tl.sum(xc * xc, axis=1) / D                                  # [ROWS] biased, like torch
+rstd = tl.math.rsqrt(var + eps)
+y = xc * rstd[:, None]
+if HAS_W:
+    y = y * w[None, :]
+if HAS_B:
+    y = y + b[None, :]
+tl.store(y_ptr + rows[:, None] * D + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)'''
+    return C.tiled_kernel("_layernorm_one_pass", _ARGS + ", BLOCK: tl.constexpr", doc,
+                          prologue, body, p["grid"] == "persistent")
+
+
+def _chunked_kernel(p):
+    keep, stream = C.cache_hints(p["cache_hints"])
+    head = f'''
+rows = (tile * ROWS + tl.arange(0, ROWS)).to(tl.int64)             # [ROWS]
+row_mask = rows < N
+x_row = x_ptr + rows[:, None] * stride_xn                          # [ROWS, 1] row starts
+y_row = y_ptr + rows[:, None] * D
+shift = tl.load(x_row, mask=row_mask[:, None], other=0.0).to(tl.float32)   # [ROWS, 1] x[row, 0]'''
+    if p["stats"] == "two_pass":
+        doc = '''
+"""Tile [ROWS, BLOCK_D] sliding along D, three loops: sum of d = x - x[row, 0] (mean), sum of
+(d - mean)^2 (variance), then normalize and write. Reads x three times (twice mostly from L2)."""'''
+        stats = f'''
+acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+for start in tl.range(0, D, BLOCK_D, num_stages=NUM_STAGES):
+    cols = start + tl.arange(0, BLOCK_D)
+    mask = row_mask[:, None] & (cols < D)[None, :]
+    x = tl.load(x_row + cols[None, :], mask=mask, other=0.0{keep}).to(tl.float32)
+    acc += tl.where(mask, x - shift, 0.0)
+mean_d = tl.sum(acc, axis=1) / D                                   # [ROWS] mean of d
+acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+for start in tl.range(0, D, BLOCK_D, num_stages=NUM_STAGES):
+    cols = start + tl.arange(0, BLOCK_D)
+    mask = row_mask[:, None] & (cols < D)[None, :]
+    x = tl.load(x_row + cols[None, :], mask=mask, other=0.0{keep}).to(tl.float32)
+    xc = tl.where(mask, (x - shift) - mean_d[:, None], 0.0)
+    acc += xc * xc
+var = tl.sum(acc, axis=1) / D                                      # [ROWS] biased, like torch'''
+    else:
+        doc = '''
+"""Tile [ROWS, BLOCK_D] sliding along D, two loops. Loop 1: per chunk, the mean of
+d = x - x[row, 0] and the centered sum of squares M2, merged into the running (n, mean, M2) with
+Chan's formula (no cancellation). Loop 2: normalize and write. Reads x twice."""'''
+        stats = f'''
+n = 0.0                                                            # elements merged so far
+mean_d = tl.zeros([ROWS], dtype=tl.float32)
+m2 = tl.zeros([ROWS], dtype=tl.float32)
+for start in tl.range(0, D, BLOCK_D, num_stages=NUM_STAGES):
+    cols = start + tl.arange(0, BLOCK_D)
+    mask = row_mask[:, None] & (cols < D)[None, :]
+    x = tl.load(x_row + cols[None, :], mask=mask, other=0.0{keep}).to(tl.float32)
+    d = tl.where(mask, x - shift, 0.0)
+    cnt = tl.minimum(D - start, BLOCK_D).to(tl.float32)            # valid columns in this chunk
+    c_mean = tl.sum(d, axis=1) / cnt                               # [ROWS]
+    dc = tl.where(mask, d - c_mean[:, None], 0.0)
+    c_m2 = tl.sum(dc * dc, axis=1)
+    n_new = n + cnt
+    delta = c_mean - mean_d
+    mean_d = mean_d + delta * (cnt / n_new)
+    m2 = m2 + c_m2 + delta * delta * (n * cnt / n_new)
+    n = n_new
+var = m2 / D                                                       # [ROWS] biased, like torch'''
+    write = f'''
+rstd = tl.math.rsqrt(var + eps)                                    # [ROWS]
+for start in tl.range(0, D, BLOCK_D, num_stages=NUM_STAGES):
+    cols = start + tl.arange(0, BLOCK_D)
+    col_mask = cols < D
+    mask = row_mask[:, None] & col_mask[None, :]
+    x = tl.load(x_row + cols[None, :], mask=mask, other=0.0{stream}).to(tl.float32)
+    y = ((x - shift) - mean_d[:, None]) * rstd[:, None]
+    if HAS_W:
+        y = y * tl.load(w_ptr + cols, mask=col_mask, other=0.0{keep}).to(tl.float32)[None, :]
+    if HAS_B:
+        y = y + tl.load(b_ptr + cols, mask=col_mask, other=0.0{keep}).to(tl.float32)[None, :]
+    tl.store(y_row + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)'''
+    body = head + "\n" + stats.strip("\n") + "\n" + write.strip("\n")
+    return C.tiled_kernel("_layernorm_chunked",
+                          _ARGS + ", BLOCK_D: tl.constexpr, NUM_STAGES: tl.constexpr",
+                          doc, "", body, p["grid"] == "persistent")
+
+
+def _launcher(p):
+    if p["grid"] == "persistent":
+        grid = "(min(num_tiles, _num_sms(x.device) * PROGS_PER_SM),)  # persistent programs"
+    else:
+        grid = "(num_tiles,)  # one tile per program"
+    select = C.select_src("_layernorm_one_pass" if p["variant"] == "one_pass" else None,
+                          "_layernorm_chunked")
+    return f'''
+
+def kernel_fn(x, weight, bias, eps):
+    """LayerNorm over the last dim of x [..., D]; weight, bias [D] or None; y shaped like x."""
+    D = x.shape[-1]
+    out_shape = x.shape
+    if x.stride(-1) != 1:
+        x = x.contiguous()               # kernels assume unit stride along D; any row stride works
+    x2 = x.reshape(-1, D)                # [N, D]: a view whenever the leading dims can merge
+    N = x2.shape[0]
+    has_w, has_b = weight is not None, bias is not None
+    w = weight.contiguous() if has_w else x2   # x2 stands in for a missing pointer (never read)
+    b = bias.contiguous() if has_b else x2
+    y = torch.empty((N, D), dtype=x.dtype, device=x.device)
+    if N == 0 or D == 0:
+        return y.reshape(out_shape)
+    block = triton.next_power_of_2(D)
+{select}
+    num_tiles = triton.cdiv(N, rows)
+    grid = {grid}
+    kernel[grid](x2, w, b, y, N, D, x2.stride(0), float(eps), num_tiles, has_w, has_b, **meta,
+                 num_warps=NUM_WARPS, num_stages=stages)
+    return y.reshape(out_shape)
+'''
+
+
+def render(params) -> str:
+    """Complete candidate source for one point of SPACE (missing params take DEFAULT values)."""
+    p = C.resolve(NAME, SPACE, DEFAULT, params)
+    one_pass = p["variant"] == "one_pass"
+    passes = 3 if p["stats"] == "two_pass" else 2
+    if one_pass:
+        traffic = ("reads x once and writes y once (2*N*D*itemsize) when next_pow2(D) <= 65536;\n"
+                   f"wider rows use the chunked kernel ({p['stats']}), which reads x {passes} times")
+    else:
+        traffic = (f"reads x {passes} times ({p['stats']}; the re-reads mostly hit L2: a row is\n"
+                   "D*itemsize bytes) and writes y once")
+    doc = f'''"""LayerNorm candidate ({p["variant"]}, {p["grid"]} grid):
+y = (x - mean) * rsqrt(var + eps) * weight + bias over the last dim.
+
+x [..., D] is viewed as [N, D] (leading dims merged; any row stride, unit column stride);
+weight, bias [D] (or None); y [N, D] is written contiguous in x's dtype. Statistics are taken
+in fp32 on x shifted by its row's first element, mean before variance (no E[x^2] - E[x]^2).
+Bytes the op must move: 2*N*D*itemsize + 2*D*itemsize (read x, write y, read weight and bias).
+This variant {traffic}.
+Point: {C.point_line(SPACE, p)}
+"""
+{C.IMPORTS_SRC}
+ROWS_PER_PROG = {p["rows_per_prog"]}   # rows per program tile (halved at launch to fit MAX_TILE)
+BLOCK_D = {p["block_d"]}        # chunk width of the chunked loops
+NUM_WARPS = {p["num_warps"]}
+NUM_STAGES = {p["num_stages"]}       # software-pipelining depth of the chunk loops
+PROGS_PER_SM = {p["progs_per_sm"]}     # persistent grid only
+'''
+    parts = [doc, C.FIT_ROWS_SRC]
+    if p["grid"] == "persistent":
+        parts.append(C.NUM_SMS_SRC)
+    parts.append("\n")
+    if one_pass:
+        parts.append(_one_pass_kernel(p) + "\n")
+    parts.append(_chunked_kernel(p))
+    parts.append(_launcher(p))
+    return C.tidy("\n".join(parts))
+
+
+FAMILY = Family(
+    name=NAME,
+    signature=SIGNATURE,
+    arg_names=ARG_NAMES,
+    reference=reference,
+    make_inputs=make_inputs,
+    tolerance=TOLERANCE,
+    cost=cost,
+    bench_shapes=BENCH_SHAPES,
+    sweep_shapes=SWEEP_SHAPES,
+    edge_shapes=EDGE_SHAPES,
+    adversarial=ADVERSARIAL,
+    space=SPACE,
+    default=DEFAULT,
+    render=render,
+    description="LayerNorm over the last dim with weight and bias (torch.nn.functional.layer_norm).",
+    notes={"one_pass_max_block": 65536, "max_tile_elems": 65536,
+           "numerics": "per-row shift by x[row, 0], mean then centered variance, fp32"},
+)
