@@ -229,6 +229,8 @@ def warm_imports() -> None:
     except Exception:
         pass
     import triton.testing  # noqa: F401
+    if torch.cuda.is_available():
+        torch.cuda.init()  # lazy CUDA initialisation rebinds torch.cuda state: do it before the snapshot
     if _Guard is None:
         _Guard = _guard_mode_class()
     with _Guard():
@@ -256,10 +258,13 @@ def _watched():
 
 
 def tamper_snapshot() -> dict:
+    """Identity of every function and class the watched modules expose. Plain values (flags such
+    as torch.cuda._initialized, counters, caches) change legitimately and are not watched."""
     snap = {}
     for oname, obj in _watched().items():
         for k, v in list(vars(obj).items()):
-            snap[(oname, k)] = id(v)
+            if callable(v) or isinstance(v, (staticmethod, classmethod, property)):
+                snap[(oname, k)] = id(v)
     return snap
 
 
