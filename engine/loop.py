@@ -301,8 +301,12 @@ def _one_experiment(cfg, store, worker, proposer, run_id, target, timing_mode) -
                timing_mode=timing_mode, worker=worker.name, tokens_in=prop.tokens_in,
                tokens_out=prop.tokens_out, cost_usd=prop.cost_usd)
     stages: list[dict] = []
-    reason = verify.static_check(prop.source, fam.arg_names)
-    if reason:
+    reason = None if prop.error else verify.static_check(prop.source, fam.arg_names)
+    if prop.error:
+        exp.update(state="failed", failed_stage="proposal", error=prop.error)
+        stages = [dict(stage=s, status="skipped", detail="no candidate: " + prop.error[:300])
+                  for s in verify.STAGES]
+    elif reason:
         exp.update(state="failed", failed_stage="static", error=reason)
         stages = [dict(stage=s, status="skipped", detail="static check failed: " + reason)
                   for s in verify.STAGES]

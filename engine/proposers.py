@@ -22,6 +22,10 @@ class Proposal:
     tokens_in: int | None = None
     tokens_out: int | None = None
     cost_usd: float | None = None
+    # A proposal that failed before there was a candidate (an LLM reply with no code block, a
+    # refused request...): the loop records it as failed at stage "proposal", at no device cost.
+    error: str | None = None
+    latency_s: float | None = None
 
 
 class SearchProposer:
