@@ -19,6 +19,7 @@ Search space (``SPACE``), rendered by ``render`` into one self-contained candida
 - variant "split": each row is cut into ``splits`` vocab slices, one program per (row, slice)
   writes a partial (m, s) to an fp32 workspace [N, splits]; a second kernel merges the partials
   of each row and forms its loss. More programs in flight per row: the speed at 128k vocab.
+  splits is lowered at launch (to a power of two) so that a slice holds about 1024+ logits.
 - online "chunk" (one max per chunk, one exp per logit) or "lane" (per-lane running max and sum,
   merged after the loop: no cross-lane reduction in the loop, two exps per logit).
 - block_v (chunk width, clamped to the row or slice length), num_warps, num_stages (software
@@ -291,17 +292,19 @@ def kernel_fn(logits, targets):
             IGNORE_INDEX=IGNORE_INDEX, num_warps=NUM_WARPS, num_stages=stages)'''
     else:
         body = '''
-        per = triton.cdiv(V, SPLITS)                             # logits per slice
+        # slices of fewer than ~MIN_SLICE logits cost more to launch and merge than they save
+        splits = min(SPLITS, triton.next_power_of_2(triton.cdiv(V, MIN_SLICE)))
+        per = triton.cdiv(V, splits)                             # logits per slice
         block_v = min(BLOCK_V, triton.next_power_of_2(per))      # no wider than a slice
         slice_len = triton.cdiv(per, block_v) * block_v          # whole chunks per slice
         stages = _fit_stages(NUM_STAGES, block_v * x2.dtype.itemsize)   # pipelined chunk buffers
-        part_m = torch.empty((N, SPLITS), dtype=torch.float32, device=logits.device)
-        part_s = torch.empty((N, SPLITS), dtype=torch.float32, device=logits.device)
-        _ce_partials[(N, SPLITS)](
-            x2, part_m, part_s, V, x2.stride(0), slice_len, SPLITS=SPLITS, BLOCK_V=block_v,
+        part_m = torch.empty((N, splits), dtype=torch.float32, device=logits.device)
+        part_s = torch.empty((N, splits), dtype=torch.float32, device=logits.device)
+        _ce_partials[(N, splits)](
+            x2, part_m, part_s, V, x2.stride(0), slice_len, SPLITS=splits, BLOCK_V=block_v,
             NUM_STAGES=stages, num_warps=NUM_WARPS, num_stages=stages)
         _ce_merge[(triton.cdiv(N, MERGE_ROWS),)](
-            x2, t, part_m, part_s, loss, N, V, x2.stride(0), SPLITS=SPLITS, ROWS=MERGE_ROWS,
+            x2, t, part_m, part_s, loss, N, V, x2.stride(0), SPLITS=splits, ROWS=MERGE_ROWS,
             IGNORE_INDEX=IGNORE_INDEX, num_warps=4)'''
     tail = '''
     elif N > 0:
@@ -335,7 +338,8 @@ Point: {C.point_line(SPACE, p)}
 IGNORE_INDEX = -100
 BLOCK_V = {p["block_v"]}        # vocab chunk width (clamped to the row / slice)
 ROWS_PER_PROG = {p["rows_per_prog"]}   # rows per program ("row" variant)
-SPLITS = {p["splits"]}          # vocab slices per row ("split" variant)
+SPLITS = {p["splits"]}          # vocab slices per row ("split" variant; fewer for short rows)
+MIN_SLICE = 1024       # logits a slice should at least hold
 NUM_WARPS = {p["num_warps"]}
 NUM_STAGES = {p["num_stages"]}       # software-pipelining depth of the vocab loop
 MERGE_ROWS = 16        # rows per program of the split merge

