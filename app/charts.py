@@ -21,6 +21,8 @@ STATE_STYLE = {  # experiment state -> (colour, marker symbol)
 }
 STATUS_COLOURS = {"passed": "#2ca02c", "failed": "#d62728", "skipped": "#b0b0b0"}
 BEST_COLOUR = "#1f77b4"
+# one colour per run on the Compare page (Streamlit's theme would give every run a shade of blue)
+RUN_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
 
 def _title(text: str, interpreter: bool) -> dict:
@@ -43,6 +45,16 @@ def _seq_ticks(max_seq) -> dict:
     """Whole-number ticks for experiment seq (plotly would put ticks at 0.5 for short runs)."""
     max_seq = int(max_seq) if pd.notna(max_seq) else 1
     return dict(tick0=0, dtick=max(1, math.ceil(max_seq / 10)))
+
+
+def _ratio_range(series) -> list[float]:
+    """A y range for end-to-end speedups: around 1x and every value, with a little room.
+
+    Not from zero: a projection moving from 1.00x to 1.08x must be visible, not a flat line."""
+    vals = [float(v) for s in series for v in s if pd.notna(v) and math.isfinite(float(v))]
+    lo, hi = min(vals + [1.0]), max(vals + [1.0])
+    pad = max(0.02, (hi - lo) * 0.12)
+    return [lo - pad, hi + pad]
 
 
 def _short(text, n: int = 90) -> str:
@@ -132,25 +144,41 @@ def speedup_figure(exps: pd.DataFrame, best: pd.DataFrame, interpreter: bool = F
 
 
 def amdahl_figure(proj: pd.DataFrame, limit: float | None = None,
-                  interpreter: bool = False) -> go.Figure:
+                  interpreter: bool = False, measured: pd.DataFrame | None = None) -> go.Figure:
     """Projected end-to-end speedup over experiments: data.amdahl_projection as a step line.
 
     limit: the Amdahl ceiling 1 / (1 - Σf), what the model would gain if every targeted kernel
-    took no time at all; drawn when finite, so the projection is read against what is possible."""
+    took no time at all; drawn when finite, so the projection is read against what is possible.
+    measured: data.e2e_frame (seq, speedup, label): end-to-end speedups measured with the kept
+    kernels swapped in, drawn as diamonds over the projection when there are any."""
     fig = go.Figure()
     fig.add_trace(go.Scatter(
         x=proj["seq"], y=proj["projected"], mode="lines+markers", line=dict(shape="hv", width=2),
-        marker=dict(size=5), name="projected", customdata=proj["family"].fillna("—"),
+        marker=dict(size=5), name="projected (Amdahl)", customdata=proj["family"].fillna("—"),
         hovertemplate="after seq %{x} (%{customdata})<br>projected %{y:.3f}×<extra></extra>"))
+    has_measured = measured is not None and not measured.empty
+    if has_measured:
+        fig.add_trace(go.Scatter(
+            x=measured["seq"], y=measured["speedup"].astype(float), mode="markers",
+            name="measured", marker=dict(symbol="diamond", size=11, color="#2ca02c",
+                                         line=dict(width=1, color="#145214")),
+            customdata=measured["label"].fillna("").astype(str),
+            hovertemplate="measured after seq %{x}: %{y:.3f}× %{customdata}<extra></extra>"))
     fig.add_hline(y=1.0, line=dict(color="#888", dash="dash", width=1))
     if limit is not None and 1.005 < limit < float("inf"):  # (at ~1x it would hide the baseline)
         fig.add_hline(y=limit, line=dict(color="#9467bd", dash="dot", width=1),
                       annotation_text=f"Amdahl limit {limit:.2f}×", annotation_position="top left")
-    fig.update_layout(title=_title("Projected end-to-end speedup (Amdahl)", interpreter),
+    title = ("End-to-end speedup: projected (Amdahl) and measured" if has_measured
+             else "Projected end-to-end speedup (Amdahl)")
+    fig.update_layout(title=_title(title, interpreter),
                       xaxis_title="experiment seq", yaxis_title="model speedup ×", height=320,
-                      margin=dict(t=70, b=40, l=60, r=20), showlegend=False,
+                      margin=dict(t=70, b=40, l=60, r=20), showlegend=has_measured,
+                      legend=dict(orientation="h", x=1, xanchor="right", y=1.02, yanchor="bottom"),
                       uirevision="amdahl")
-    fig.update_yaxes(rangemode="tozero")
+    values = [proj["projected"]] + ([measured["speedup"].astype(float)] if has_measured else [])
+    if limit is not None and limit < float("inf"):
+        values.append(pd.Series([limit]))
+    fig.update_yaxes(range=_ratio_range(values))
     fig.update_xaxes(**_seq_ticks(proj["seq"].max()))
     return fig
 
@@ -171,4 +199,131 @@ def stage_figure(outcomes: pd.DataFrame) -> go.Figure:
                       yaxis_title="experiments", height=340, margin=dict(t=60, b=80, l=60, r=20),
                       legend=dict(orientation="h", yref="container", y=0, yanchor="bottom"),
                       uirevision="stages")
+    return fig
+
+
+# ---- one target: roofline ---------------------------------------------------------------------
+ROOFLINE_COLOURS = {"eager": "#7f7f7f", "best": "#1f77b4"}
+ROOFLINE_SYMBOLS = ("circle", "diamond", "square", "triangle-up", "star", "cross")
+
+
+def roofline_figure(points: pd.DataFrame, copy_gbps: float, matmul_tflops: float | None,
+                    title: str = "Roofline") -> go.Figure:
+    """Achieved FLOP/s against arithmetic intensity (flop/byte), under the machine's roofs.
+
+    points: data.roofline_frame (label, shape, intensity, flops_per_s, bytes_per_s, us), one
+    marker per (label, shape). Roofs are the ones the run measured at its start: the memory roof
+    copy_gbps · intensity (the device-to-device copy rate, bytes read + written per second) and
+    the compute roof matmul_tflops (a bf16 matmul; vector ops like norms cannot use it, so for
+    them it only marks where the memory roof would stop mattering). Log-log, as rooflines are."""
+    fig = go.Figure()
+    bw = copy_gbps * 1e9
+    peak = matmul_tflops * 1e12 if matmul_tflops else None
+    xs = points["intensity"].dropna().astype(float) if not points.empty else pd.Series(dtype=float)
+    lo = min([0.05] + [x / 4 for x in xs if x > 0])
+    ridge = peak / bw if peak else None
+    hi = max([x * 4 for x in xs] + [ridge * 4 if ridge else 100.0])
+    roof_x = [lo, ridge, hi] if ridge else [lo, hi]
+    roof_y = [min(bw * x, peak) if peak else bw * x for x in roof_x]
+    fig.add_trace(go.Scatter(
+        x=roof_x, y=roof_y, mode="lines", line=dict(color="#444", width=2), name="measured roofs",
+        hovertemplate="%{y:.3s}FLOP/s at %{x:.3g} flop/byte<extra>roof</extra>"))
+    fig.add_annotation(x=math.log10(lo * 1.5), y=math.log10(bw * lo * 1.5), xref="x", yref="y",
+                       text=f"copy {copy_gbps:,.0f} GB/s", showarrow=False, yshift=14,
+                       textangle=0, xanchor="left", font=dict(size=11, color="#444"))
+    if peak:
+        fig.add_annotation(x=math.log10(hi), y=math.log10(peak), xref="x", yref="y",
+                           text=f"bf16 matmul {matmul_tflops:,.0f} TFLOP/s", showarrow=False,
+                           yshift=10, xanchor="right", font=dict(size=11, color="#444"))
+    labels = list(dict.fromkeys(points["label"])) if not points.empty else []
+    for i, label in enumerate(labels):
+        p = points[points["label"] == label]
+        colour = ROOFLINE_COLOURS.get(label.split(" ")[0], None)
+        pct = 100 * p["bytes_per_s"] / bw
+        fig.add_trace(go.Scatter(
+            x=p["intensity"], y=p["flops_per_s"], mode="markers", name=label,
+            marker=dict(size=12, symbol=ROOFLINE_SYMBOLS[i % len(ROOFLINE_SYMBOLS)],
+                        color=colour, line=dict(width=1, color="#222")),
+            customdata=list(zip(p["shape"], p["us"], p["bytes_per_s"] / 1e9, pct)),
+            hovertemplate=("%{customdata[0]}: %{customdata[1]:.1f} µs<br>%{y:.3s}FLOP/s, "
+                           "%{customdata[2]:,.0f} GB/s = %{customdata[3]:.0f}% of the copy roof"
+                           "<extra>" + label + "</extra>")))
+    fig.update_xaxes(type="log", title_text="arithmetic intensity (flop / byte)")
+    fig.update_yaxes(type="log", title_text="achieved FLOP/s", tickformat="~s")
+    fig.update_layout(title=dict(text=title, x=0), height=420, margin=dict(t=60, b=50, l=70, r=20),
+                      legend=dict(orientation="h", yref="container", y=0, yanchor="bottom"),
+                      uirevision="roofline")
+    return fig
+
+
+# ---- runs: best per family, and several runs side by side --------------------------------------
+def family_speedup_figure(summary: pd.DataFrame, interpreter: bool = False,
+                          title: str = "Best kernel per family: speedup over eager") -> go.Figure:
+    """One bar per family: the best kept kernel's speedup over the eager reference (log axis,
+    baseline 1x); the hover tells the share of model time and % of speed of light.
+
+    summary: data.target_summary (family, fraction, speedup, pct_sol, best_us, eager_us)."""
+    fig = go.Figure()
+    s = summary.dropna(subset=["speedup"]) if not summary.empty else summary
+    if s.empty:
+        fig = _empty(fig, "no kept kernel yet")
+    else:
+        fig.add_trace(go.Bar(
+            x=s["family"], y=s["speedup"].astype(float), marker_color=BEST_COLOUR,
+            text=[f"{v:.3g}×" for v in s["speedup"]], textposition="outside",
+            customdata=list(zip(s["fraction"].fillna(0) * 100, s["pct_sol"].fillna(-1))),
+            hovertemplate="%{x}: %{y:.3g}× eager<br>%{customdata[0]:.1f}% of model time"
+                          "<extra></extra>"))
+        fig.add_hline(y=1.0, line=dict(color="#888", dash="dash", width=1))
+        fig.update_yaxes(type="log", tickformat="~g", title_text="speedup ×")
+    fig.update_layout(title=_title(title, interpreter), height=340, showlegend=False,
+                      margin=dict(t=70, b=40, l=60, r=20), uirevision="family_speedup")
+    return fig
+
+
+def compare_speedup_figure(rows: pd.DataFrame) -> go.Figure:
+    """Per-family best speedups of several runs side by side: grouped bars, one colour per run.
+
+    rows: run (label), family, speedup, interpreter (bool). Interpreter runs are hatched and
+    say so in the legend: their speedups only compare candidates with each other."""
+    fig = go.Figure()
+    rows = rows.dropna(subset=["speedup"]) if not rows.empty else rows
+    if rows.empty:
+        fig = _empty(fig, "no kept kernel in these runs")
+    for i, run in enumerate(dict.fromkeys(rows["run"]) if not rows.empty else []):
+        r = rows[rows["run"] == run]
+        interp = bool(r["interpreter"].any())
+        fig.add_trace(go.Bar(
+            x=r["family"], y=r["speedup"].astype(float),
+            name=run + (" (interpreter timing)" if interp else ""),
+            marker_color=RUN_COLOURS[i % len(RUN_COLOURS)],
+            marker_pattern_shape="/" if interp else "",
+            text=[f"{v:.3g}×" for v in r["speedup"]], textposition="outside",
+            hovertemplate="%{x}: %{y:.3g}×<extra>" + run + "</extra>"))
+    if not rows.empty:
+        fig.add_hline(y=1.0, line=dict(color="#888", dash="dash", width=1))
+        fig.update_yaxes(type="log", tickformat="~g", title_text="best speedup over eager ×")
+    fig.update_layout(barmode="group", title=dict(text="Per-family speedup by run", x=0),
+                      height=400, margin=dict(t=60, b=40, l=60, r=20),
+                      legend=dict(orientation="h", yref="container", y=0, yanchor="bottom"),
+                      uirevision="compare_speedup")
+    return fig
+
+
+def compare_projection_figure(curves: dict[str, pd.DataFrame]) -> go.Figure:
+    """The Amdahl projection over experiments of several runs, one step line each."""
+    fig = go.Figure()
+    for i, (run, proj) in enumerate(curves.items()):
+        fig.add_trace(go.Scatter(
+            x=proj["seq"], y=proj["projected"], mode="lines",
+            line=dict(shape="hv", width=2, color=RUN_COLOURS[i % len(RUN_COLOURS)]),
+            name=run, hovertemplate="after seq %{x}: %{y:.3f}×<extra>" + run + "</extra>"))
+    fig.add_hline(y=1.0, line=dict(color="#888", dash="dash", width=1))
+    fig.update_layout(title=dict(text="Projected end-to-end speedup (Amdahl) over experiments",
+                                 x=0),
+                      xaxis_title="experiment seq", yaxis_title="model speedup ×", height=360,
+                      margin=dict(t=60, b=40, l=60, r=20),
+                      legend=dict(orientation="h", yref="container", y=0, yanchor="bottom"),
+                      uirevision="compare_projection")
+    fig.update_yaxes(range=_ratio_range([p["projected"] for p in curves.values()]))
     return fig

@@ -7,6 +7,7 @@ have are written here with ``store.db.query`` (SELECT only).
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -17,6 +18,9 @@ from engine.store import STAGES, Store, StoreError  # noqa: F401  (StoreError: f
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DB = "data/runs.db"
+# A real run recorded by the engine on a GPU, shipped in the repository: what the dashboard opens
+# on a fresh machine whose database has no runs yet. Only ever opened read-only.
+RECORDED_DB = "data/recorded_h200.db"
 ACTIVE_STATUSES = ("running", "paused")  # runs.status values for which the page keeps refreshing
 
 # The experiment table's columns, in display order; everything else the page needs is derived.
@@ -25,7 +29,10 @@ TABLE_COLUMNS = ["seq", "family", "state", "failed_stage", "hypothesis", "latenc
 # Columns read into the experiments frame (never "source": it is the bulk of the table).
 EXPERIMENT_FIELDS = ["id", "seq", "family", "target_id", "created_at", "state", "failed_stage",
                      "error", "hypothesis", "latency_us", "noise", "speedup", "pct_sol",
-                     "timing_mode", "duration_s"]
+                     "timing_mode", "duration_s", "proposer", "parent_id", "tokens_in",
+                     "tokens_out", "cost_usd"]
+# Added to the table when the run used an LLM proposer (the search proposer has no tokens).
+LLM_COLUMNS = ["proposer", "tokens_in", "tokens_out", "cost_usd"]
 
 INTERPRETER_LABEL = "interpreter timing — not GPU performance"
 
@@ -62,7 +69,8 @@ def open_store(path: str) -> Store | None:
 def list_runs(store: Store) -> list[dict]:
     """Runs, newest first, with just what the run selector shows (not the JSON blobs)."""
     return list(store.db.query(
-        """SELECT id, created_at, updated_at, status, model, timing_mode, experiments_done
+        """SELECT id, created_at, updated_at, status, model, timing_mode, experiments_done,
+                  recorded, device
            FROM runs ORDER BY created_at DESC, id DESC"""))
 
 
@@ -122,9 +130,239 @@ def events_frame(store: Store, run_id: str, limit: int = 200) -> pd.DataFrame:
     return df
 
 
-def experiment_table(exps: pd.DataFrame) -> pd.DataFrame:
-    """The page's experiment table: newest first, so a live run's latest result is on top."""
-    return exps[TABLE_COLUMNS].sort_values("seq", ascending=False).reset_index(drop=True)
+def experiment_table(exps: pd.DataFrame, llm: bool = False) -> pd.DataFrame:
+    """The page's experiment table: newest first, so a live run's latest result is on top.
+
+    llm: add the proposer, tokens and cost columns (only meaningful for an LLM proposer)."""
+    cols = TABLE_COLUMNS + (LLM_COLUMNS if llm else [])
+    return exps[cols].sort_values("seq", ascending=False).reset_index(drop=True)
+
+
+def filter_experiments(exps: pd.DataFrame, families=None, states=None,
+                       text: str | None = None) -> pd.DataFrame:
+    """The experiments the table's filters keep: any of ``families``, any of ``states`` (empty or
+    None: all), and ``text`` found (case-insensitive) in the hypothesis, error or failed stage."""
+    keep = pd.Series(True, index=exps.index)
+    if families:
+        keep &= exps["family"].isin(list(families))
+    if states:
+        keep &= exps["state"].isin(list(states))
+    if text and text.strip():
+        needle = text.strip().lower()
+        hay = (exps["hypothesis"].fillna("") + " " + exps["error"].fillna("") + " "
+               + exps["failed_stage"].fillna("")).str.lower()
+        keep &= hay.str.contains(needle, regex=False)
+    return exps[keep]
+
+
+def uses_llm(exps: pd.DataFrame) -> bool:
+    """Whether any experiment came from an LLM proposer (it is the one that records tokens)."""
+    if exps.empty:
+        return False
+    return bool(exps["tokens_in"].notna().any() or exps["tokens_out"].notna().any()
+                or exps["cost_usd"].notna().any() or (exps["proposer"].fillna("search") != "search").any())
+
+
+def llm_usage(exps: pd.DataFrame) -> dict:
+    """Tokens in / out and cost summed over a run's experiments (0 where nothing was recorded)."""
+    return {k: float(pd.to_numeric(exps[k], errors="coerce").fillna(0).sum()) if not exps.empty
+            else 0.0 for k in ("tokens_in", "tokens_out", "cost_usd")}
+
+
+# ---- the recorded run and labels ----------------------------------------------------------------
+def recorded_db_path() -> Path | None:
+    p = ROOT / RECORDED_DB
+    return p if p.exists() else None
+
+
+def count_runs(path: str) -> int:
+    """Number of runs in the database at ``path``; 0 when there is none (or no runs table)."""
+    try:
+        store = open_store(path)
+    except StoreError:
+        return 0
+    if store is None:
+        return 0
+    try:
+        return int(next(iter(store.db.query("SELECT COUNT(*) AS n FROM runs")))["n"])
+    finally:
+        store.close()
+
+
+def _major_minor(version) -> str:
+    parts = str(version or "?").split("+")[0].split(".")
+    return ".".join(parts[:2])
+
+
+def recorded_label(run: dict) -> str | None:
+    """The badge of a run recorded elsewhere (runs.recorded = 1), e.g. "Recorded on NVIDIA H200,
+    torch 2.11, Triton 3.6, 2026-11-30"; None for a run made here."""
+    if not run or not run.get("recorded"):
+        return None
+    dev = as_dict(run.get("device"))
+    day = pd.Timestamp(run["created_at"], unit="s", tz="UTC").strftime("%Y-%m-%d")
+    return (f"Recorded on {dev.get('name') or 'an unknown device'}, torch "
+            f"{_major_minor(dev.get('torch'))}, Triton {_major_minor(dev.get('triton'))}, {day}")
+
+
+def device_label(run: dict) -> str:
+    """Where a run ran and how it was timed, e.g. "NVIDIA H200 · GPU timing"."""
+    dev = as_dict(run.get("device"))
+    mode = "interpreter timing" if run.get("timing_mode") == "interpreter" else "GPU timing"
+    return f"{dev.get('name') or '?'} · {mode}"
+
+
+def as_dict(value) -> dict:
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, str):
+        try:
+            out = json.loads(value)
+            return out if isinstance(out, dict) else {}
+        except json.JSONDecodeError:
+            return {}
+    return {}
+
+
+# ---- one target: kernels, shapes, roofline, verifier details -----------------------------------
+def targets(store: Store, run_id: str) -> list[dict]:
+    """The run's targets with their JSON decoded (shapes, ref_shape_times), most time first."""
+    return store.targets(run_id)
+
+
+def experiment(store: Store, exp_id: int) -> dict | None:
+    """One experiment with its source and decoded params / shape_times."""
+    return store.experiment(int(exp_id))
+
+
+def verifications_frame(store: Store, exp_id: int) -> pd.DataFrame:
+    cols = ["stage", "status", "worst_error", "failed_case", "detail", "duration_s"]
+    return pd.DataFrame(store.verifications(int(exp_id)), columns=["id", "experiment_id"] + cols)[cols]
+
+
+def _shape_key(shape) -> str:
+    return "x".join(str(int(d)) for d in shape)
+
+
+def shape_frame(target: dict, chosen: dict[str, dict]) -> pd.DataFrame:
+    """Per shape of a target: calls, eager time, speed of light, and for each chosen experiment
+    (label -> experiment with shape_times) its time, speedup over eager and % of speed of light.
+
+    Columns: shape, calls, eager_us, sol_us, then "<label> us", "<label> speedup",
+    "<label> % SOL" per label. A failed experiment has no timings: its columns stay empty."""
+    ref = {_shape_key(r["shape"]): r for r in (target.get("ref_shape_times") or [])}
+    shapes = [(_shape_key(s["shape"]), s.get("count")) for s in (target.get("shapes") or [])]
+    rows = []
+    for key, count in shapes:
+        r = ref.get(key, {})
+        row = {"shape": key, "calls": count, "eager_us": r.get("us"), "sol_us": r.get("sol_us")}
+        for label, exp in chosen.items():
+            mine = {_shape_key(x["shape"]): x for x in ((exp or {}).get("shape_times") or [])}
+            us = mine.get(key, {}).get("us")
+            row[f"{label} us"] = us
+            row[f"{label} speedup"] = (r["us"] / us) if us and r.get("us") else None
+            row[f"{label} % SOL"] = mine.get(key, {}).get("pct_sol")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def roofline_frame(family: str, dtype: str, points: list[tuple[str, list, float]]) -> pd.DataFrame:
+    """Points for a roofline plot: for each (label, shape, microseconds), the family's cost at that
+    shape (kernels.get(family).cost: minimum bytes moved and flops) turned into arithmetic
+    intensity (flop/byte), achieved FLOP/s and achieved bytes/s.
+
+    Imports kernels (torch, not triton). Empty when the family is unknown to this checkout."""
+    cols = ["label", "shape", "bytes", "flops", "intensity", "flops_per_s", "bytes_per_s", "us"]
+    try:
+        import kernels
+        fam = kernels.get(family)
+    except Exception:  # a family recorded elsewhere that this checkout has no file for
+        return pd.DataFrame(columns=cols)
+    rows = []
+    for label, shape, us in points:
+        if not us or us <= 0:
+            continue
+        nbytes, flops = fam.cost(tuple(shape), dtype)
+        sec = us * 1e-6
+        rows.append(dict(label=label, shape=_shape_key(shape), bytes=nbytes, flops=flops,
+                         intensity=flops / nbytes if nbytes else None, flops_per_s=flops / sec,
+                         bytes_per_s=nbytes / sec, us=us))
+    return pd.DataFrame(rows, columns=cols)
+
+
+# ---- end-to-end checks (a table the integration step adds; absent in older databases) ----------
+E2E_SPEEDUP_COLS = ("measured_speedup", "speedup", "e2e_speedup", "speedup_vs_eager")
+E2E_SEQ_COLS = ("seq", "after_seq", "experiment_seq", "experiments_done")
+E2E_TIME_COLS = ("created_at", "ts", "measured_at")
+E2E_LABEL_COLS = ("label", "kind", "mode", "baseline", "against")
+
+
+def e2e_frame(store: Store, run_id: str) -> pd.DataFrame:
+    """Measured end-to-end speedups of a run, oldest first: columns seq, created_at, speedup, label.
+
+    Read from an ``e2e_checks`` table when the database has one with a recognisable speedup
+    column; empty otherwise (no such table yet, or a layout this page does not know), so the
+    pages fall back to the Amdahl projection and say so."""
+    cols = ["seq", "created_at", "speedup", "label"]
+    empty = pd.DataFrame(columns=cols)
+    try:
+        if "e2e_checks" not in store.db.table_names():
+            return empty
+        have = set(store.db["e2e_checks"].columns_dict)
+    except Exception:
+        return empty
+    pick = lambda names: next((c for c in names if c in have), None)  # noqa: E731
+    speed, seq, ts, label = (pick(E2E_SPEEDUP_COLS), pick(E2E_SEQ_COLS), pick(E2E_TIME_COLS),
+                             pick(E2E_LABEL_COLS))
+    if speed is None or "run_id" not in have:
+        return empty
+    sel = ", ".join(f"{c} AS {a}" if c else f"NULL AS {a}"
+                    for c, a in ((seq, "seq"), (ts, "created_at"), (speed, "speedup"),
+                                 (label, "label")))
+    order = ts or seq or "rowid"
+    try:
+        rows = list(store.db.query(f"SELECT {sel} FROM e2e_checks WHERE run_id = ? "
+                                   f"ORDER BY {order}", [run_id]))
+    except Exception:
+        return empty
+    df = pd.DataFrame(rows, columns=cols)
+    df = df[pd.to_numeric(df["speedup"], errors="coerce").notna()]
+    if df["seq"].isna().any() and df["created_at"].notna().any():
+        # no experiment number recorded: place each check after the last experiment before it
+        times = [r["created_at"] for r in store.db.query(
+            "SELECT created_at FROM experiments WHERE run_id = ? ORDER BY id", [run_id])]
+        df["seq"] = [pd.Series(times).searchsorted(t, side="right") if pd.notna(t) else None
+                     for t in df["created_at"]]
+    return df.reset_index(drop=True)
+
+
+# ---- run summaries (Compare and Report) --------------------------------------------------------
+def target_summary(target_rows: list[dict], exps: pd.DataFrame) -> pd.DataFrame:
+    """One row per target: share of model time, experiments, kept, eager and best time, speedup
+    over eager, % of speed of light and the experiment (seq) that found the best kernel."""
+    cols = ["family", "dtype", "fraction", "experiments", "kept", "failed", "eager_us", "best_us",
+            "speedup", "pct_sol", "best_seq"]
+    rows = []
+    for t in target_rows:
+        mine = exps[exps["target_id"] == t["id"]] if not exps.empty else exps
+        best = mine[mine["id"] == t.get("best_experiment_id")] if not mine.empty else mine
+        rows.append(dict(
+            family=t["family"], dtype=t["dtype"], fraction=t["fraction"], experiments=len(mine),
+            kept=int((mine["state"] == "kept").sum()) if not mine.empty else 0,
+            failed=int((mine["state"] == "failed").sum()) if not mine.empty else 0,
+            eager_us=t.get("ref_latency_us"), best_us=t.get("best_latency_us"),
+            speedup=t.get("speedup"),
+            pct_sol=(100 * t["sol_latency_us"] / t["best_latency_us"])
+            if t.get("sol_latency_us") and t.get("best_latency_us") else None,
+            best_seq=int(best["seq"].iloc[0]) if not best.empty else None))
+    return pd.DataFrame(rows, columns=cols)
+
+
+def projected_final(target_rows: list[dict]) -> float:
+    """Amdahl-projected end-to-end speedup with every target at its best kept kernel."""
+    return amdahl({t["family"]: float(t["fraction"]) for t in target_rows
+                   if t.get("fraction") is not None},
+                  {t["family"]: t.get("speedup") for t in target_rows})
 
 
 # ---- derived series ---------------------------------------------------------------------------
@@ -179,3 +417,39 @@ def stage_order(outcomes: pd.DataFrame) -> list[str]:
     extra = sorted(set(outcomes["stage"]) - set(STAGES)) if not outcomes.empty else []
     return list(STAGES) + extra
 
+
+
+# ---- one run's report (Report page and its HTML export) ----------------------------------------
+def report_data(store: Store, run_id: str) -> dict | None:
+    """Everything the report shows of one run, read once: the run row, its targets (raw and as a
+    per-family summary), experiments, verifier outcomes, measured end-to-end checks, and the
+    Amdahl projection (over experiments and final). None when the run is not there."""
+    run = get_run(store, run_id)
+    if run is None:
+        return None
+    target_rows = store.targets(run_id)
+    tframe = targets_frame(store, run_id)
+    exps = experiments_frame(store, run_id)
+    return dict(
+        run=run, targets=target_rows, target_frame=tframe, exps=exps,
+        outcomes=stage_outcomes_frame(store, run_id), measured=e2e_frame(store, run_id),
+        summary=target_summary(target_rows, exps), projection=amdahl_projection(exps, tframe),
+        projected=projected_final(target_rows), limit=amdahl_limit(tframe),
+        interpreter=run["timing_mode"] == "interpreter"
+        or bool((exps["timing_mode"] == "interpreter").any()))
+
+
+def headline(rep: dict) -> dict:
+    """The one number a stakeholder reads first: the measured end-to-end speedup when the run
+    has one, else the Amdahl projection, labelled as projected. Keys: kind, value, label, note."""
+    tag = " (interpreter timing — not GPU performance)" if rep["interpreter"] else ""
+    if not rep["measured"].empty:
+        last = rep["measured"].iloc[-1]
+        return dict(kind="measured", value=float(last["speedup"]),
+                    label="Measured end-to-end speedup" + tag,
+                    note=f"measured on the whole model with the kept kernels swapped in; "
+                         f"Amdahl projected {rep['projected']:.3f}×")
+    return dict(kind="projected", value=rep["projected"],
+                label="Projected end-to-end speedup (Amdahl, not measured)" + tag,
+                note="projected from each family's share of model time and its best kernel's "
+                     "speedup: 1 / ((1 - Σf) + Σ f/s); no end-to-end measurement yet")

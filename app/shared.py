@@ -44,22 +44,53 @@ def select_run(run_id: str) -> None:
     """Make the sidebar select ``run_id`` on the next script run (e.g. a run just started).
 
     A widget's state cannot be set once the widget has rendered in the current run, so this is
-    applied by sidebar() before it draws the selector."""
+    applied by sidebar() before it draws the selector. A run just started lives in the chosen
+    database, so the recorded runs are put away too."""
     st.session_state["pending_run_id"] = run_id
 
 
 def _run_label(run: dict) -> str:
     mode = " · interpreter" if run["timing_mode"] == "interpreter" else ""
-    return f"{run['id']} · {run['model']} · {run['status']} · {run['experiments_done']} exp{mode}"
+    rec = " · recorded" if run.get("recorded") else ""
+    return (f"{run['id']} · {run['model']} · {run['status']} · {run['experiments_done']} exp"
+            f"{mode}{rec}")
+
+
+def view_db() -> str:
+    """The database the pages read: the chosen one, or the shipped recorded one (see sidebar)."""
+    return st.session_state.get("view_db") or st.session_state.get("db_path") \
+        or data.default_db_path()
 
 
 def sidebar() -> None:
+    """Database path, the recorded-run fallback and the run selector.
+
+    session_state: "db_path" is the chosen database (where the New run page writes);
+    "view_db" is the one the pages read; "run_id" the selected run in it.
+    When the chosen database has no runs (a fresh machine), the pages open the run recorded on a
+    real GPU that ships in data/ instead, read-only, so the dashboard never opens on nothing."""
     st.session_state.setdefault("db_path", data.default_db_path())
     sb = st.sidebar
     sb.text_input("Database", key="db_path",
                   help="SQLite file the engine writes; relative paths are from the repository root.")
+    chosen = st.session_state["db_path"]
+    pending = st.session_state.pop("pending_run_id", None)
+    if pending:
+        st.session_state["show_recorded"] = False
+    recorded = data.recorded_db_path()
+    is_recorded = recorded is not None and data.resolve_db_path(chosen) == recorded
+    view = chosen
+    if recorded is not None and not is_recorded:
+        if data.count_runs(chosen) == 0:
+            sb.info("No runs in this database yet: showing the runs recorded on an NVIDIA H200 "
+                    "(read-only). A run you start is written to the database above.")
+            view = str(recorded)
+        elif sb.toggle("Show the recorded H200 runs", key="show_recorded",
+                       help="The runs shipped in data/recorded_h200.db, opened read-only."):
+            view = str(recorded)
+    st.session_state["view_db"] = view
     try:
-        store = data.open_store(st.session_state["db_path"])
+        store = data.open_store(view)
     except data.StoreError as e:
         sb.error(str(e))
         st.session_state["run_id"] = None
@@ -75,7 +106,6 @@ def sidebar() -> None:
     # The selector's own key is "run_select"; pages read the plain "run_id". A stale selection
     # (a run of another database) is dropped before the widget renders, so it falls back to the
     # newest run instead of erroring.
-    pending = st.session_state.pop("pending_run_id", None)
     if pending in runs:
         st.session_state["run_select"] = pending
     elif st.session_state.get("run_select") not in runs:
@@ -87,3 +117,14 @@ def sidebar() -> None:
     st.session_state["run_id"] = sb.selectbox(
         "Run", list(runs), key="run_select", format_func=lambda rid: _run_label(runs[rid]),
         help="Runs in this database, newest first.")
+
+
+def run_header(run: dict, exps=None) -> bool:
+    """The line every run page opens with: the recorded badge (runs.recorded = 1) and the
+    interpreter warning. Returns whether the run's timings are interpreter timings."""
+    label = data.recorded_label(run)
+    if label:
+        st.badge(label, icon=":material/verified:", color="violet")
+    interpreter = run["timing_mode"] == "interpreter" or (
+        exps is not None and not exps.empty and bool((exps["timing_mode"] == "interpreter").any()))
+    return interpreter

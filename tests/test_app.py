@@ -21,6 +21,7 @@ from engine.store import STAGES, Store
 ROOT = Path(__file__).resolve().parent.parent
 APP = str(ROOT / "streamlit_app.py")
 TIMEOUT = 30  # first run imports pandas/plotly (and the engine, when it is there)
+RECORDED_BADGE = "Recorded on NVIDIA H200, torch 2.11, Triton 3.6, 2026-11-30"
 
 # (family, state, failed_stage, speedup) per experiment, in seq order
 PLAN = [
@@ -93,7 +94,7 @@ def _app() -> AppTest:
 
 
 def _texts(at: AppTest) -> str:
-    parts = [e.value for kind in ("markdown", "warning", "error", "info", "caption")
+    parts = [e.value for kind in ("markdown", "warning", "error", "info", "caption", "title")
              for e in getattr(at, kind)]
     return "\n".join(str(p) for p in parts)
 
@@ -161,25 +162,47 @@ def test_page_never_writes_to_the_database(db):
     assert len(Store(db["path"], readonly=True).list_runs()) == runs_before
 
 
-def test_missing_database_is_not_an_error(tmp_path, monkeypatch):
+def test_missing_database_opens_the_recorded_run(tmp_path, monkeypatch):
+    """A fresh machine: the chosen database does not exist, so the pages open the run recorded
+    on an H200 (shipped in data/), labelled as recorded, without writing anything anywhere."""
+    recorded = ROOT / data.RECORDED_DB
+    before = hashlib.sha256(recorded.read_bytes()).hexdigest()
     monkeypatch.setenv("NIGHTSHIFT_DB", str(tmp_path / "nothing-here.db"))
     at = _app().run()
     assert not at.exception, at.exception
     assert not at.error
-    assert any("No run selected" in i.value for i in at.info)
+    assert any("recorded on an NVIDIA H200" in i.value for i in at.sidebar.info)
+    assert RECORDED_BADGE in _texts(at)
+    assert _metric(at, "Status") == "done" and int(_metric(at, "Experiments")) > 0
+    assert "interpreter" not in _texts(at).lower()
+    # a recorded run is never continued or steered from here
+    assert not {"ctl_stop", "ctl_continue"} & {b.key for b in at.button}
     assert not (tmp_path / "nothing-here.db").exists()  # reading never creates the file
+    assert hashlib.sha256(recorded.read_bytes()).hexdigest() == before
+    assert not list(recorded.parent.glob(recorded.name + "-*"))  # no -wal / -shm / -journal
 
 
 def test_bad_start_form_shows_error_and_starts_nothing(db):
     pytest.importorskip("engine.loop", reason="engine/loop.py has not landed yet")
     at = _app().run()
+    at.switch_page("app/new_run.py").run()
     assert not at.exception, at.exception
-    at.text_input(key="f_shape").input("2by32")
-    at.button(key="f_start").click().run()
+    at.text_input(key="nr_shape").input("2by32")
+    at.number_input(key="nr_budget_exp").set_value(0)
+    at.button(key="nr_start").click().run()
     assert not at.exception, at.exception
-    assert at.error, "a malformed input shape must give st.error"
-    assert "Not started" in at.error[0].value
-    # nothing was started: still the same two runs
+    errors = [e.value for e in at.error]
+    assert any(e.startswith("Input shape:") and "2by32" in e for e in errors), errors
+    assert any(e.startswith("Budget:") for e in errors), errors
+    # nothing was started: still the same two runs, and still on the New run page
+    assert len(Store(db["path"], readonly=True).list_runs()) == 2
+    assert at.button(key="nr_start")
+    # a sequence longer than the model's context is caught here, not after profiling
+    at.text_input(key="nr_shape").input("2x100000")
+    at.number_input(key="nr_budget_exp").set_value(3)
+    at.button(key="nr_start").click().run()
+    assert [e.value for e in at.error] == [
+        "Input shape: sequence length 100000 exceeds llama-tiny's context of 64 tokens."]
     assert len(Store(db["path"], readonly=True).list_runs()) == 2
 
 
@@ -206,11 +229,14 @@ def test_start_from_the_form_then_stop(tmp_path, monkeypatch):
     path = tmp_path / "runs.db"
     monkeypatch.setenv("NIGHTSHIFT_DB", str(path))
     at = _app().run()
-    at.multiselect(key="f_families").select("rmsnorm")
-    at.number_input(key="f_budget_exp").set_value(5)
-    at.button(key="f_start").click().run(timeout=120)  # start() returns once profiled
+    at.switch_page("app/new_run.py").run()
+    at.multiselect(key="nr_families").select("rmsnorm")
+    at.number_input(key="nr_budget_exp").set_value(5)
+    at.button(key="nr_start").click().run(timeout=120)  # start() returns once profiled
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
+    assert at.title[0].value == "Live run"  # the page switched to watch the new run
+    at.switch_page("app/live.py")  # AppTest reruns the page it was last told, not the switch
     runs = Store(path, readonly=True).list_runs()
     assert len(runs) == 1 and runs[0]["model"] == "llama-tiny"
     assert at.sidebar.selectbox(key="run_select").value == runs[0]["id"]

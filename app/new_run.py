@@ -1,0 +1,322 @@
+"""The "New run" page: what to optimize and how, checked before anything starts.
+
+Every input is checked on Start, and each problem is shown with st.error; a run is started only
+when there is none, so a typo never leaves a failed run behind. The engine (one per process,
+app/shared.py) runs the run in its own thread; the page then switches to Live run.
+
+Optional engine parts are looked up at run time, so this page works with whatever engine the
+checkout has: a loader for models defined in files (``engine.models.load_source``) and the LLM
+proposer (``engine.llm.check_reachable`` and the RunConfig fields ``llm_model``, ``api_base``...).
+Where one is missing its inputs stay visible, with a note, and cannot start a run.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import inspect
+import os
+import re
+import tempfile
+from pathlib import Path
+
+import streamlit as st
+
+from app import data
+from app.shared import BUSY_STATES, engine_handle, select_run
+
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+BUILTIN, PATH, UPLOAD = "Built-in model", "Python file (path)", "Python file (upload)"
+SOURCES = (BUILTIN, PATH, UPLOAD)
+PROPOSERS = ("search", "llm", "hybrid")
+FILE_MODELS_MISSING = "loading models from files is not available yet"
+# Where a key for the LLM provider may be: st.secrets or the environment. It is passed to the
+# reachability check only; it is never shown, logged or written to the run's config.
+KEY_NAMES = ("NIGHTSHIFT_LLM_API_KEY", "LLM_API_KEY")
+_SPEC = re.compile(r"^(?P<path>.+\.py):(?P<name>[A-Za-z_]\w*)$")
+
+
+# ---- what this engine offers -------------------------------------------------------------------
+def file_loader():
+    """engine.models' loader for models defined in a .py file, or None in a checkout without one."""
+    try:
+        from engine import models
+    except Exception:
+        return None
+    return getattr(models, "load_source", None) or getattr(models, "load_from_file", None)
+
+
+def llm_support() -> tuple[object | None, str | None]:
+    """(engine.llm, None) when the LLM proposer can be configured here, else (None, why)."""
+    try:
+        from engine import llm
+        from engine.loop import RunConfig
+    except Exception as e:
+        return None, f"the LLM proposer is not in this build yet ({type(e).__name__}: {e})"
+    names = {f.name for f in dataclasses.fields(RunConfig)}
+    if not hasattr(llm, "check_reachable") or "llm_model" not in names:
+        return None, "the LLM proposer is not wired into the run configuration yet"
+    return llm, None
+
+
+def api_key() -> tuple[str | None, str | None]:
+    """(key, where it was found) from st.secrets or the environment; (None, None) if nowhere."""
+    for name in KEY_NAMES:
+        try:
+            value = st.secrets.get(name)
+        except Exception:  # no secrets.toml at all: st.secrets raises on first access
+            value = None
+        if value:
+            return str(value), f"st.secrets[{name!r}]"
+        if os.environ.get(name):
+            return os.environ[name], f"${name}"
+    return None, None
+
+
+@st.cache_data(show_spinner=False)
+def _describe(name: str) -> str:
+    from engine import models
+    try:
+        return models.describe(name)
+    except Exception:
+        return ""
+
+
+# ---- the page ----------------------------------------------------------------------------------
+def page() -> None:
+    st.title("New run")
+    db_path = st.session_state.get("db_path") or data.default_db_path()
+    if st.session_state.pop("started_run", None):
+        # set by the Start callback: a callback cannot switch pages, the script run after it can
+        st.switch_page("app/live.py")
+    eng, why = engine_handle()
+    if eng is None:
+        st.warning(f"The engine cannot be loaded in this process, so runs can be watched but "
+                   f"not started here. ({why})")
+        return
+    from engine.models import MODEL_NAMES
+    from kernels import FAMILY_NAMES
+    state = eng.status()
+    busy = state["state"] in BUSY_STATES
+    if busy:
+        st.info(f"The engine is busy with run {state['run_id']} ({state['state']}): stop it on "
+                "the Live run page before starting another.")
+
+    st.subheader("Model")
+    source = st.radio("Model source", SOURCES, key="nr_source", horizontal=True)
+    loader = file_loader()
+    if source == BUILTIN:
+        st.selectbox("Model", MODEL_NAMES, key="nr_model",
+                     index=MODEL_NAMES.index("llama-tiny") if "llama-tiny" in MODEL_NAMES else 0)
+        st.caption(_describe(st.session_state["nr_model"]))
+    elif source == PATH:
+        st.text_input("Model file and class", key="nr_path",
+                      placeholder="path/to/file.py:ClassName",
+                      help="A .py file defining an nn.Module class; relative paths are from the "
+                           "repository root.")
+    else:
+        st.file_uploader("Model file", type=["py"], key="nr_upload")
+        st.text_input("Class name", key="nr_upload_class", placeholder="MyModel")
+    if source != BUILTIN and loader is None:
+        st.error(FILE_MODELS_MISSING.capitalize() + ": this engine has no loader for them "
+                 "(engine.models.load_source). Choose a built-in model.")
+
+    c1, c2 = st.columns(2)
+    c1.text_input("Input shape", key="nr_shape", placeholder="BATCHxSEQ, e.g. 2x32",
+                  help="Leave empty for the model's default input.")
+    c2.selectbox("Dtype", DTYPES, key="nr_dtype",
+                 help="auto: bfloat16 on a GPU, float32 under the interpreter.")
+    st.multiselect("Families", FAMILY_NAMES, key="nr_families",
+                   placeholder="all the profile finds",
+                   help="Kernel families to optimize; empty means every family the profile finds.")
+
+    st.subheader("Proposer")
+    llm, llm_why = llm_support()
+    if llm is None:
+        st.radio("Proposer", PROPOSERS, key="nr_proposer", horizontal=True, index=0,
+                 disabled=True)
+        st.caption(f"Only the built-in search is available: {llm_why}.")
+        proposer = "search"
+    else:
+        proposer = st.radio("Proposer", PROPOSERS, key="nr_proposer", horizontal=True,
+                            help="search: the built-in seeded search over each family's "
+                                 "variants; llm: a model writes each candidate; hybrid: both.")
+    if proposer != "search":
+        _llm_inputs()
+
+    st.subheader("Budget")
+    c1, c2, c3 = st.columns(3)
+    c1.number_input("Experiments", min_value=0, value=40, step=1, key="nr_budget_exp",
+                    help="0 means no limit on experiments.")
+    c2.number_input("Minutes", min_value=0.0, value=0.0, step=5.0, key="nr_budget_min",
+                    help="0 means no time limit.")
+    c3.number_input("Seed", min_value=0, value=0, step=1, key="nr_seed")
+    st.caption(f"The run is written to `{data.resolve_db_path(db_path)}`.")
+    st.button("Start", type="primary", key="nr_start", on_click=_start, args=(db_path,),
+              disabled=busy)
+    for err in st.session_state.pop("start_errors", []):
+        st.error(err)
+
+
+def _llm_inputs() -> None:
+    from engine.loop import RunConfig
+    names = {f.name for f in dataclasses.fields(RunConfig)}
+    c1, c2 = st.columns(2)
+    c1.text_input("LLM model", key="nr_llm_model",
+                  placeholder="e.g. openai/gpt-4o or ollama_chat/qwen2.5-coder",
+                  help="A litellm model string: provider/model.")
+    c2.text_input("API base", key="nr_api_base", placeholder="e.g. http://localhost:11434",
+                  help="For a local OpenAI-compatible server; leave empty for a hosted provider.")
+    c1, c2 = st.columns(2)
+    if "max_in_flight" in names:
+        c1.number_input("Requests in flight", min_value=1, max_value=32, value=1, step=1,
+                        key="nr_in_flight", help="LLM requests outstanding at once.")
+    if "max_cost_usd" in names:
+        c2.number_input("Cost limit (USD)", min_value=0.0, value=5.0, step=1.0,
+                        key="nr_max_cost", help="The run stops proposing past it; 0: no limit.")
+    _, where = api_key()
+    st.caption(f"API key: found in {where} (not shown)." if where else
+               "API key: none in st.secrets or the environment "
+               f"({' / '.join(KEY_NAMES)}); a local server may not need one.")
+
+
+# ---- checking the inputs -----------------------------------------------------------------------
+def _model_spec(ss, errors: list[str]) -> str | None:
+    """The model to run: a built-in name, or "file.py:Class" for a file model (None if invalid)."""
+    source = ss.get("nr_source", BUILTIN)
+    if source == BUILTIN:
+        return ss.get("nr_model")
+    if file_loader() is None:
+        errors.append(FILE_MODELS_MISSING.capitalize() + ".")
+        return None
+    if source == PATH:
+        spec = (ss.get("nr_path") or "").strip()
+        m = _SPEC.match(spec)
+        if not m:
+            errors.append(f"Model file: expected path/to/file.py:ClassName, got {spec!r}.")
+            return None
+        path = data.resolve_db_path(m["path"])  # relative to the repository root, like the db
+        if not path.is_file():
+            errors.append(f"Model file: no file at {path}.")
+            return None
+        return f"{path}:{m['name']}"
+    upload = ss.get("nr_upload")
+    name = (ss.get("nr_upload_class") or "").strip()
+    if upload is None:
+        errors.append("Model file: upload a .py file.")
+    if not re.match(r"^[A-Za-z_]\w*$", name):
+        errors.append(f"Class name: expected a Python identifier, got {name!r}.")
+    if upload is None or errors:
+        return None
+    body = upload.getvalue()
+    folder = Path(tempfile.gettempdir()) / "nightshift-uploads"
+    folder.mkdir(exist_ok=True)
+    path = folder / f"{hashlib.sha256(body).hexdigest()[:12]}-{Path(upload.name).name}"
+    path.write_bytes(body)
+    return f"{path}:{name}"
+
+
+def config_from_inputs(ss, db_path: str):
+    """(RunConfig, []) from the page's inputs, or (None, [every problem found]).
+
+    Checks what the engine would only find out after creating the run (a sequence longer than
+    the model's context, an unreachable LLM), then the engine's own RunConfig.validate()."""
+    from engine import models
+    from engine.loop import ConfigError, RunConfig
+    names = {f.name for f in dataclasses.fields(RunConfig)}
+    errors: list[str] = []
+    spec = _model_spec(ss, errors)
+    shape = (ss.get("nr_shape") or "").strip()
+    if shape:
+        try:
+            batch, seq = models.parse_input_shape(shape)
+            if spec in models.MODEL_NAMES and seq > models.config(spec).max_seq:
+                errors.append(f"Input shape: sequence length {seq} exceeds {spec}'s context of "
+                              f"{models.config(spec).max_seq} tokens.")
+        except ValueError as e:
+            errors.append(f"Input shape: {e}.")
+    budget_exp = int(ss.get("nr_budget_exp") or 0) or None
+    budget_min = float(ss.get("nr_budget_min") or 0) or None
+    if budget_exp is None and budget_min is None:
+        errors.append("Budget: set a number of experiments or of minutes (0 and 0 would never "
+                      "stop before every family is done).")
+    kw = dict(model=spec or "", dtype=ss.get("nr_dtype", "auto"), input_shape=shape or None,
+              families=list(ss.get("nr_families") or []) or None,
+              budget_experiments=budget_exp, budget_minutes=budget_min,
+              seed=int(ss.get("nr_seed") or 0), db=str(data.resolve_db_path(db_path)))
+    proposer = ss.get("nr_proposer", "search") or "search"
+    if proposer != "search":
+        llm, why = llm_support()
+        if llm is None:
+            errors.append(f"Proposer {proposer!r}: {why}.")
+        else:
+            kw.update(_llm_config(ss, names, llm, errors))
+        kw["proposer"] = proposer
+    if errors:
+        return None, errors
+    if spec not in models.MODEL_NAMES and "model_source" in names:
+        kw["model_source"] = spec   # a file model, where the engine keeps its path apart
+    cfg = RunConfig(**{k: v for k, v in kw.items() if k in names})
+    try:
+        cfg.validate()
+    except ConfigError as e:
+        return None, [f"Not started: {e}"]
+    return cfg, []
+
+
+def _llm_config(ss, names: set[str], llm, errors: list[str]) -> dict:
+    model = (ss.get("nr_llm_model") or "").strip()
+    base = (ss.get("nr_api_base") or "").strip() or None
+    if not model:
+        errors.append("LLM model: give a model as provider/name, e.g. openai/gpt-4o or "
+                      "ollama_chat/qwen2.5-coder.")
+    if base and not re.match(r"^https?://[^\s/]+", base):
+        errors.append(f"API base: expected an http(s) URL, got {base!r}.")
+    if errors:
+        return {}
+    key, _ = api_key()
+    try:
+        ok, msg = llm.check_reachable(model, base, api_key=key, timeout_s=10)
+    except Exception as e:
+        ok, msg = False, f"{type(e).__name__}: {e}"
+    if not ok:
+        # the key never goes into a message: strip it in case the client echoed it
+        msg = str(msg).replace(key, "***") if key else str(msg)
+        errors.append(f"LLM {model!r} is not reachable: {msg}")
+        return {}
+    out = {"llm_model": model, "api_base": base}
+    if "max_in_flight" in names and ss.get("nr_in_flight"):
+        out["max_in_flight"] = int(ss["nr_in_flight"])
+    if "max_cost_usd" in names:
+        out["max_cost_usd"] = float(ss.get("nr_max_cost") or 0) or None
+    return out
+
+
+def _start(db_path: str) -> None:
+    """Start callback: check everything, start the engine only if nothing is wrong.
+
+    Runs before the script reruns, so the sidebar can select the new run in that same rerun.
+    Errors go to session state to be shown under the button (a callback cannot place elements)."""
+    ss = st.session_state
+    eng, why = engine_handle()
+    if eng is None:
+        ss["start_errors"] = [f"The engine is not available: {why}"]
+        return
+    cfg, errors = config_from_inputs(ss, db_path)
+    if errors:
+        ss["start_errors"] = errors
+        return
+    kwargs = {}
+    if cfg.proposer != "search" and "api_key" in inspect.signature(eng.start).parameters:
+        # the key travels in memory to the proposer; RunConfig (stored with the run) never has it
+        kwargs["api_key"] = api_key()[0]
+    try:
+        run_id = eng.start(cfg, **kwargs)
+    except Exception as e:  # engine busy, database unwritable, ...: say so instead of crashing
+        ss["start_errors"] = [f"Not started: {type(e).__name__}: {e}"]
+        return
+    select_run(run_id)
+    ss["started_run"] = run_id
+
+
+if __name__ == "__main__":  # run as a page by st.navigation (streamlit_app.py)
+    page()

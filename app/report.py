@@ -1,0 +1,102 @@
+"""The "Report" page: what a stakeholder needs of one run, on one screen, and as files.
+
+The measured end-to-end speedup comes first when the run has one; otherwise the Amdahl projection,
+labelled as projected. Then the per-kernel results and the charts. Downloads: the same report as
+one self-contained HTML file (plotly.js inline: opens offline), the experiments as CSV, and the
+charts as PNG (kaleido, through the machine's Chrome or Chromium). The files are made only when
+their button is pressed (deferred downloads), so drawing the page never pays for them.
+"""
+from __future__ import annotations
+
+import streamlit as st
+
+from app import charts, data, export
+from app.shared import run_header, view_db
+
+
+def figures(rep: dict) -> dict:
+    """The report's charts, by file name: best speedup per family, the speedup trajectory, the
+    end-to-end projection (with measured points) and the verifier's outcomes."""
+    exps, interp = rep["exps"], rep["interpreter"]
+    return {
+        "family_speedup": charts.family_speedup_figure(rep["summary"], interp),
+        "speedup_over_experiments": charts.speedup_figure(exps, data.best_so_far(exps), interp),
+        "end_to_end": charts.amdahl_figure(rep["projection"], rep["limit"], interp,
+                                           measured=rep["measured"]),
+        "verifier_stages": charts.stage_figure(rep["outcomes"]),
+    }
+
+
+def page() -> None:
+    st.title("Report")
+    db_path, run_id = view_db(), st.session_state.get("run_id")
+    if run_id is None:
+        st.info("No run selected: choose one in the sidebar.")
+        return
+    try:
+        store = data.open_store(db_path)
+    except data.StoreError as e:
+        st.error(str(e))
+        return
+    if store is None:
+        st.info("No database yet.")
+        return
+    try:
+        rep = data.report_data(store, run_id)
+    finally:
+        store.close()
+    if rep is None:
+        st.warning(f"Run {run_id} is not in {db_path}.")
+        return
+    run = rep["run"]
+    run_header(run, rep["exps"])
+    head = data.headline(rep)
+    st.caption(f"{run['model']} · {data.device_label(run)} · run {run['id']} · {run['status']}")
+    with st.container(key="headline", border=True):
+        st.metric(head["label"], f"{head['value']:.3f}×")
+        st.caption(head["note"])
+    if rep["interpreter"]:
+        st.warning("Interpreter timing — not GPU performance. This run had no GPU: its times "
+                   "only compare candidates with each other.", icon="⚠️")
+    exps = rep["exps"]
+    counts = exps["state"].value_counts() if not exps.empty else {}
+    c = st.columns(4)
+    c[0].metric("Experiments", len(exps))
+    c[1].metric("Kept", int(counts.get("kept", 0)))
+    c[2].metric("Failed verification", int(counts.get("failed", 0)))
+    c[3].metric("Duration", data.format_duration(data.elapsed_s(run)))
+
+    st.subheader("Per kernel")
+    st.dataframe(export.summary_table(rep["summary"], rep["interpreter"]), hide_index=True,
+                 key="rep_summary")
+    figs = figures(rep)
+    left, right = st.columns(2)
+    left.plotly_chart(figs["family_speedup"], key="rep_family")
+    right.plotly_chart(figs["end_to_end"], key="rep_e2e")
+    left, right = st.columns([3, 2])
+    left.plotly_chart(figs["speedup_over_experiments"], key="rep_speedup")
+    right.plotly_chart(figs["verifier_stages"], key="rep_stages")
+
+    st.subheader("Download")
+    stem = f"nightshift-{run['model']}-{run['id']}"
+    row = st.container(horizontal=True)
+    row.download_button("Report (HTML)", data=lambda: export.report_html(rep, figures(rep)),
+                        file_name=f"{stem}.html", mime="text/html", key="dl_html",
+                        icon=":material/description:", on_click="ignore")
+    row.download_button("Experiments (CSV)", data=lambda: export.experiments_csv(rep),
+                        file_name=f"{stem}-experiments.csv", mime="text/csv", key="dl_csv",
+                        icon=":material/table:", on_click="ignore")
+    ok, where = export.png_support()
+    row.download_button("Charts (PNG, zip)", data=lambda: export.charts_png_zip(figures(rep)),
+                        file_name=f"{stem}-charts.zip", mime="application/zip", key="dl_png",
+                        icon=":material/image:", on_click="ignore", disabled=not ok)
+    if ok:
+        st.caption(f"The HTML report opens offline (plotly.js is inside it). PNGs are rendered "
+                   f"by kaleido with {where}, which takes a few seconds.")
+    else:
+        st.info(f"PNG export is not available here: {where}. The HTML report and CSV work "
+                "without it.")
+
+
+if __name__ == "__main__":  # run as a page by st.navigation (streamlit_app.py)
+    page()
