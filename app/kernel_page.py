@@ -83,6 +83,11 @@ def _pick_two(mine: pd.DataFrame, target: dict) -> tuple[int, int]:
     base = ids[0]
     best = int(target["best_experiment_id"]) if target.get("best_experiment_id") in ids \
         else ids[-1]
+    if best == base and len(ids) > 1:
+        # nothing beat the baseline: a diff of it with itself says nothing, the latest try does
+        st.caption("The baseline is still the best kernel of this target: B starts at the "
+                   "latest experiment.")
+        best = ids[-1]
     # a stale choice (another target's experiment) is reset before the widget renders
     for key, default in (("k_a", base), ("k_b", best)):
         if st.session_state.get(key) not in ids:

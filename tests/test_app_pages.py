@@ -1,0 +1,319 @@
+"""Dashboard pages besides the live view: New run, Kernels, Compare runs, Report, the recorded
+run, and the report's exports. AppTest against real SQLite written through engine.store.Store
+(and the recorded H200 database shipped in data/, opened read-only). No mocks.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import zipfile
+
+import pandas as pd
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from app import data, export
+from app import report as report_page
+from engine.store import Store
+from test_app import APP, PLAN, RECORDED_BADGE, ROOT, TIMEOUT, _fill, _frame, _metric, _texts
+
+RECORDED = ROOT / data.RECORDED_DB
+GPT2 = "20261130-030352-e079e8"    # the recorded gpt2 run: 16 experiments, 3 targets
+LLAMA = "20261130-030304-a8b2d6"   # the recorded llama run: 2 experiments
+
+
+def _sha(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """The sidebar pointed straight at the recorded database; the test checks it is untouched."""
+    before = _sha(RECORDED)
+    monkeypatch.setenv("NIGHTSHIFT_DB", str(RECORDED))
+    yield RECORDED
+    assert _sha(RECORDED) == before, "a page wrote to the recorded database"
+
+
+@pytest.fixture
+def db(tmp_path, monkeypatch):
+    path = tmp_path / "runs.db"
+    gpu = _fill(path, "gpu", plan=PLAN[:2], status="done")
+    interp = _fill(path, "interpreter")
+    monkeypatch.setenv("NIGHTSHIFT_DB", str(path))
+    return dict(path=path, gpu=gpu, interp=interp)
+
+
+def _page(path: str, run_id: str | None = None) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    if run_id:
+        at.sidebar.selectbox(key="run_select").select(run_id).run()
+    at.switch_page(path).run()
+    assert not at.exception, at.exception
+    return at
+
+
+def _add_e2e(path, run_id, speedups):
+    """An end-to-end check table as the integration step will write it (not in the schema yet):
+    the dashboard must pick measured results up when they exist."""
+    s = Store(path)
+    try:
+        for i, sp in enumerate(speedups):
+            s.db["e2e_checks"].insert(dict(run_id=run_id, seq=2 * i + 2, created_at=1e9 + i,
+                                           speedup=sp, label="vs eager"))
+    finally:
+        s.close()
+
+
+# ---- the recorded run -------------------------------------------------------------------------
+def test_recorded_badge_text():
+    store = data.open_store(str(RECORDED))
+    try:
+        runs = {r["id"]: data.get_run(store, r["id"]) for r in data.list_runs(store)}
+    finally:
+        store.close()
+    assert set(runs) == {GPT2, LLAMA}
+    assert {data.recorded_label(r) for r in runs.values()} == {RECORDED_BADGE}
+    assert data.recorded_label(dict(runs[GPT2], recorded=0)) is None
+
+
+def test_every_page_renders_the_recorded_run_read_only(recorded):
+    for path in ("app/live.py", "app/kernel_page.py", "app/compare.py", "app/report.py",
+                 "app/new_run.py"):
+        at = _page(path)
+        assert not at.error, (path, [e.value for e in at.error])
+        if path != "app/new_run.py":
+            assert RECORDED_BADGE in _texts(at), path
+
+
+# ---- New run ----------------------------------------------------------------------------------
+def test_new_run_file_model_without_loader(db):
+    from app import new_run
+    at = _page("app/new_run.py")
+    at.radio(key="nr_source").set_value(new_run.PATH).run()
+    at.text_input(key="nr_path").input("models/mine.py:MyModel").run()
+    if new_run.file_loader() is not None:
+        pytest.skip("engine.models can load models from files in this checkout")
+    assert any("loading models from files is not available yet" in e.value.lower()
+               for e in at.error)
+    at.button(key="nr_start").click().run()
+    assert not at.exception, at.exception
+    assert any(e.value == "Loading models from files is not available yet." for e in at.error)
+    assert len(Store(db["path"], readonly=True).list_runs()) == 2  # nothing started
+    # the upload input is offered too, with the same answer
+    at.radio(key="nr_source").set_value(new_run.UPLOAD).run()
+    assert at.get("file_uploader") and at.text_input(key="nr_upload_class")
+
+
+def test_new_run_llm_inputs_are_checked_and_the_key_never_shown(db, monkeypatch):
+    from app import new_run
+    secret = "sk-test-do-not-show-0123456789"
+    monkeypatch.setenv("NIGHTSHIFT_LLM_API_KEY", secret)
+    for var in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    at = _page("app/new_run.py")
+    llm, why = new_run.llm_support()
+    if llm is None:  # no LLM proposer in this checkout: the choice is there, disabled, with why
+        radio = at.radio(key="nr_proposer")
+        assert radio.disabled and radio.value == "search"
+        assert any("Only the built-in search" in c.value for c in at.caption)
+        return
+    at.radio(key="nr_proposer").set_value("llm").run()
+    assert any("found in $NIGHTSHIFT_LLM_API_KEY (not shown)" in c.value for c in at.caption)
+    at.text_input(key="nr_api_base").input("localhost:1234").run()
+    at.button(key="nr_start").click().run()
+    errors = [e.value for e in at.error]
+    assert any(e.startswith("LLM model:") for e in errors), errors
+    assert any(e.startswith("API base:") for e in errors), errors
+    assert secret not in _texts(at)
+    assert len(Store(db["path"], readonly=True).list_runs()) == 2
+
+
+# ---- Live run: filters, LLM columns, measured end-to-end ---------------------------------------
+def test_live_table_filters(db):
+    at = _page("app/live.py")
+    at.multiselect(key="flt_state").select("failed").run()
+    table = _frame(at, "seq")
+    assert table["state"].tolist() == ["failed", "failed"]
+    assert any("2 of 6 experiments" in c.value for c in at.caption)
+    at.multiselect(key="flt_state").unselect("failed").run()
+    at.text_input(key="flt_text").input("stability").run()
+    assert _frame(at, "seq")["seq"].tolist() == [6]
+    at.text_input(key="flt_text").input("").run()
+    at.multiselect(key="flt_family").select("softmax").run()
+    assert set(_frame(at, "seq")["family"]) == {"softmax"}
+    assert _metric(at, "Experiments") == str(len(PLAN))  # the metrics count every experiment
+
+
+def test_live_llm_run_shows_tokens_and_cost(tmp_path, monkeypatch):
+    path = tmp_path / "runs.db"
+    s = Store(path)
+    run_id = s.create_run("llama-tiny", {"model": "llama-tiny", "proposer": "llm"},
+                          {"name": "cpu"}, "interpreter", None)
+    tid = s.add_target(run_id, "rmsnorm", "float32", [{"shape": [2, 32, 64], "count": 1}], 0.5)
+    for i, (state, tin, tout, cost) in enumerate([("kept", 1200, 300, 0.01),
+                                                  ("failed", 1500, 420, 0.02)]):
+        s.record_experiment(dict(run_id=run_id, target_id=tid, family="rmsnorm", proposer="llm",
+                                 hypothesis=f"llm idea {i}", source="x", source_hash=f"s{i}",
+                                 state=state, failed_stage=None if state == "kept" else "proposal",
+                                 speedup=1.5 if state == "kept" else None, tokens_in=tin,
+                                 tokens_out=tout, cost_usd=cost, timing_mode="interpreter"), [])
+    s.close()
+    monkeypatch.setenv("NIGHTSHIFT_DB", str(path))
+    at = _page("app/live.py")
+    assert _metric(at, "Tokens in / out") == "2,700 / 720"
+    assert _metric(at, "LLM cost") == "$0.03"
+    table = _frame(at, "seq")
+    assert {"tokens_in", "tokens_out", "cost_usd", "proposer"} <= set(table.columns)
+    assert table["tokens_in"].tolist() == [1500, 1200]
+
+
+def test_search_run_has_no_token_columns(db):
+    at = _page("app/live.py")
+    assert "tokens_in" not in _frame(at, "seq").columns
+    assert not [m for m in at.metric if m.label in ("Tokens in / out", "LLM cost")]
+
+
+def test_measured_end_to_end_is_shown_when_it_exists(db):
+    store = Store(db["path"], readonly=True)
+    assert data.e2e_frame(store, db["interp"]).empty  # no e2e_checks table yet: nothing, no error
+    store.close()
+    _add_e2e(db["path"], db["interp"], [1.05, 1.2])
+    at = _page("app/live.py")
+    assert _metric(at, "Measured model speedup") == "1.200×"
+    at.switch_page("app/report.py").run()
+    head = at.metric[0]
+    assert head.label.startswith("Measured end-to-end speedup") and head.value == "1.200×"
+    rep = _report(db["path"], db["interp"])
+    fig = report_page.figures(rep)["end_to_end"]
+    measured = [t for t in fig.data if t.name == "measured"]
+    assert measured and list(measured[0].y) == [1.05, 1.2] and list(measured[0].x) == [2, 4]
+
+
+# ---- Kernels ----------------------------------------------------------------------------------
+def test_kernels_page_on_the_recorded_gpu_run(recorded):
+    at = _page("app/kernel_page.py")
+    assert at.selectbox(key="k_family").value == "softmax"  # the largest share first
+    assert _metric(at, "Share of model time") == "12.1%"
+    assert _metric(at, "Speedup") == "1.58×"
+    # baseline (first experiment) against best (#16) as a unified diff
+    code = at.code[0]
+    assert code.language == "diff" and "--- #1 (kept)" in code.value and "+++ #16 (kept)" in code.value
+    shapes = _frame(at, "shape")
+    assert shapes["shape"].tolist() == ["8x12x1024x1024"]
+    assert shapes["best speedup"].iloc[0] == pytest.approx(156.384 / 99.0, rel=1e-3)
+    charts = at.get("plotly_chart")
+    assert len(charts) == 1  # the roofline, under the roofs the run measured
+    spec = json.loads(charts[0].proto.spec)
+    assert "copy 4,192 GB/s" in [a["text"] for a in spec["layout"]["annotations"]]
+    names = [t["name"] for t in spec["data"]]
+    assert names[0] == "measured roofs" and "eager" in names and "best" in names
+    stages = [d.value for d in at.dataframe if d.value.columns[0] == "stage"]
+    assert len(stages) == 2 and all((s["status"] == "passed").all() for s in stages)
+    # side by side, and another target
+    at.radio(key="k_diffmode").set_value("side by side").run()
+    assert at.get("html") and "diff_add" in at.get("html")[0].proto.body
+    at.selectbox(key="k_family").set_value("layernorm").run()
+    assert not at.exception, at.exception
+    # its starter (#3) is still its best: B starts at the latest experiment instead
+    rec = Store(RECORDED, readonly=True)
+    seqs = {int(r["id"]): r["seq"] for r in rec.experiments(GPT2)}
+    rec.close()
+    assert seqs[at.selectbox(key="k_a").value] == 3 and seqs[at.selectbox(key="k_b").value] == 15
+    assert any("still the best" in c.value for c in at.caption)
+
+
+def test_kernels_page_interpreter_run_has_no_roofline(db):
+    at = _page("app/kernel_page.py")
+    assert any("No roofline" in i.value for i in at.info)
+    assert not at.get("plotly_chart")
+    # pick the experiment that failed at the shape sweep: its stage table says so
+    at.selectbox(key="k_family").set_value("softmax").run()
+    failed_id = int(Store(db["path"], readonly=True).db.execute(
+        "SELECT id FROM experiments WHERE run_id = ? AND failed_stage = 'shape_sweep'",
+        [db["interp"]]).fetchone()[0])
+    at.selectbox(key="k_b").set_value(failed_id).run()
+    stages = [d.value for d in at.dataframe if d.value.columns[0] == "stage"][1]
+    row = stages.set_index("stage").loc["shape_sweep"]
+    assert row["status"] == "failed" and row["failed_case"] == "[7, 13]"
+    assert (stages.set_index("stage").loc[["stability", "determinism", "edge_cases"], "status"]
+            == "skipped").all()
+
+
+# ---- Compare ----------------------------------------------------------------------------------
+def test_compare_the_two_recorded_runs(recorded):
+    at = _page("app/compare.py")
+    ov = _frame(at, "run")
+    assert len(ov) == 2 and set(ov["device"]) == {"NVIDIA H200"} and set(ov["timing"]) == {"GPU"}
+    assert sorted(ov["projected e2e"].round(3)) == [1.084, 1.108]
+    fam = _frame(at, "family")
+    assert set(fam["family"]) == {"softmax", "cross_entropy", "layernorm", "rmsnorm"}
+    assert len(at.get("plotly_chart")) == 2
+
+
+def test_compare_a_cpu_run_with_the_recorded_gpu_run(db):
+    at = _page("app/compare.py")
+    opts = at.multiselect(key="cmp_runs").options
+    assert len(opts) == 4  # two runs here and the two recorded ones
+    keys = [f"{db['path']}|{db['interp']}", f"{RECORDED}|{GPT2}"]
+    at.multiselect(key="cmp_runs").set_value(keys).run()
+    assert not at.exception, at.exception
+    ov = _frame(at, "run")
+    assert ov["timing"].tolist() == ["interpreter", "GPU"]
+    assert any("timed differently" in w.value for w in at.warning)
+
+
+# ---- Report and its exports -------------------------------------------------------------------
+def _report(path, run_id) -> dict:
+    store = data.open_store(str(path))
+    try:
+        return data.report_data(store, run_id)
+    finally:
+        store.close()
+
+
+def test_report_page_on_the_recorded_run(recorded):
+    at = _page("app/report.py")
+    head = at.metric[0]
+    assert head.label == "Projected end-to-end speedup (Amdahl, not measured)"
+    assert head.value == "1.084×"
+    summary = _frame(at, "family")
+    assert summary["family"].tolist() == ["softmax", "cross_entropy", "layernorm"]
+    assert summary["speedup vs eager"].tolist() == ["1.58×", "9.68×", "1.66×"]
+    assert len(at.get("plotly_chart")) == 4
+    labels = [b.proto.label for b in at.get("download_button")]
+    assert labels == ["Report (HTML)", "Experiments (CSV)", "Charts (PNG, zip)"]
+
+
+def test_report_html_is_self_contained(tmp_path):
+    rep = _report(RECORDED, GPT2)
+    page = export.report_html(rep, report_page.figures(rep))
+    from plotly.offline import get_plotlyjs
+    assert get_plotlyjs()[:2000] in page            # plotly.js inline, once
+    assert page.count(get_plotlyjs()[:200]) == 1
+    assert '<script src="http' not in page.replace("'", '"')
+    assert "<link" not in page
+    assert RECORDED_BADGE in page and "Projected end-to-end speedup (Amdahl, not measured)" in page
+    assert page.count('class="plotly-graph-div"') == 4
+    csv = pd.read_csv(io.BytesIO(export.experiments_csv(rep)))
+    assert len(csv) == 16 and {"run_id", "model", "seq", "state", "speedup"} <= set(csv.columns)
+
+
+def test_report_charts_as_png():
+    ok, why = export.png_support()
+    if not ok:
+        pytest.skip(f"no PNG export here: {why}")
+    rep = _report(RECORDED, LLAMA)
+    figs = report_page.figures(rep)
+    z = zipfile.ZipFile(io.BytesIO(export.charts_png_zip(figs)))
+    assert sorted(z.namelist()) == sorted(f"{n}.png" for n in figs)
+    assert all(z.read(n)[:8] == b"\x89PNG\r\n\x1a\n" for n in z.namelist())
+
+
+def test_no_page_writes_to_the_database(db):
+    before = _sha(db["path"])
+    for path in ("app/live.py", "app/kernel_page.py", "app/compare.py", "app/report.py",
+                 "app/new_run.py"):
+        _page(path)
+    assert _sha(db["path"]) == before
