@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -95,34 +96,39 @@ def speedup_figure(exps: pd.DataFrame, best: pd.DataFrame, interpreter: bool = F
     fig = make_subplots(rows=n, cols=1, shared_xaxes=True, subplot_titles=families,
                         vertical_spacing=min(0.3, 50 / (height - 180)))
     shown: set[str] = set()  # one legend entry per trace kind, not per facet
+    # Hover texts for every experiment at once, as one string each: plotly validates a numpy
+    # array of strings in one step, where a list of per-point tuples (customdata) or a pandas
+    # Series costs it a Python loop; at 10,000 experiments that is most of a refresh.
+    hyp = exps["hypothesis"].map(_short)
+    failed_text = ("<b>failed at " + exps["failed_stage"].fillna("?").astype(str) + "</b><br>"
+                   + hyp + "<br>" + exps["error"].map(_short))
+    hover_all = hyp.where(exps["state"] != "failed", failed_text)
+    seq_all, spd_all = exps["seq"].to_numpy(), exps["speedup"].astype(float).to_numpy()
     for row, fam in enumerate(families, start=1):
-        fe = exps[exps["family"] == fam]
+        in_fam = (exps["family"] == fam).to_numpy()
         fb = best[best["family"] == fam].sort_values("seq")
         fig.add_trace(go.Scatter(
-            x=fb["seq"], y=fb["best"], mode="lines", line=dict(shape="hv", color=BEST_COLOUR, width=2),
+            x=fb["seq"].to_numpy(), y=fb["best"].astype(float).to_numpy(), mode="lines",
+            line=dict(shape="hv", color=BEST_COLOUR, width=2),
             name="best so far", legendgroup="best", showlegend="best" not in shown,
             hovertemplate="seq %{x}<br>best so far %{y:.3g}×<extra>" + fam + "</extra>"),
             row=row, col=1)
         shown.add("best")
         for state, (colour, symbol) in STATE_STYLE.items():
-            se = fe[fe["state"] == state]
-            if se.empty:
+            sel = in_fam & (exps["state"] == state).to_numpy()
+            if not sel.any():
                 continue
-            y = se["speedup"].astype(float)
+            y = spd_all[sel]
             if state == "failed":
-                y = y.where(y > 0, floor)
-            custom = list(zip(se["hypothesis"].map(_short),
-                              se["failed_stage"].fillna("").astype(str),
-                              se["error"].map(_short) if "error" in se else [""] * len(se)))
-            if state == "failed":
-                hover = ("seq %{x}: <b>failed at %{customdata[1]}</b><br>%{customdata[0]}"
-                         "<br>%{customdata[2]}<extra>" + fam + "</extra>")
+                y = np.where(y > 0, y, floor)
+                hover = "seq %{x}: %{hovertext}<extra>" + fam + "</extra>"
             else:
-                hover = ("seq %{x}: <b>" + state + "</b> %{y:.3g}×<br>%{customdata[0]}"
+                hover = ("seq %{x}: <b>" + state + "</b> %{y:.3g}×<br>%{hovertext}"
                          "<extra>" + fam + "</extra>")
             fig.add_trace(go.Scatter(
-                x=se["seq"], y=y, mode="markers", name=state, legendgroup=state,
-                showlegend=state not in shown, customdata=custom, hovertemplate=hover,
+                x=seq_all[sel], y=y, mode="markers", name=state, legendgroup=state,
+                showlegend=state not in shown, hovertext=hover_all.to_numpy()[sel],
+                hovertemplate=hover,
                 marker=dict(color=colour, symbol=symbol, size=9,
                             line=dict(width=2 if symbol != "circle" else 0, color=colour))),
                 row=row, col=1)

@@ -99,17 +99,22 @@ def experiments_frame(store: Store, run_id: str, cache: dict | None = None) -> p
     only rows newer than the last one seen are read: a refresh of a long run reads a few rows,
     not the whole table."""
     key = (str(store.path), run_id)
-    rows: list[dict] = []
-    since = 0
+    frame, since = None, 0
     if cache is not None and cache.get("key") == key:
-        rows, since = cache["rows"], cache["last_id"]
+        frame, since = cache["frame"], cache["last_id"]
     new = list(store.db.query(
         f"SELECT {', '.join(EXPERIMENT_FIELDS)} FROM experiments "
         "WHERE run_id = ? AND id > ? ORDER BY id", [run_id, since]))
-    rows = rows + new
+    if frame is None or new:
+        # The cached frame is never changed in place (callers only filter it): a refresh with
+        # new rows makes a new frame, and one without returns the same object, so the page can
+        # tell "nothing new" by identity and keep its figures.
+        add = pd.DataFrame(new, columns=EXPERIMENT_FIELDS)
+        frame = add if frame is None or frame.empty else pd.concat([frame, add], ignore_index=True)
     if cache is not None:
-        cache.update(key=key, rows=rows, last_id=rows[-1]["id"] if rows else 0)
-    return pd.DataFrame(rows, columns=EXPERIMENT_FIELDS)
+        cache.update(key=key, frame=frame,
+                     last_id=int(frame["id"].iloc[-1]) if len(frame) else 0)
+    return frame
 
 
 def targets_frame(store: Store, run_id: str) -> pd.DataFrame:
@@ -399,17 +404,27 @@ def amdahl_limit(targets: pd.DataFrame) -> float:
 def amdahl_projection(exps: pd.DataFrame, targets: pd.DataFrame) -> pd.DataFrame:
     """The projected end-to-end speedup after each experiment (seq 0 = before any: 1x).
 
-    Columns: seq, created_at, projected, family (the family that experiment worked on)."""
+    Columns: seq, created_at, projected, family (the family that experiment worked on).
+    Vectorised (a running best per family, then Amdahl row-wise): a live page recomputes it for
+    10,000 experiments every refresh."""
+    cols = ["seq", "created_at", "projected", "family"]
     fractions = {r.family: float(r.fraction) for r in targets.itertuples()
                  if pd.notna(r.fraction)}
-    rows = [dict(seq=0, created_at=None, projected=amdahl(fractions, {}), family=None)]
-    best: dict[str, float] = {}
-    for r in exps.sort_values("seq").itertuples():
-        if r.state == "kept" and pd.notna(r.speedup):
-            best[r.family] = max(best.get(r.family, 0.0), float(r.speedup))
-        rows.append(dict(seq=int(r.seq), created_at=r.created_at,
-                         projected=amdahl(fractions, best), family=r.family))
-    return pd.DataFrame(rows, columns=["seq", "created_at", "projected", "family"])
+    start = pd.DataFrame([dict(seq=0, created_at=None, projected=amdahl(fractions, {}),
+                               family=None)], columns=cols)
+    if exps.empty:
+        return start
+    df = exps.sort_values("seq")
+    kept = pd.to_numeric(df["speedup"], errors="coerce").where(df["state"] == "kept")
+    total = min(1.0, sum(fractions.values()))
+    denom = pd.Series(1.0 - total, index=df.index)
+    for fam, f in fractions.items():
+        # this family's best kept speedup so far; 1 before its first keep, never below 1
+        best = kept.where(df["family"] == fam).cummax().ffill().fillna(1.0).clip(lower=1.0)
+        denom = denom + f / best
+    out = pd.DataFrame({"seq": df["seq"].astype(int), "created_at": df["created_at"],
+                        "projected": 1.0 / denom, "family": df["family"]})
+    return pd.concat([start, out], ignore_index=True)[cols]
 
 
 def stage_order(outcomes: pd.DataFrame) -> list[str]:

@@ -112,9 +112,31 @@ def live_view(db_path: str, run_id: str, was_active: bool) -> None:
     _render(run, owned, exps, targets, outcomes, events, measured, db_path)
 
 
+def _derived(run, exps, targets, outcomes, measured, interpreter) -> dict:
+    """The projection and the three figures, remade only when what they show changed.
+
+    Most refreshes of a live run find nothing new (an experiment takes seconds to minutes), so
+    they reuse the figures of the previous refresh: the experiments frame is the same object
+    when no row was added (data.experiments_frame), and the rest is small enough to compare."""
+    key = (run["id"], id(exps), len(exps), interpreter, outcomes.to_json(), targets.to_json(),
+           measured.to_json())
+    memo = st.session_state.get("live_memo")
+    if memo and memo["key"] == key:
+        return memo
+    proj = data.amdahl_projection(exps, targets)
+    memo = dict(key=key, proj=proj,
+                speedup=charts.speedup_figure(exps, data.best_so_far(exps), interpreter),
+                amdahl=charts.amdahl_figure(proj, data.amdahl_limit(targets), interpreter,
+                                            measured=measured),
+                stages=charts.stage_figure(outcomes))
+    st.session_state["live_memo"] = memo
+    return memo
+
+
 def _render(run, owned, exps, targets, outcomes, events, measured, db_path) -> None:
     interpreter = run_header(run, exps)
-    proj = data.amdahl_projection(exps, targets)
+    figs = _derived(run, exps, targets, outcomes, measured, interpreter)
+    proj = figs["proj"]
     llm = data.uses_llm(exps)
     # the engine's own state is fresher while it works (starting, stopping, ...); once it is done
     # the run row is the record
@@ -163,15 +185,14 @@ def _render(run, owned, exps, targets, outcomes, events, measured, db_path) -> N
     elif run.get("current_reason"):
         st.markdown(f"**Last target choice:** {run['current_reason']}")
 
+    # Stable keys and each figure's constant uirevision: a refresh updates the same chart in
+    # place, so plotly.js keeps the zoom, pan and legend choices the user made.
     left, right = st.columns([3, 2])
     with left:
-        st.plotly_chart(charts.speedup_figure(exps, data.best_so_far(exps), interpreter),
-                        key="chart_speedup")
+        st.plotly_chart(figs["speedup"], key="chart_speedup")
     with right:
-        st.plotly_chart(charts.amdahl_figure(proj, data.amdahl_limit(targets), interpreter,
-                                             measured=measured),
-                        key="chart_amdahl")
-        st.plotly_chart(charts.stage_figure(outcomes), key="chart_stages")
+        st.plotly_chart(figs["amdahl"], key="chart_amdahl")
+        st.plotly_chart(figs["stages"], key="chart_stages")
 
     _experiment_table(exps, targets, interpreter, llm)
     if not targets.empty:

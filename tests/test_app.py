@@ -330,8 +330,9 @@ def test_speedup_figure():
     # no valid speedup: drawn on a floor under every real value of the log axis
     assert list(failed.y) == [0.5, 0.5]  # lowest value is the 1x baseline -> floor 0.5
     assert all(fig.layout[f"yaxis{i}"].type == "log" for i in ("", "2"))
-    assert [c[1] for c in failed.customdata] == ["shape_sweep", "stability"]
-    assert "failed at %{customdata[1]}" in failed.hovertemplate
+    assert [h.split("</b>")[0] for h in failed.hovertext] == ["<b>failed at shape_sweep",
+                                                             "<b>failed at stability"]
+    assert "%{hovertext}" in failed.hovertemplate
     # baseline at 1x in each facet
     assert sum(1 for s in fig.layout.shapes if s.y0 == 1.0 and s.y1 == 1.0) == 2
     # a GPU run's chart carries no interpreter label
