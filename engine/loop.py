@@ -110,13 +110,22 @@ def _log_line(exp: dict, timing_mode: str) -> str:
 
 
 def _target_shapes(row: dict) -> tuple[str, list[dict]]:
-    """The dtype the family mostly runs in and its real shapes in that dtype, most called first."""
+    """The dtype the family mostly runs in and its real shapes in that dtype, most called first.
+
+    A profiled call's record becomes the family's shape through ``Family.profile_shape`` (a GEMM's
+    "batch", attention's "kv_heads", the MLP's "ffn_dim" join the shape tuple); records that map
+    to the same shape add up their calls."""
+    fam = kernels.get(row["family"])
     by_dtype = Counter()
     for s in row["shapes"]:
         by_dtype[s["dtype"]] += s["count"]
     dtype = by_dtype.most_common(1)[0][0]
-    shapes = sorted((s for s in row["shapes"] if s["dtype"] == dtype), key=lambda s: -s["count"])
-    return dtype, [{"shape": list(s["shape"]), "count": s["count"]} for s in shapes[:MAX_TARGET_SHAPES]]
+    counts = Counter()
+    for s in row["shapes"]:
+        if s["dtype"] == dtype:
+            counts[fam.profile_shape(s)] += s["count"]
+    shapes = sorted(counts.items(), key=lambda kv: -kv[1])
+    return dtype, [{"shape": list(shape), "count": n} for shape, n in shapes[:MAX_TARGET_SHAPES]]
 
 
 def execute(cfg: RunConfig, control: Control | None = None, resume_run_id: str | None = None,

@@ -17,7 +17,8 @@ engine process, at no device cost. ``tamper_check`` catches candidates that repl
 reference or torch functions in the worker.
 
 Expected outputs are the family's reference computed on float64 copies of the inputs, cast to the
-output dtype; the comparison is |out - expected| <= atol + rtol * |expected| elementwise.
+output dtype; the comparison is |out - expected| <= atol + rtol * |expected| elementwise, plus
+stol * bound for families with an ``error_bound`` (sums of many terms, e.g. |A| @ |B| for a GEMM).
 
 This module runs inside the worker process (engine/worker.py) except ``static_check``.
 """
@@ -316,9 +317,9 @@ def _bytes_equal(a, b) -> bool:
         return False
     if a.numel() == 0:
         return True
-    ac, bc = a.contiguous(), b.contiguous()
-    return torch.equal(ac.view(torch.uint8) if ac.dim() else ac.reshape(1).view(torch.uint8),
-                       bc.view(torch.uint8) if bc.dim() else bc.reshape(1).view(torch.uint8))
+    # flat views: a "contiguous" tensor may keep any stride on a size-1 dim, which view() refuses
+    ac, bc = a.contiguous().reshape(-1), b.contiguous().reshape(-1)
+    return torch.equal(ac.view(torch.uint8), bc.view(torch.uint8))
 
 
 def _storage_span(t):
@@ -362,8 +363,9 @@ def guarded_call(fn, inputs: dict, extra_allowed=()):
     return out
 
 
-def compare(out, expected, atol: float, rtol: float) -> tuple[bool, float, str]:
-    """(ok, worst absolute error, why-not) for out vs expected of the same shape."""
+def compare(out, expected, atol: float, rtol: float, extra=None) -> tuple[bool, float, str]:
+    """(ok, worst absolute error, why-not) for out vs expected of the same shape; ``extra``, a
+    tensor broadcastable to them, is added to the allowed error elementwise."""
     import torch
     o, e = out.detach().to(torch.float64), expected.detach().to(torch.float64)
     nan_o, nan_e = torch.isnan(o), torch.isnan(e)
@@ -381,6 +383,8 @@ def compare(out, expected, atol: float, rtol: float) -> tuple[bool, float, str]:
         return True, 0.0, ""
     err = (o[fin] - e[fin]).abs()
     bound = atol + rtol * e[fin].abs()
+    if extra is not None:
+        bound = bound + extra.detach().to(torch.float64).expand_as(e)[fin]
     worst = float(err.max())
     bad = err > bound
     if bool(bad.any()):
@@ -457,6 +461,7 @@ class Verifier:
         self.gen.manual_seed(int(spec.get("seed", 0)))
         # Under the interpreter every program instance is Python: keep checks to small sizes.
         self.numel_cap = spec.get("numel_cap") or (1 << 15 if interpret else 1 << 27)
+        self.size = fam.problem_size   # a shape's size against numel_cap (default: its numel)
         self.dtypes = [d for d in fam.dtypes if d in spec.get("dtypes", fam.dtypes)]
 
     def _tdtype(self, name):
@@ -491,9 +496,14 @@ class Verifier:
         if out.shape != ref_native.shape or out.dtype != ref_native.dtype:
             raise CandidateError("", f"returned shape {list(out.shape)} {out.dtype}; the reference "
                                      f"returns {list(ref_native.shape)} {ref_native.dtype}")
-        expected = self.fam.reference(**{k: _float64(v) for k, v in pristine.items()}).to(out.dtype)
-        atol, rtol = self.fam.tolerance[self._tdtype(case.dtype)]
-        ok, worst, why = compare(out, expected, atol, rtol)
+        f64 = {k: _float64(v) for k, v in pristine.items()}
+        expected = self.fam.reference(**f64).to(out.dtype)
+        tol = self.fam.tolerance[self._tdtype(case.dtype)]
+        atol, rtol = tol[0], tol[1]
+        extra = None
+        if len(tol) > 2 and self.fam.error_bound is not None:
+            extra = tol[2] * self.fam.error_bound(**f64)
+        ok, worst, why = compare(out, expected, atol, rtol, extra)
         if not ok:
             raise CandidateError("", f"wrong result: {why}")
         return out, worst
@@ -503,7 +513,7 @@ class Verifier:
         seen, out = set(), []
         for s in shapes:
             s = tuple(s)
-            if s not in seen and _numel(s) <= self.numel_cap:
+            if s not in seen and self.size(s) <= self.numel_cap:
                 seen.add(s)
                 out.append(s)
         return out
@@ -511,13 +521,13 @@ class Verifier:
     def cases(self, stage: str) -> list[Case]:
         fam, dt = self.fam, self.dtype
         real = self.real_shapes
-        small_real = self._fit(real) or [min(real, key=_numel)]
+        small_real = self._fit(real) or [min(real, key=self.size)]
         if stage == "smoke":
             return [Case(small_real[0], dt)]
         if stage == "shape_sweep":
             shapes = list(dict.fromkeys(real)) + self._fit(fam.sweep_shapes)
             return [Case(s, d) for s in shapes for d in self.dtypes
-                    if _numel(s) <= self.numel_cap or s in real]
+                    if self.size(s) <= self.numel_cap or s in real]
         if stage == "stability":
             odd = self._fit(fam.sweep_shapes)
             other = odd[min(3, len(odd) - 1)] if odd else small_real[0]

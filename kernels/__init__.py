@@ -11,10 +11,20 @@ engine needs to optimize it, and nothing that runs the optimization:
 - ``bench_shapes``: shapes the benchmark times, including the large LLM shapes; ``sweep_shapes``:
   odd, tiny and large extras the verifier checks beside the model's real shapes.
 - ``tolerance[dtype] = (atol, rtol)``: |out - expected| <= atol + rtol * |expected|, elementwise.
+  Families whose outputs are sums of many terms (matmul, attention, ...) cancel: an output near 0
+  can carry the rounding error of its large terms. They give ``error_bound(**inputs)``, a tensor
+  like the output (computed on the float64 inputs, e.g. |A| @ |B| for a GEMM: the classic
+  gamma_K |A||B| bound), and a third entry: ``(atol, rtol, stol)`` adds stol * bound.
 - ``cost(shape, dtype) -> (bytes, flops)``: the fewest bytes the op must move through device memory
   (each input read once, each output written once) and its flops: the speed of light.
 - ``space``/``default``/``render``: the search space of real variants, and the function that turns
   one point of it into a complete, self-contained candidate source defining ``kernel_fn``.
+
+Shapes that are not one tensor's shape (a GEMM's (M, K, N), attention's (B, H, S, D, Hkv, causal))
+are documented in the family's file; such a family gives ``size(shape)`` (how big a problem it is,
+for the verifier's interpreter cap; default: the product of the shape) and ``from_profile(record)``
+(the shape of a profiled call, from the profiler's {"shape", "kv_heads", "ffn_dim", ...} record;
+default: record["shape"]).
 
 The family name is the join key everywhere: file name, database column, test and benchmark ids.
 """
@@ -49,9 +59,28 @@ class Family:
     allowed_host_ops: tuple = ()
     description: str = ""
     notes: dict = field(default_factory=dict)
+    # (**inputs) -> per-output-element error scale; used with a 3-entry tolerance (see above)
+    error_bound: Callable | None = None
+    # (shape) -> int: problem size for the verifier's interpreter cap; None: product of the shape
+    size: Callable | None = None
+    # (profiler shape record: dict) -> shape tuple; None: tuple(record["shape"])
+    from_profile: Callable | None = None
 
     def starter(self) -> str:
         return self.render(dict(self.default))
+
+    def problem_size(self, shape) -> int:
+        if self.size is not None:
+            return int(self.size(tuple(shape)))
+        n = 1
+        for s in shape:
+            n *= int(s)
+        return n
+
+    def profile_shape(self, record: dict) -> tuple:
+        if self.from_profile is not None:
+            return tuple(int(s) for s in self.from_profile(record))
+        return tuple(int(s) for s in record["shape"])
 
 
 def get(name: str) -> Family:
