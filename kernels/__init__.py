@@ -34,7 +34,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Callable
 
-FAMILY_NAMES = ("rmsnorm", "softmax", "layernorm", "cross_entropy")
+FAMILY_NAMES = ("rmsnorm", "softmax", "layernorm", "cross_entropy",
+                "matmul", "attention", "fused_mlp", "rotary", "reduce")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,437 @@
+"""Attention family: o = softmax(scale * q @ k^T (+ causal mask)) @ v, per (batch, head).
+
+q [B, H, S, D]; k, v [B, Hkv, S, D] with grouped-query attention: H % Hkv == 0 and query head h
+reads key/value head h // (H // Hkv) (Hkv == H: multi-head; Hkv == 1: multi-query). ``causal``
+hides key j from query i when j > i (torch's is_causal: the mask is aligned top-left, which for
+equal lengths is the usual decoder mask); ``scale`` defaults to 1/sqrt(D). Output [B, H, S, D]
+in q's dtype. Candidates accept key/value lengths other than the queries' (same mask rule); the
+inputs made here have equal lengths (prefill and training).
+
+Shapes (the family's ``shape``): (B, H, S, D, Hkv, causal), causal 1 or 0; (B, H, S, D) and
+(B, H, S, D, Hkv) mean causal with Hkv = H resp. the given Hkv. The profiler records q's shape
+plus "kv_heads" for aten::scaled_dot_product_attention; it does not record is_causal, so profiled
+calls are taken as causal (every decoder in the zoo; ``from_profile`` honours a "causal" key if a
+record has one). ``size`` (the verifier's interpreter cap) is q's numel times the key blocks of 64.
+
+The reference is F.scaled_dot_product_attention(q, k, v, is_causal, scale, enable_gqa) (torch
+>= 2.5; 2.11 and 2.13 both have it): what LLaMA-style models call. q, k are made contiguous and
+v as the [B, S, Hkv, D] -> [B, Hkv, S, D] transposed view a fused projection leaves (any strides
+must work). Bytes the op must move: (2*B*H + 2*B*Hkv)*S*D*itemsize (read q, k, v, write o);
+flops 4*B*H*S*S*D (half of it when causal): compute bound from S ~ 512 on.
+
+Numerics (flash attention): per program a tile of BLOCK_M queries, an online softmax over key
+blocks of BLOCK_N (running max m, sum l rescaled by exp(m_old - m_new); rows that have seen only
+masked keys subtract 0, not -inf, so no NaN), scores and accumulators in fp32; p is rounded to
+v's dtype for the p @ v dot (as every flash kernel does), fp32 operands use full fp32 dots
+(input_precision="ieee"). Under the interpreter bf16 tiles are upcast before tl.dot (its dot
+cannot multiply bf16; see kernels/matmul.py).
+
+Search space (``SPACE``), rendered by ``render`` into one self-contained candidate source:
+- block_m, block_n: query rows per program, keys per step (clamped at launch: no larger than
+  the sequence (min 16), registers for the [BLOCK_M, D] accumulator and [BLOCK_M, BLOCK_N]
+  scores at most 192 fp32 per thread, pipelined K/V tiles within shared memory).
+- causal_blocks: "mask_all" (visit every key block, mask each: the naive kernel), "skip" (stop at
+  the diagonal: causal programs skip the blocks above it, about half the work), "split" (skip,
+  and only the blocks crossing the diagonal or the sequence end pay for a mask: the others run
+  a mask-free loop). Without causal, "split" still saves the mask on all but the last block.
+- use_exp2: exp2 with log2(e) folded into the score scale (one multiply less per score).
+- m_order: "forward" or "reverse" (causal programs with the most key blocks start first: the
+  last query blocks, which do the most work, do not trail the grid).
+- num_warps, num_stages (software pipelining of the key loop).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from kernels import Family
+from kernels import _common as C
+
+NAME = "attention"
+SIGNATURE = "kernel_fn(q, k, v, causal, scale)"
+ARG_NAMES = ("q", "k", "v", "causal", "scale")
+ADVERSARIAL = ("huge", "tiny", "mixed_scale", "constant_rows", "heavy_tail")
+MAX_HEAD_DIM = 256
+
+
+def reference(q, k, v, causal, scale):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), scale=scale,
+                                          enable_gqa=k.shape[1] != q.shape[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# shapes and inputs
+# ---------------------------------------------------------------------------------------------
+
+def problem(shape) -> tuple[int, int, int, int, int, bool]:
+    """(B, H, S, D, Hkv, causal) of a family shape with 4, 5 or 6 entries."""
+    shape = tuple(int(s) for s in shape)
+    if len(shape) not in (4, 5, 6):
+        raise ValueError(f"an attention shape is (B, H, S, D[, Hkv[, causal]]), got {shape}")
+    b, h, s, d = shape[:4]
+    hkv = shape[4] if len(shape) > 4 else h
+    causal = bool(shape[5]) if len(shape) > 5 else True
+    if hkv < 1 or h % hkv:
+        raise ValueError(f"query heads ({h}) must be a multiple of key/value heads ({hkv})")
+    return b, h, s, d, hkv, causal
+
+
+def size(shape) -> int:
+    """q's numel times its key blocks of 64: the interpreter's work grows as S^2."""
+    b, h, s, d, _, _ = problem(shape)
+    return b * h * s * d * max(1, -(-s // 64))
+
+
+def from_profile(record: dict) -> tuple:
+    b, h, s, d = (int(x) for x in record["shape"])
+    hkv = int(record.get("kv_heads") or h)
+    return (b, h, s, d, hkv, int(bool(record.get("causal", True))))
+
+
+# "huge": scores of standard deviation ~300 (q, k ~ N(0, 300)): exp(300) overflows even fp32,
+# so a kernel without the max subtraction returns inf/NaN.
+_HUGE_SIGMA = math.sqrt(300.0)
+
+
+def make_inputs(shape, dtype, device, gen, kind="normal"):
+    """{q: [B, H, S, D], k, v: [B, Hkv, S, D] (v a transposed view), causal, scale} from ``gen``."""
+    dtype = C.as_dtype(dtype)
+    b, h, s, d, hkv, causal = problem(shape)
+    q = C.randn(gen, b, h, s, d)
+    k = C.randn(gen, b, hkv, s, d)
+    v = C.randn(gen, b, s, hkv, d)                                     # [B, S, Hkv, D]
+    if kind == "huge":
+        q, k = q * _HUGE_SIGMA, k * _HUGE_SIGMA
+    elif kind == "tiny":
+        # scores ~1e-6: attention is uniform over the visible keys; padded key lanes that score
+        # 0 instead of -inf would take a share
+        q, k = q * 1e-3, k * 1e-3
+    elif kind == "mixed_scale":
+        # every query row its own temperature: 10^-2 (uniform) .. 10^1.5 (one-hot)
+        q = q * torch.pow(10.0, -2.0 + 3.5 * C.rand(gen, b, h, s, 1))
+    elif kind == "constant_rows":
+        k = k[:, :, :1, :].expand(b, hkv, s, d).clone()               # equal scores along a row
+    elif kind == "heavy_tail":
+        v = C.cauchy(gen, b * s * hkv, d).reshape(b, s, hkv, d).clamp(-1e4, 1e4)
+    elif kind != "normal":
+        raise ValueError(f"unknown input kind {kind!r}; known: normal, {', '.join(ADVERSARIAL)}")
+    v = v.to(dtype).to(device).transpose(1, 2)                         # [B, Hkv, S, D] view
+    return {"q": q.to(dtype).to(device), "k": k.to(dtype).to(device), "v": v,
+            "causal": causal, "scale": 1.0 / math.sqrt(d)}
+
+
+def error_bound(q, k, v, causal, scale):
+    """(P * (1 + A)) @ |v|: P the attention weights, A = |scale| |q| @ |k|^T the scores' own
+    magnitude (a score's rounding error is ~u*A, which moves its weight by that factor)."""
+    rep = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(rep, dim=1)
+    v = v.repeat_interleave(rep, dim=1)
+    sc = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    scores = (q @ k.transpose(-1, -2)) * sc
+    a = (q.abs() @ k.abs().transpose(-1, -2)) * abs(sc)
+    if causal:
+        lq, lk = q.shape[-2], k.shape[-2]
+        hide = torch.ones(lq, lk, dtype=torch.bool, device=q.device).triu(1)
+        scores = scores.masked_fill(hide, float("-inf"))
+    p = torch.softmax(scores, dim=-1)
+    return (p * (1.0 + a)) @ v.abs()
+
+
+# |out - expected| <= atol + rtol*|expected| + stol*bound (error_bound above), expected = fp64
+# SDPA cast to the output dtype. fp16/bf16: p is rounded to the dtype for p @ v (half an ulp,
+# 2^-11 / 2^-8 relative, of each weight): stol is twice that; rtol the output's own rounding
+# (doubled). fp32: fp32 dots and exp, stol 64 ulps. A kernel that drops the scale, the causal
+# mask, the GQA head mapping or the max subtraction is off by O(1) of the bound.
+TOLERANCE = {
+    torch.float32: (0.0, 1e-6, 64 * 2.0**-24),
+    torch.float16: (1.2e-7, 2e-3, 2.0**-10),
+    torch.bfloat16: (0.0, 1.6e-2, 2.0**-7),
+}
+
+
+def cost(shape, dtype):
+    """(bytes, flops): read q, k, v once, write o once; 2*D flops per score for q @ k^T and as
+    many for p @ v, about 5 more per score for the softmax; causal visits S*(S+1)/2 scores."""
+    item = C.itemsize(dtype)
+    b, h, s, d, hkv, causal = problem(shape)
+    scores = b * h * (s * (s + 1) // 2 if causal else s * s)
+    return (2 * b * h * s * d + 2 * b * hkv * s * d) * item, scores * (4 * d + 5)
+
+
+# (B, H, S, D, Hkv, causal). Llama-3-8B / Mistral-7B prefill (32 q heads, 8 kv heads, D 128) at
+# 2k and 4k tokens, Llama-2-7B (MHA), a 70B-style 64/8 head split at 8k, GPT-2 / BERT (12 heads
+# of 64, BERT bidirectional), a D=64 GQA model, and odd sizes.
+BENCH_SHAPES = ((1, 32, 2048, 128, 8, 1), (4, 32, 4096, 128, 8, 1), (1, 32, 4096, 128, 32, 1),
+                (1, 64, 8192, 128, 8, 1), (8, 12, 1024, 64, 12, 1), (8, 12, 512, 64, 12, 0),
+                (4, 16, 2048, 64, 4, 0), (3, 6, 1000, 64, 2, 1), (2, 8, 777, 128, 8, 0))
+# Under the interpreter the verifier keeps size() <= 2^15: the first eight; the rest are for GPUs.
+SWEEP_SHAPES = ((1, 1, 1, 16, 1, 1), (1, 2, 7, 16, 1, 0), (2, 4, 33, 64, 2, 1),
+                (1, 2, 65, 64, 1, 0), (1, 4, 17, 128, 2, 1), (2, 2, 100, 32, 2, 0),
+                (1, 8, 50, 64, 2, 1), (1, 2, 40, 128, 1, 0), (1, 2, 130, 64, 1, 1),
+                (2, 12, 512, 64, 12, 0), (1, 32, 1024, 128, 8, 1), (1, 8, 4097, 64, 2, 1))
+EDGE_SHAPES = ((1, 1, 1, 64, 1, 0), (1, 1, 1, 128, 1, 1), (3, 3, 5, 64, 1, 1),
+               (1, 2, 127, 64, 2, 0), (1, 1, 97, 80, 1, 1), (2, 6, 13, 96, 3, 0),
+               (1, 2, 64, 256, 2, 1))
+
+
+# ---------------------------------------------------------------------------------------------
+# search space and rendering
+# ---------------------------------------------------------------------------------------------
+
+SPACE = {
+    "block_m": [16, 32, 64, 128],
+    "block_n": [16, 32, 64, 128],
+    "num_warps": [2, 4, 8],
+    "num_stages": [1, 2, 3, 4],
+    "causal_blocks": ["mask_all", "skip", "split"],
+    "use_exp2": [False, True],
+    "m_order": ["forward", "reverse"],
+}
+DEFAULT = {"block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 2,
+           "causal_blocks": "skip", "use_exp2": False, "m_order": "forward"}
+
+
+_HELPERS_SRC = '''
+MAX_HEAD_DIM = 256
+MAX_REGS_PER_THREAD = 192  # fp32 registers for the accumulator [BM, D] and scores [BM, BN]
+
+
+def _smem_budget(device):
+    """Shared memory (LDS on ROCm) one program may use, in bytes: the opt-in limit where torch
+    reports it (NVIDIA, torch >= 2.6), else 64 KB, which every NVIDIA and AMD GPU has. The
+    interpreter has no shared memory: no limit."""
+    if device.type != "cuda":
+        return 1 << 30
+    props = torch.cuda.get_device_properties(device)
+    if hasattr(props, "shared_memory_per_block_optin"):
+        return int(props.shared_memory_per_block_optin)
+    return 64 * 1024
+
+
+def _fit_attn(bm, bn, bd, stages, warps, sq, sk, itemsize, budget):
+    """Clamp the query tile bm and key step bn to the sequence (min 16, the smallest tl.dot),
+    registers (bm * (bd + bn) fp32 within MAX_REGS_PER_THREAD per thread) and shared memory
+    (the q tile, ``stages`` buffered K and V tiles [bn, bd] and p [bm, bn] on its way to the
+    second dot; stages drop first)."""
+    bm = min(bm, max(16, triton.next_power_of_2(sq)))
+    bn = min(bn, max(16, triton.next_power_of_2(sk)))
+    while bm * (bd + bn) > MAX_REGS_PER_THREAD * 32 * warps and max(bm, bn) > 16:
+        if bm >= bn:
+            bm //= 2
+        else:
+            bn //= 2
+
+    def smem(s, n):
+        return (bm * bd + max(1, s) * 2 * n * bd + bm * n) * itemsize
+
+    while stages > 1 and smem(stages, bn) > budget:
+        stages -= 1
+    while bn > 16 and smem(stages, bn) > budget:
+        bn //= 2
+    return bm, bn, stages
+'''
+
+_ARGS = ("q_ptr, k_ptr, v_ptr, o_ptr, qk_scale, H, GROUP, SQ, SK, D,\n"
+         "          stride_qb, stride_qh, stride_qm, stride_qd,\n"
+         "          stride_kb, stride_kh, stride_kn, stride_kd,\n"
+         "          stride_vb, stride_vh, stride_vn, stride_vd,\n"
+         "          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,\n"
+         "          CAUSAL: tl.constexpr, IEEE: tl.constexpr, DOT_FP32: tl.constexpr")
+
+
+def _step(p, masked: bool) -> str:
+    """One key block at start_n: scores, (mask), online-softmax update, p @ v."""
+    e2 = p["use_exp2"]
+    exp = (lambda a: f"tl.exp2({a})") if e2 else (lambda a: f"tl.exp({a})")
+    lines = ['''
+kn = start_n + offs_n                                              # [BLOCK_N] key positions
+kt = tl.load(k_base + kn[None, :] * stride_kn + offs_d[:, None] * stride_kd,
+             mask=(kn < SK)[None, :] & d_ok[:, None], other=0.0)   # [BLOCK_D, BLOCK_N]
+vt = tl.load(v_base + kn[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+             mask=(kn < SK)[:, None] & d_ok[None, :], other=0.0)   # [BLOCK_N, BLOCK_D]
+qd = q
+if DOT_FP32:                       # interpreter: its tl.dot cannot multiply bf16
+    qd = qd.to(tl.float32)
+    kt = kt.to(tl.float32)
+s = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+if IEEE:                           # fp32 operands: full fp32, no TF32
+    s = tl.dot(qd, kt, s, input_precision="ieee")
+else:
+    s = tl.dot(qd, kt, s)
+s = s * qk_scale''']
+    if masked:
+        lines.append('''
+visible = (kn < SK)[None, :]
+if CAUSAL:
+    visible = visible & (offs_m[:, None] >= kn[None, :])
+s = tl.where(visible, s, float("-inf"))''')
+    lines.append(f'''
+m_new = tl.maximum(m_i, tl.max(s, axis=1))
+# rows that saw only masked keys so far subtract 0: exp(-inf - 0) = 0, not exp(-inf + inf) = NaN
+m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+alpha = {exp("m_i - m_ref")}
+pr = {exp("s - m_ref[:, None]")}
+l_i = l_i * alpha + tl.sum(pr, axis=1)
+pv = pr.to(vt.dtype)                                               # p rounded to v's dtype
+if DOT_FP32:
+    pv = pv.to(tl.float32)
+    vt = vt.to(tl.float32)
+acc = acc * alpha[:, None]
+if IEEE:
+    acc = tl.dot(pv, vt, acc, input_precision="ieee")
+else:
+    acc = tl.dot(pv, vt, acc)
+m_i = m_new''')
+    return "\n".join(x.strip("\n") for x in lines)
+
+
+def _kernel(p) -> str:
+    cb = p["causal_blocks"]
+    if p["m_order"] == "reverse":
+        pid = "pid_m = tl.num_programs(0) - 1 - tl.program_id(0)              # heaviest query blocks first"
+    else:
+        pid = "pid_m = tl.program_id(0)"
+    # key range: all blocks, or up to the diagonal (causal)
+    if cb == "mask_all":
+        bounds = "hi = SK"
+    else:
+        bounds = ("hi = SK\nif CAUSAL:\n"
+                  "    hi = tl.minimum(SK, (pid_m + 1) * BLOCK_M)               # skip blocks above the diagonal")
+    step_masked = _step(p, True)
+    if cb == "split":
+        # blocks [0, n_full * BLOCK_N) are entirely visible to every row of the tile
+        loops = f'''
+n_full = SK // BLOCK_N
+if CAUSAL:
+    n_full = tl.minimum(n_full, (pid_m * BLOCK_M + 1) // BLOCK_N)
+for start_n in range(0, n_full * BLOCK_N, BLOCK_N):                 # no mask needed
+{C.indent(_step(p, False), 4)}
+for start_n in range(n_full * BLOCK_N, hi, BLOCK_N):                # diagonal / tail blocks
+{C.indent(step_masked, 4)}'''
+    else:
+        loops = f'''
+for start_n in range(0, hi, BLOCK_N):
+{C.indent(step_masked, 4)}'''
+    scale_note = ("log2(e) * scale: scores in base 2" if p["use_exp2"] else "scale")
+    return f'''@triton.jit
+def _attn_fwd({_ARGS}):
+    """Program (query block, batch * H + head): o[rows] = softmax(q k^T * scale) v over the key
+    blocks of BLOCK_N, online softmax in fp32; qk_scale = {scale_note}."""
+    {pid}
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = bh % H
+    hk = (h // GROUP).to(tl.int64)                                 # the key/value head (GQA)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)               # [BLOCK_M] query positions
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    q_base = q_ptr + b * stride_qb + h.to(tl.int64) * stride_qh
+    k_base = k_ptr + b * stride_kb + hk * stride_kh
+    v_base = v_ptr + b * stride_vb + hk * stride_vh
+    q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                mask=(offs_m < SQ)[:, None] & d_ok[None, :], other=0.0)   # [BLOCK_M, BLOCK_D]
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)     # running max
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)                    # running sum of p
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+{C.indent(bounds, 4)}
+{C.indent(loops, 4)}
+    o = acc / l_i[:, None]
+    o_base = o_ptr + (b * H + h) * SQ * D                          # o contiguous [B, H, SQ, D]
+    tl.store(o_base + offs_m[:, None] * D + offs_d[None, :], o.to(o_ptr.dtype.element_ty),
+             mask=(offs_m < SQ)[:, None] & d_ok[None, :])
+'''
+
+
+def _launcher(p) -> str:
+    scale = "scale * 1.4426950408889634   # log2(e): exp2 of base-2 scores" if p["use_exp2"] else "scale"
+    return f'''
+
+def kernel_fn(q, k, v, causal, scale):
+    """Attention of q [B, H, Sq, D] over k, v [B, Hkv, Sk, D] (H % Hkv == 0, query head h reads
+    head h // (H // Hkv)); causal hides key j > i; scale None means 1/sqrt(D). Returns o
+    [B, H, Sq, D] contiguous in q's dtype. Any strides."""
+    B, H, SQ, D = q.shape
+    Hkv, SK = k.shape[1], k.shape[2]
+    if k.shape[0] != B or v.shape[0] != B or v.shape[1] != Hkv or v.shape[2] != SK:
+        raise ValueError(f"k {{list(k.shape)}} / v {{list(v.shape)}} do not match q {{list(q.shape)}}")
+    if k.shape[3] != D or v.shape[3] != D:
+        raise ValueError("q, k and v must share the head dimension")
+    if Hkv < 1 or H % Hkv:
+        raise ValueError(f"query heads ({{H}}) must be a multiple of key/value heads ({{Hkv}})")
+    if D > MAX_HEAD_DIM:
+        raise ValueError(f"head dimension {{D}} > {{MAX_HEAD_DIM}} is not supported")
+    o = torch.empty((B, H, SQ, D), dtype=q.dtype, device=q.device)
+    if B == 0 or H == 0 or SQ == 0 or D == 0:
+        return o
+    if scale is None:
+        scale = 1.0 / D ** 0.5
+    scale = float(scale)
+    qk_scale = {scale}
+    # the interpreter's tl.dot cannot multiply bf16 tiles (numpy has none): upcast them there
+    dot_fp32 = q.dtype == torch.bfloat16 and q.device.type == "cpu"
+    ieee = q.dtype == torch.float32 or dot_fp32
+    bd = max(16, triton.next_power_of_2(D))
+    bm, bn, stages = _fit_attn(BLOCK_M, BLOCK_N, bd, NUM_STAGES, NUM_WARPS, SQ, SK,
+                               q.element_size(), _smem_budget(q.device))
+    grid = (triton.cdiv(SQ, bm), B * H)
+    _attn_fwd[grid](q, k, v, o, qk_scale, H, H // Hkv, SQ, SK, D,
+                    q.stride(0), q.stride(1), q.stride(2), q.stride(3),
+                    k.stride(0), k.stride(1), k.stride(2), k.stride(3),
+                    v.stride(0), v.stride(1), v.stride(2), v.stride(3),
+                    BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, CAUSAL=bool(causal), IEEE=ieee,
+                    DOT_FP32=dot_fp32, num_warps=NUM_WARPS, num_stages=stages)
+    return o
+'''
+
+
+def render(params) -> str:
+    """Complete candidate source for one point of SPACE (missing params take DEFAULT values)."""
+    p = C.resolve(NAME, SPACE, DEFAULT, params)
+    cb = {"mask_all": "visits every key block and masks each",
+          "skip": "stops at the diagonal (causal) and masks every block it visits",
+          "split": "stops at the diagonal (causal); only blocks crossing it or the sequence end "
+                   "are masked"}[p["causal_blocks"]]
+    doc = f'''"""Attention candidate ({p["block_m"]}x{p["block_n"]} blocks, {p["causal_blocks"]}, exp2={p["use_exp2"]}): o = softmax(scale * q k^T) v.
+
+q [B, H, Sq, D], k, v [B, Hkv, Sk, D] (grouped-query: head h reads h // (H // Hkv)), any
+strides; o contiguous in q's dtype. Flash attention: online softmax over key blocks, fp32 scores
+and accumulators, p rounded to v's dtype for p @ v, fp32 dots in full fp32 (no TF32). The key
+loop {cb}.
+Bytes the op must move: (2*B*H*Sq + 2*B*Hkv*Sk)*D*itemsize; q is read once, each key/value
+block once per query block (from L2 mostly).
+Point: {C.point_line(SPACE, p)}
+"""
+{C.IMPORTS_SRC}
+BLOCK_M = {p["block_m"]}          # query rows per program (clamped at launch)
+BLOCK_N = {p["block_n"]}          # keys per step of the key loop
+NUM_WARPS = {p["num_warps"]}
+NUM_STAGES = {p["num_stages"]}        # software-pipelining depth of the key loop
+'''
+    return C.tidy("\n".join([doc, _HELPERS_SRC, "\n", _kernel(p), _launcher(p)]))
+
+
+FAMILY = Family(
+    name=NAME,
+    signature=SIGNATURE,
+    arg_names=ARG_NAMES,
+    reference=reference,
+    make_inputs=make_inputs,
+    tolerance=TOLERANCE,
+    cost=cost,
+    bench_shapes=BENCH_SHAPES,
+    sweep_shapes=SWEEP_SHAPES,
+    edge_shapes=EDGE_SHAPES,
+    adversarial=ADVERSARIAL,
+    space=SPACE,
+    default=DEFAULT,
+    render=render,
+    description="Scaled dot-product attention with GQA and optional causal mask (flash style).",
+    notes={"shape": "(B, H, S, D, Hkv, causal)", "max_head_dim": MAX_HEAD_DIM, "bound": "compute",
+           "profiled_causal": "assumed (the profiler does not record is_causal)"},
+    error_bound=error_bound,
+    size=size,
+    from_profile=from_profile,
+)

@@ -1,0 +1,309 @@
+"""Fused MLP family: y = down(silu(gate(x)) * up(x)), the SwiGLU MLP of LLaMA/Mistral.
+
+Weights in nn.Linear's layout (what SwiGLUMLP in engine/models.py holds): w_gate [F, D],
+w_up [F, D], w_down [D, F], each layer computing x @ w^T:
+    g = x @ w_gate^T, u = x @ w_up^T   [N, F]
+    h = silu(g) * u                    [N, F]   silu(g) = g * sigmoid(g)
+    y = h @ w_down^T                   [N, D]
+x has any number of leading dims ([B, S, D] in a model, viewed as [N, D]); y is shaped like x,
+in x's dtype.
+
+Shapes (the family's ``shape``): x's shape followed by F, e.g. (B, S, D, F) or (N, D, F). The
+profiler records a gated MLP module's input x plus "d_model" and "ffn_dim"; ``from_profile``
+appends ffn_dim. The profiler times only the MLP's glue (silu, mul) as fused_mlp (its GEMMs stay
+matmul), while this family's reference and candidates are the whole MLP.
+
+Precision: every GEMM accumulates in fp32 (fp32 inputs without TF32); h is rounded to x's dtype
+once before the down projection (eager PyTorch rounds g, u, silu(g) and h).
+Bytes the op must move: (2*N*D + 3*D*F)*itemsize (x, the weights, y), flops 6*N*D*F: compute
+bound at LLM shapes. The SwiGLU activation alone (read g and u, write h: 3*N*F*itemsize, ~5
+flops per element) is memory bound: the "separate" variant pays it as its own kernel, the
+"fused" variant does it in the gate/up GEMM's epilogue and never writes g and u.
+
+Search space (``SPACE``), rendered by ``render`` into one self-contained candidate source:
+- variant "fused": one GEMM kernel computes tiles [BLOCK_M, BLOCK_N] of g and u together (two
+  fp32 accumulators sharing each loaded tile of x) and writes h = silu(g) * u; then the down GEMM.
+- variant "separate": a GEMM for g, one for u (each written in x's dtype, as eager does), an
+  elementwise SwiGLU kernel (act_block elements per program) writing h, then the down GEMM.
+- block_m, block_n, block_k, group_m, num_warps, num_stages: the tiles of every GEMM, clamped
+  at launch as in the matmul family (the fused kernel's two accumulators get half the registers
+  each, its shared memory holds one x tile and two weight tiles per stage).
+- down_split_k: split-K of the down projection (K = F is the long dimension: decode-sized N
+  has few output tiles), with the deterministic fixed-order sum of matmul's split-K.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from kernels import Family
+from kernels import _common as C
+from kernels import matmul as MM
+
+NAME = "fused_mlp"
+SIGNATURE = "kernel_fn(x, w_gate, w_up, w_down)"
+ARG_NAMES = ("x", "w_gate", "w_up", "w_down")
+ADVERSARIAL = ("huge", "tiny", "mixed_scale", "heavy_tail")
+
+
+def reference(x, w_gate, w_up, w_down):
+    """engine/models.py SwiGLUMLP.forward with its weights passed in."""
+    return F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
+
+
+# ---------------------------------------------------------------------------------------------
+# shapes and inputs
+# ---------------------------------------------------------------------------------------------
+
+def split_shape(shape) -> tuple[tuple, int, int, int]:
+    """(x's shape, N, D, F) of a family shape (*x.shape, F)."""
+    shape = tuple(int(s) for s in shape)
+    if len(shape) < 2:
+        raise ValueError(f"a fused_mlp shape is (*x.shape, F), e.g. (N, D, F), got {shape}")
+    xs, f = shape[:-1], shape[-1]
+    return xs, math.prod(xs[:-1]), xs[-1], f
+
+
+def from_profile(record: dict) -> tuple:
+    """x's recorded shape plus the MLP's inner width (4 * D if the profiler could not tell)."""
+    xs = tuple(int(s) for s in record["shape"])
+    return xs + (int(record.get("ffn_dim") or 4 * xs[-1]),)
+
+
+# "huge": gate/up pre-activations of standard deviation SIGMA: fp16 keeps h and y finite;
+# at |g| > 88 exp(-g) overflows fp32, where silu must give g * 0 = 0 (not inf * 0, not inf / inf).
+_SIGMA = {torch.float16: 30.0, torch.bfloat16: 1e3, torch.float32: 1e3}
+
+
+def make_inputs(shape, dtype, device, gen, kind="normal"):
+    """{x: [*x.shape], w_gate, w_up: [F, D], w_down: [D, F]} from ``gen``; x ~ N(0, 1) and weights
+    scaled by 1/sqrt(fan-in), so g, u and y have unit scale whatever D and F."""
+    dtype = C.as_dtype(dtype)
+    xs, n, d, f = split_shape(shape)
+    x = C.randn(gen, n, d)
+    if kind == "huge":
+        x = x * _SIGMA[dtype]
+    elif kind == "tiny":
+        x = x * 1e-3
+    elif kind == "mixed_scale":
+        x = x * C.log_uniform(gen, n, -2.0, 1.5)
+    elif kind == "heavy_tail":
+        x = C.cauchy(gen, n, d).clamp(-30.0, 30.0)
+    elif kind != "normal":
+        raise ValueError(f"unknown input kind {kind!r}; known: normal, {', '.join(ADVERSARIAL)}")
+    wg = C.randn(gen, f, d) / math.sqrt(max(d, 1))
+    wu = C.randn(gen, f, d) / math.sqrt(max(d, 1))
+    wd = C.randn(gen, d, f) / math.sqrt(max(f, 1))
+    cast = lambda t: t.to(dtype).to(device)                        # noqa: E731
+    return {"x": cast(x.reshape(xs)), "w_gate": cast(wg), "w_up": cast(wu), "w_down": cast(wd)}
+
+
+def error_bound(x, w_gate, w_up, w_down):
+    """(|h| + dh) @ |w_down|^T, dh = |silu'(g)| |u| (|x| @ |w_gate|^T) + |silu(g)| (|x| @ |w_up|^T):
+    h's own rounding plus what the rounding of g's and u's sums does to it, through the down GEMM."""
+    g, u = F.linear(x, w_gate), F.linear(x, w_up)
+    sg = torch.sigmoid(g)
+    silu = g * sg
+    dsilu = sg * (1.0 + g * (1.0 - sg))
+    xa = x.abs()
+    dh = dsilu.abs() * u.abs() * F.linear(xa, w_gate.abs()) + silu.abs() * F.linear(xa, w_up.abs())
+    return F.linear((silu * u).abs() + dh, w_down.abs())
+
+
+# |out - expected| <= atol + rtol*|expected| + stol*bound (error_bound above), expected = fp64
+# reference cast to the output dtype. fp16/bf16: h is rounded to the dtype before the down GEMM
+# (half an ulp, 2^-11 / 2^-8; the "separate" variant also rounds g and u): stol is twice that.
+# fp32: 64 ulps, as matmul. rtol: the output's rounding (2 ulps); atol: fp16's subnormal spacing.
+TOLERANCE = {
+    torch.float32: (0.0, 1e-6, 64 * 2.0**-24),
+    torch.float16: (1.2e-7, 2e-3, 2.0**-10),
+    torch.bfloat16: (0.0, 1.6e-2, 2.0**-7),
+}
+
+
+def cost(shape, dtype):
+    """(bytes, flops): read x and the three weights once, write y once (h never has to leave
+    the chip in a fully fused kernel); three GEMMs of 2*N*D*F flops, ~5 flops of SwiGLU per h."""
+    item = C.itemsize(dtype)
+    _, n, d, f = split_shape(shape)
+    return (2 * n * d + 3 * d * f) * item, 6 * n * d * f + 5 * n * f
+
+
+# (*x.shape, F). Mistral-7B / Llama-3-8B (D 4096, F 14336) and Llama-2-7B (F 11008) at 4096
+# tokens, a batch [B, S, D], decode-sized N, a 70B-style layer, and odd sizes.
+BENCH_SHAPES = ((4096, 4096, 14336), (4096, 4096, 11008), (1, 2048, 4096, 14336),
+                (16, 4096, 14336), (2048, 8192, 28672), (1000, 1000, 3000), (3, 77, 64, 200))
+# Under the interpreter the verifier keeps N*D*F <= 2^15; the last two are for GPUs.
+SWEEP_SHAPES = ((1, 1, 1), (2, 3, 5), (16, 16, 16), (17, 33, 9), (2, 7, 16, 32), (5, 64, 96),
+                (1, 8, 4000), (3, 40, 24, 10), (64, 512, 1408), (128, 1024, 1024))
+EDGE_SHAPES = ((1, 1, 1), (1, 1, 7), (4, 1, 1), (13, 2, 3, 5), (1, 200, 100), (1000, 4, 8))
+
+
+# ---------------------------------------------------------------------------------------------
+# search space and rendering
+# ---------------------------------------------------------------------------------------------
+
+SPACE = {
+    "variant": ["fused", "separate"],
+    "block_m": [16, 32, 64, 128],
+    "block_n": [32, 64, 128, 256],
+    "block_k": [16, 32, 64, 128],
+    "group_m": [1, 4, 8],
+    "num_warps": [2, 4, 8],
+    "num_stages": [1, 2, 3, 4],
+    "down_split_k": [1, 2, 4],
+    "act_block": [512, 1024, 2048, 4096],
+}
+DEFAULT = {"variant": "fused", "block_m": 64, "block_n": 128, "block_k": 32, "group_m": 8,
+           "num_warps": 4, "num_stages": 3, "down_split_k": 1, "act_block": 1024}
+
+_UP_ARGS = ("a_ptr, bg_ptr, bu_ptr, h_ptr, M, N, K,\n"
+            "            stride_am, stride_ak, stride_gk, stride_gn, stride_uk, stride_un,\n"
+            "            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,\n"
+            "            GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,\n"
+            "            DOT_FP32: tl.constexpr")
+
+
+def _silu_mul(g: str, u: str) -> str:
+    """silu(g) * u in fp32: g / (1 + exp(-g)) is -0 (not NaN) once exp(-g) overflows."""
+    return f"{g} / (1.0 + tl.exp(-{g})) * {u}"
+
+
+def _up_kernel() -> str:
+    body = '''
+k_lo = 0
+k_len = K
+num_pid_m = tl.cdiv(M, BLOCK_M)
+num_pid_n = tl.cdiv(N, BLOCK_N)
+num_pid_in_group = GROUP_M * num_pid_n
+tile = tl.program_id(0)''' + MM.tile_coords() + '''
+a_ptrs = a_ptr + ram[:, None] * stride_am + rk[None, :] * stride_ak          # x [BLOCK_M, BLOCK_K]
+g_ptrs = bg_ptr + rk[:, None] * stride_gk + rbn[None, :] * stride_gn         # w_gate^T [BLOCK_K, BLOCK_N]
+u_ptrs = bu_ptr + rk[:, None] * stride_uk + rbn[None, :] * stride_un         # w_up^T
+acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+''' + MM.k_loop([("acc_g", "g_ptrs", "bg", "stride_gk"), ("acc_u", "u_ptrs", "bu", "stride_uk")]) + f'''
+h = {_silu_mul("acc_g", "acc_u")}                     # SwiGLU epilogue, fp32
+h_ptrs = h_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :]                 # h contiguous [M, N]
+tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=(rm < M)[:, None] & (rn < N)[None, :])'''
+    return f'''@triton.jit
+def _mlp_up({_UP_ARGS}):
+    """h = silu(a @ bg) * (a @ bu) for one tile [BLOCK_M, BLOCK_N] of h [M, N]: two fp32
+    accumulators share every loaded tile of a; h is written once, in its dtype."""
+{C.indent(body, 4)}
+'''
+
+
+_ACT_KERNEL = f'''@triton.jit
+def _swiglu(g_ptr, u_ptr, h_ptr, total, BLOCK: tl.constexpr):
+    """h = silu(g) * u elementwise over the flat [total] (fp32 math, rounded once)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < total
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(h_ptr + offs, ({_silu_mul("g", "u")}).to(h_ptr.dtype.element_ty), mask=mask)
+'''
+
+
+def _launcher(p) -> str:
+    if p["variant"] == "fused":
+        up = '''h = torch.empty((N, Fd), dtype=x.dtype, device=x.device)
+    bm, bn, bk, stages = _fit_gemm(BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, NUM_WARPS, N, Fd, D,
+                                   x.element_size(), _smem_budget(x.device), operands=3)
+    wg, wu = w_gate.t(), w_up.t()                                  # [D, F] views
+    grid = (triton.cdiv(N, bm) * triton.cdiv(Fd, bn),)
+    _mlp_up[grid](x2, wg, wu, h, N, Fd, D, x2.stride(0), x2.stride(1), wg.stride(0),
+                  wg.stride(1), wu.stride(0), wu.stride(1), BLOCK_M=bm, BLOCK_N=bn,
+                  BLOCK_K=bk, GROUP_M=GROUP_M, EVEN_K=D % bk == 0, IEEE=ieee,
+                  DOT_FP32=dot_fp32, num_warps=NUM_WARPS, num_stages=stages)'''
+    else:
+        up = '''cfg = (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, 1, NUM_WARPS, NUM_STAGES, 1)
+    g = _matmul(x2.unsqueeze(0), w_gate.t().unsqueeze(0), cfg)[0]   # [N, F] in x's dtype
+    u = _matmul(x2.unsqueeze(0), w_up.t().unsqueeze(0), cfg)[0]
+    h = torch.empty((N, Fd), dtype=x.dtype, device=x.device)
+    _swiglu[(triton.cdiv(N * Fd, ACT_BLOCK),)](g, u, h, N * Fd, BLOCK=ACT_BLOCK, num_warps=4)'''
+    return f'''
+
+def kernel_fn(x, w_gate, w_up, w_down):
+    """SwiGLU MLP: (silu(x @ w_gate^T) * (x @ w_up^T)) @ w_down^T for x [..., D], w_gate and
+    w_up [F, D], w_down [D, F] (nn.Linear layout, any strides); returns [..., D] in x's dtype."""
+    D = x.shape[-1]
+    Fd = w_gate.shape[0]
+    if w_gate.shape != (Fd, D) or w_up.shape != (Fd, D) or w_down.shape != (D, Fd):
+        raise ValueError("weights must be w_gate, w_up [F, D] and w_down [D, F]")
+    if not (x.dtype == w_gate.dtype == w_up.dtype == w_down.dtype):
+        raise ValueError("x and the weights must share a dtype")
+    out_shape = x.shape
+    x2 = x.reshape(-1, D)                                          # [N, D]
+    N = x2.shape[0]
+    if N == 0:
+        return torch.empty(out_shape, dtype=x.dtype, device=x.device)
+    # the interpreter's tl.dot cannot multiply bf16 tiles (numpy has none): upcast them there
+    dot_fp32 = x.dtype == torch.bfloat16 and x.device.type == "cpu"
+    ieee = x.dtype == torch.float32 or dot_fp32
+    {up}
+    down = (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, DOWN_SPLIT_K, NUM_WARPS, NUM_STAGES, 1)
+    y = _matmul(h.unsqueeze(0), w_down.t().unsqueeze(0), down)     # [1, N, D]
+    return y[0].reshape(out_shape)
+'''
+
+
+def render(params) -> str:
+    """Complete candidate source for one point of SPACE (missing params take DEFAULT values)."""
+    p = C.resolve(NAME, SPACE, DEFAULT, params)
+    if p["variant"] == "fused":
+        how = ("one GEMM kernel for g and u with the SwiGLU in its epilogue (writes h once:\n"
+               "N*F*itemsize), then the down GEMM")
+    else:
+        how = ("GEMMs writing g and u, a SwiGLU kernel (reads both, writes h: 3*N*F*itemsize\n"
+               "more traffic than the fused variant's), then the down GEMM")
+    doc = f'''"""Fused-MLP candidate ({p["variant"]}): y = (silu(x @ w_gate^T) * (x @ w_up^T)) @ w_down^T.
+
+x [..., D], w_gate, w_up [F, D], w_down [D, F] (nn.Linear layout), any strides; y shaped like x
+in x's dtype. fp32 accumulation in every GEMM (fp32 operands without TF32).
+Bytes the op must move: (2*N*D + 3*D*F)*itemsize; flops 6*N*D*F. This variant: {how}.
+Point: {C.point_line(SPACE, p)}
+"""
+{C.IMPORTS_SRC}
+BLOCK_M = {p["block_m"]}          # GEMM output tile rows (clamped at launch)
+BLOCK_N = {p["block_n"]}         # GEMM output tile columns (F for gate/up, D for down)
+BLOCK_K = {p["block_k"]}          # K step
+GROUP_M = {p["group_m"]}           # row-tiles per group of the swizzled tile order
+NUM_WARPS = {p["num_warps"]}
+NUM_STAGES = {p["num_stages"]}        # software-pipelining depth of the K loops
+DOWN_SPLIT_K = {p["down_split_k"]}      # K slices of the down projection
+ACT_BLOCK = {p["act_block"]}       # elements per program of the SwiGLU kernel ("separate")
+SUM_BLOCK = 1024       # elements per program of the split-K sum
+'''
+    parts = [doc, MM.GEMM_HELPERS_SRC, "\n", MM.gemm_kernel(False), "\n", MM.SPLITK_SUM_SRC]
+    if p["variant"] == "fused":
+        parts += ["\n", _up_kernel()]
+    else:
+        parts += ["\n", _ACT_KERNEL]
+    parts += [MM.launcher_src(False), _launcher(p)]
+    return C.tidy("\n".join(parts))
+
+
+FAMILY = Family(
+    name=NAME,
+    signature=SIGNATURE,
+    arg_names=ARG_NAMES,
+    reference=reference,
+    make_inputs=make_inputs,
+    tolerance=TOLERANCE,
+    cost=cost,
+    bench_shapes=BENCH_SHAPES,
+    sweep_shapes=SWEEP_SHAPES,
+    edge_shapes=EDGE_SHAPES,
+    adversarial=ADVERSARIAL,
+    space=SPACE,
+    default=DEFAULT,
+    render=render,
+    description="SwiGLU MLP down(silu(gate(x)) * up(x)), nn.Linear weight layout.",
+    notes={"shape": "(*x.shape, F)", "weights": "w_gate, w_up [F, D]; w_down [D, F]",
+           "bound": "compute", "activation_alone": "memory bound (3*N*F*itemsize)"},
+    error_bound=error_bound,
+    from_profile=from_profile,
+)

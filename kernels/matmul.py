@@ -1,0 +1,465 @@
+"""Matmul family: c = a @ b, a [M, K] @ b [K, N] -> c [M, N], optionally batched.
+
+Shapes (the family's ``shape``) are GEMM problem sizes, not one tensor's shape:
+(M, K, N) for a [M, K] @ b [K, N], and (Bt, M, K, N) for a batched product a [Bt, M, K] @
+b [Bt, K, N] (q @ k^T and p @ v of eager attention, one product per (batch, head)). The profiler
+records every aten::linear/mm/addmm/bmm/matmul call as [M, K, N] plus "batch"; ``from_profile``
+turns that into this shape. b is made, as nn.Linear and q @ k^T pass it, as the transpose of a
+contiguous [N, K] tensor (stride (1, K)); candidates must take any strides.
+
+Precision: fp16/bf16 inputs, fp32 accumulation, output rounded once to the input dtype. fp32
+inputs are multiplied in full fp32 (``input_precision="ieee"``: Triton's default on NVIDIA is
+TF32, 10 mantissa bits, which the tolerance rejects), as torch.matmul does by default
+(torch.backends.cuda.matmul.allow_tf32 is False). ``input_precision`` is accepted by Triton 3.0+
+(3.6 and 3.9 both; "ieee" is valid on NVIDIA and AMD). Under Triton's CPU interpreter tl.dot
+ignores input_precision (numpy fp32 matmul), and it multiplies bf16 tiles as their raw uint16
+bit patterns (numpy has no bf16), so on CPU tensors the candidates upcast bf16 tiles to fp32
+before tl.dot; on a GPU the native bf16 dot runs. Same products (bf16 x bf16 is exact in fp32),
+same fp32 accumulation.
+
+Bytes the op must move: (M*K + K*N + M*N) * itemsize per batch; flops 2*M*N*K per batch. At LLM
+shapes it is compute bound (4096^3 bf16: 0.8 ms of tensor-core time against 0.02 ms of HBM
+traffic); at M <= 64 (decode) it is bound by reading b.
+
+Search space (``SPACE``), rendered by ``render`` into one self-contained candidate source:
+- block_m, block_n, block_k: the output tile [BLOCK_M, BLOCK_N] a program computes and the K
+  step. Clamped at launch: no larger than the problem (min 16, the smallest tl.dot), the fp32
+  accumulator at most 128 elements per thread (BLOCK_M*BLOCK_N <= 4096 * num_warps), and the
+  pipelined operand tiles (num_stages of [BLOCK_M, BLOCK_K] + [BLOCK_K, BLOCK_N]) within the
+  device's shared memory (num_stages drops, then BLOCK_K halves).
+- group_m: grouped ("swizzled") tile order: GROUP_M row-tiles sweep the columns together so the
+  tiles running at once share a's rows and b's columns in L2 (1: plain row-major order).
+- num_warps, num_stages (software pipelining depth of the K loop).
+- split_k: K is cut into SPLIT_K slices, one program per (tile, slice) writes an fp32 partial
+  tile to a workspace [SPLIT_K, Bt, M, N]; a second kernel sums the slices in a fixed order and
+  rounds: deterministic, no atomics. More programs when M*N has few tiles (decode, tall K).
+  Clamped so every slice has at least one BLOCK_K step.
+- grid "tiles" (one program per output tile) or "persistent" (SMs * progs_per_sm programs per
+  (batch, slice), each walking tiles pid, pid + P, ...).
+Out-of-range rows and columns of a partial tile re-read valid ones (index modulo M and N) and are
+never stored, so the loads need no M/N masks; the K tail is masked unless K is a multiple of
+BLOCK_K (EVEN_K, decided at launch).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kernels import Family
+from kernels import _common as C
+
+NAME = "matmul"
+SIGNATURE = "kernel_fn(a, b)"
+ARG_NAMES = ("a", "b")
+ADVERSARIAL = ("huge", "tiny", "mixed_scale", "constant", "heavy_tail")
+
+
+def reference(a, b):
+    """torch.matmul: what F.linear (x @ W^T), q @ k^T and p @ v run."""
+    return torch.matmul(a, b)
+
+
+# ---------------------------------------------------------------------------------------------
+# shapes and inputs
+# ---------------------------------------------------------------------------------------------
+
+def problem(shape) -> tuple[int, int, int, int]:
+    """(Bt, M, K, N) of a family shape (M, K, N) or (Bt, M, K, N)."""
+    shape = tuple(int(s) for s in shape)
+    if len(shape) == 3:
+        return (1,) + shape
+    if len(shape) == 4:
+        return shape
+    raise ValueError(f"a matmul shape is (M, K, N) or (Bt, M, K, N), got {shape}")
+
+
+def from_profile(record: dict) -> tuple:
+    """The profiler's [M, K, N] plus "batch" (batched products) as this family's shape."""
+    m, k, n = (int(s) for s in record["shape"])
+    batch = int(record.get("batch", 1) or 1)
+    return (batch, m, k, n) if batch > 1 else (m, k, n)
+
+
+# Output magnitude T of the "huge" and "tiny" kinds (positive entries, so every output is about
+# T): fp16 stays below its 65504 max with room, bf16/fp32 sit far beyond fp16's range.
+_HUGE = {torch.float16: 2e4, torch.bfloat16: 1e30, torch.float32: 1e30}
+_TINY = {torch.float16: 1e-5, torch.bfloat16: 1e-30, torch.float32: 1e-30}
+# "mixed_scale": a's rows and the output columns get scales 10^-E .. 10^E each
+_MIXED_E = {torch.float16: 1.5, torch.bfloat16: 6.0, torch.float32: 6.0}
+
+
+def _operand(gen, bt, rows, k, kind, dtype, side):
+    """Float32 [bt, rows, k]: a's rows (side "a") or the rows of w = b^T (side "b"), such that
+    a @ w^T has the magnitudes ``kind`` asks for."""
+    if kind == "normal":
+        x = C.randn(gen, bt, rows, k)
+        # a ~ N(0, 1), b ~ N(0, 1/K): every output has unit variance, whatever K
+        return x if side == "a" else x / math.sqrt(max(k, 1))
+    if kind in ("huge", "tiny"):
+        t = (_HUGE if kind == "huge" else _TINY)[dtype]
+        return (0.5 + C.rand(gen, bt, rows, k)) * math.sqrt(t / max(k, 1))
+    if kind == "mixed_scale":
+        e = _MIXED_E[dtype]
+        scale = torch.pow(10.0, e * (2.0 * C.rand(gen, bt, rows, 1) - 1.0))
+        x = C.randn(gen, bt, rows, k) * scale
+        return x if side == "a" else x / math.sqrt(max(k, 1))
+    if kind == "constant":
+        # every output equals K * ca * cb: a garbage or doubly counted K-tail element shows
+        c = C.randn(gen, bt, 1, 1)
+        return c.expand(bt, rows, k).clone() if side == "a" else (c / max(k, 1)).expand(bt, rows, k).clone()
+    if kind == "heavy_tail":
+        # Cauchy entries (clamped: |a| <= 100, |b| <= 100/K keeps fp16 outputs below 1e4)
+        x = C.cauchy(gen, bt * rows, k).reshape(bt, rows, k).clamp(-100.0, 100.0)
+        return x if side == "a" else x / max(k, 1)
+    raise ValueError(f"unknown input kind {kind!r}; known: normal, {', '.join(ADVERSARIAL)}")
+
+
+def make_inputs(shape, dtype, device, gen, kind="normal"):
+    """{a: [M, K] or [Bt, M, K] contiguous, b: [K, N] or [Bt, K, N] as the transpose of a
+    contiguous [N, K] (the layout F.linear multiplies by)} from ``gen``."""
+    dtype = C.as_dtype(dtype)
+    bt, m, k, n = problem(shape)
+    batched = len(tuple(shape)) == 4
+    a = _operand(gen, bt, m, k, kind, dtype, "a")
+    w = _operand(gen, bt, n, k, kind, dtype, "b")                      # [Bt, N, K]
+    if not batched:
+        a, w = a[0], w[0]
+    a = a.to(dtype).to(device)
+    b = w.to(dtype).to(device).transpose(-1, -2)                       # [.., K, N], stride (1, K)
+    return {"a": a, "b": b}
+
+
+def error_bound(a, b):
+    """|a| @ |b|: the scale of the rounding error of a sum of K products (gamma_K |A||B|)."""
+    return torch.matmul(a.abs(), b.abs())
+
+
+# |out - expected| <= atol + rtol*|expected| + stol*(|a| @ |b|), expected = fp64 reference cast
+# to the output dtype. stol = 64 fp32 ulps of |a||b|: measured, a correct fp32-accumulating
+# kernel stays below 8 ulps (random signs) to 30 (positive entries, BLOCK_K = 16 steps, K = 11008);
+# TF32 products (fp32 inputs) are off by 190-270 ulps at K = 16k (6800 at K = 16), and an fp16
+# accumulator by over 340. |a||b| grows with K, so does the bound. rtol: the output's rounding to
+# fp16/bf16 (one ulp = 2^-10 / 2^-7 relative, doubled); atol: fp16's subnormal spacing.
+_STOL = 64 * 2.0**-24
+TOLERANCE = {
+    torch.float32: (0.0, 1e-6, _STOL),
+    torch.float16: (1.2e-7, 2e-3, _STOL),
+    torch.bfloat16: (0.0, 1.6e-2, _STOL),
+}
+
+
+def cost(shape, dtype):
+    """(bytes, flops): read a and b once, write c once; one multiply and one add per product."""
+    item = C.itemsize(dtype)
+    bt, m, k, n = problem(shape)
+    return bt * (m * k + k * n + m * n) * item, 2 * bt * m * n * k
+
+
+# (M, K, N) and (Bt, M, K, N). LLM projections at 4096 tokens: Llama-2-7B q/o (4096^3) and
+# gate/up (K=4096, N=11008), down (K=11008, N=4096); Mistral-7B/Llama-3-8B gate/up (N=14336),
+# down, GQA k/v (N=1024), the lm_head (N=32000); decode-sized M (1, 16); attention's per-head
+# q @ k^T and p @ v; and odd sizes.
+BENCH_SHAPES = ((4096, 4096, 4096), (4096, 11008, 4096), (4096, 4096, 11008),
+                (4096, 4096, 14336), (4096, 14336, 4096), (4096, 4096, 1024), (4096, 4096, 32000),
+                (16, 4096, 4096), (1, 4096, 14336), (32, 2048, 128, 2048), (32, 2048, 2048, 128),
+                (1000, 1000, 1000), (4097, 4095, 1023), (3, 5000, 7))
+# Under the interpreter the verifier keeps shapes with Bt*M*K*N <= 2^15; the rest are for GPUs.
+SWEEP_SHAPES = ((1, 1, 1), (2, 3, 5), (16, 16, 16), (17, 33, 9), (31, 64, 15), (64, 8, 64),
+                (3, 7, 40, 5), (1, 300, 100), (4, 1000, 8), (2, 16, 32, 16),
+                (128, 4096, 128), (1, 4096, 11008), (512, 512, 512), (4, 256, 64, 256))
+EDGE_SHAPES = ((1, 1, 1), (1, 17, 1), (13, 1, 7), (97, 127, 2), (5, 2, 3, 7), (2, 1, 16000),
+               (4099, 7, 1), (1, 2049, 3))
+
+
+# ---------------------------------------------------------------------------------------------
+# search space and rendering
+# ---------------------------------------------------------------------------------------------
+
+SPACE = {
+    "block_m": [16, 32, 64, 128, 256],
+    "block_n": [16, 32, 64, 128, 256],
+    "block_k": [16, 32, 64, 128],
+    "group_m": [1, 4, 8, 16],
+    "num_warps": [2, 4, 8],
+    "num_stages": [1, 2, 3, 4, 5],
+    "split_k": [1, 2, 4, 8, 16],
+    "grid": ["tiles", "persistent"],
+    "progs_per_sm": [1, 2, 4],
+}
+DEFAULT = {"block_m": 128, "block_n": 128, "block_k": 32, "group_m": 8, "num_warps": 4,
+           "num_stages": 3, "split_k": 1, "grid": "tiles", "progs_per_sm": 1}
+
+
+GEMM_HELPERS_SRC = '''
+MAX_ACC_PER_THREAD = 128   # fp32 accumulator registers per thread: BLOCK_M*BLOCK_N <= 4096*warps
+
+
+def _smem_budget(device):
+    """Shared memory (LDS on ROCm) one program may use, in bytes: the opt-in limit where torch
+    reports it (NVIDIA, torch >= 2.6), else 64 KB, which every NVIDIA and AMD GPU has. The
+    interpreter has no shared memory: no limit."""
+    if device.type != "cuda":
+        return 1 << 30
+    props = torch.cuda.get_device_properties(device)
+    if hasattr(props, "shared_memory_per_block_optin"):
+        return int(props.shared_memory_per_block_optin)
+    return 64 * 1024
+
+
+def _fit_gemm(bm, bn, bk, stages, warps, M, N, K, itemsize, budget, operands=2):
+    """Clamp a tile [bm, bn] with K step bk and its pipeline depth to the problem and the device:
+    no block larger than its dimension (min 16, the smallest tl.dot), the fp32 accumulator(s)
+    within MAX_ACC_PER_THREAD registers per thread, and ``stages`` buffered copies of the
+    ``operands`` input tiles ([bm, bk] and (operands - 1) x [bk, bn]) within ``budget`` bytes
+    of shared memory (stages drop first, then bk halves)."""
+    bm = min(bm, max(16, triton.next_power_of_2(M)))
+    bn = min(bn, max(16, triton.next_power_of_2(N)))
+    bk = min(bk, max(16, triton.next_power_of_2(K)))
+    max_acc = MAX_ACC_PER_THREAD * 32 * warps // max(1, operands - 1)
+    while bm * bn > max_acc and max(bm, bn) > 16:
+        if bm >= bn:
+            bm //= 2
+        else:
+            bn //= 2
+
+    def smem(s, k):
+        return max(1, s) * (bm + (operands - 1) * bn) * k * itemsize
+
+    while stages > 1 and smem(stages, bk) > budget:
+        stages -= 1
+    while bk > 16 and smem(stages, bk) > budget:
+        bk //= 2
+    return bm, bn, bk, stages
+'''
+
+
+def tile_prologue() -> str:
+    return '''
+pid1 = tl.program_id(1)                                            # batch * SPLIT_K + split
+batch = (pid1 // SPLIT_K).to(tl.int64)
+split = pid1 % SPLIT_K
+k_lo = split * K_SPLIT                                             # this slice: [k_lo, k_lo + k_len)
+k_len = tl.minimum(K - k_lo, K_SPLIT)
+a_base = a_ptr + batch * stride_ab
+b_base = b_ptr + batch * stride_bb
+c_base = c_ptr + split.to(tl.int64) * stride_cs + batch * stride_cb
+num_pid_m = tl.cdiv(M, BLOCK_M)
+num_pid_n = tl.cdiv(N, BLOCK_N)
+num_pid_in_group = GROUP_M * num_pid_n'''
+
+
+def tile_coords() -> str:
+    return '''
+# grouped order: GROUP_M row-tiles sweep the column tiles together (L2 reuse of a and b)
+group_id = tile // num_pid_in_group
+first_pid_m = group_id * GROUP_M
+group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+pid_m = first_pid_m + (tile % num_pid_in_group) % group_size_m
+pid_n = (tile % num_pid_in_group) // group_size_m
+rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)                       # [BLOCK_M] output rows
+rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)                       # [BLOCK_N] output columns
+rk = tl.arange(0, BLOCK_K)
+# rows/columns past the edge re-read valid ones (never stored): the loads need no M/N mask
+ram = (rm % M).to(tl.int64)
+rbn = (rn % N).to(tl.int64)'''
+
+
+def k_loop(operands) -> str:
+    """Source of the pipelined K loop: ``operands`` = [(acc, b_ptrs, b_name[, stride_k]), ...],
+    each accumulating a_tile @ b_tile into acc in fp32; all share the tile of a (a_ptrs)."""
+    ops = [tuple(o) + ("stride_bk",) * (4 - len(o)) for o in operands]
+    lines = ["if EVEN_K:", "    a = tl.load(a_ptrs)"]
+    lines += [f"    {name} = tl.load({ptrs})" for _, ptrs, name, _ in ops]
+    lines += ["else:",
+              "    k_mask = rk < k_len - k * BLOCK_K                          # the K tail",
+              "    a = tl.load(a_ptrs, mask=k_mask[None, :], other=0.0)"]
+    lines += [f"    {name} = tl.load({ptrs}, mask=k_mask[:, None], other=0.0)"
+              for _, ptrs, name, _ in ops]
+    lines += ["if DOT_FP32:                       # interpreter: its tl.dot cannot multiply bf16",
+              "    a = a.to(tl.float32)"]
+    lines += [f"    {name} = {name}.to(tl.float32)" for _, _, name, _ in ops]
+    lines += ["if IEEE:                           # fp32 operands: full fp32, no TF32"]
+    lines += [f"    {acc} = tl.dot(a, {name}, {acc}, input_precision=\"ieee\")"
+              for acc, _, name, _ in ops]
+    lines += ["else:"]
+    lines += [f"    {acc} = tl.dot(a, {name}, {acc})" for acc, _, name, _ in ops]
+    lines += ["a_ptrs += BLOCK_K * stride_ak"]
+    lines += [f"{ptrs} += BLOCK_K * {stride}" for _, ptrs, _, stride in ops]
+    return "for k in range(0, tl.cdiv(k_len, BLOCK_K)):\n" + C.indent("\n".join(lines), 4)
+
+
+GEMM_ARGS = ("a_ptr, b_ptr, c_ptr, M, N, K, K_SPLIT,\n"
+             "        stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,\n"
+             "        stride_cs, stride_cb, stride_cm, num_tiles,\n"
+             "        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,\n"
+             "        GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,\n"
+             "        IEEE: tl.constexpr, DOT_FP32: tl.constexpr")
+
+
+def gemm_kernel(persistent: bool) -> str:
+    """Source of ``_mm``: one output tile [BLOCK_M, BLOCK_N] of one (batch, K slice) per tile."""
+    doc = '''
+"""c[batch] = a[batch] @ b[batch] over the K slice of program_id(1): tile [BLOCK_M, BLOCK_N],
+fp32 accumulator, K steps of BLOCK_K. SPLIT_K == 1 stores the tile in c's dtype; otherwise an
+fp32 partial into slice ``split`` of the workspace c [SPLIT_K, Bt, M, N]."""'''
+    body = tile_coords() + '''
+a_ptrs = a_base + ram[:, None] * stride_am + (k_lo + rk)[None, :] * stride_ak   # [BLOCK_M, BLOCK_K]
+b_ptrs = b_base + (k_lo + rk)[:, None] * stride_bk + rbn[None, :] * stride_bn   # [BLOCK_K, BLOCK_N]
+acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+''' + k_loop([("acc", "b_ptrs", "b")]) + '''
+c_ptrs = c_base + rm.to(tl.int64)[:, None] * stride_cm + rn[None, :]   # c is contiguous along N
+c_mask = (rm < M)[:, None] & (rn < N)[None, :]
+if SPLIT_K == 1:
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
+else:
+    tl.store(c_ptrs, acc, mask=c_mask)                             # fp32 partial'''
+    return C.tiled_kernel("_mm", GEMM_ARGS, doc, tile_prologue(), body, persistent)
+
+
+SPLITK_SUM_SRC = '''@triton.jit
+def _mm_splitk_sum(ws_ptr, c_ptr, total, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    """c[i] = sum over s of ws[s, i] for the flat workspace [SPLIT_K, total], slices added in
+    order 0, 1, ... (deterministic), rounded once to c's dtype."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < total
+    ptrs = ws_ptr + offs
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(ptrs, mask=mask, other=0.0)
+        ptrs += total                                              # next slice
+    tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+'''
+
+
+def launcher_src(persistent: bool) -> str:
+    """Source of ``_matmul(a, b, cfg)``: a [Ba, M, K] @ b [Bb, K, N] (Ba, Bb equal or 1) into a
+    new contiguous [Bt, M, N], with cfg = (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K,
+    NUM_WARPS, NUM_STAGES, PROGS_PER_SM)."""
+    if persistent:
+        grid = ("progs = min(num_tiles, max(1, _num_sms(a.device) * pps // (batch * splits)))\n"
+                "    grid = (progs, batch * splits)          # persistent programs per (batch, slice)")
+    else:
+        grid = "grid = (num_tiles, batch * splits)         # one program per (tile, batch, slice)"
+    return f'''
+
+def _matmul(a, b, cfg):
+    """a [Ba, M, K] @ b [Bb, K, N] (Ba and Bb equal, or 1: broadcast) -> new contiguous
+    [max(Ba, Bb), M, N] in a's dtype. Any strides."""
+    bm, bn, bk, group_m, split_k, warps, stages, pps = cfg
+    batch, M, K = max(a.shape[0], b.shape[0]), a.shape[1], a.shape[2]
+    N = b.shape[2]
+    c = torch.empty((batch, M, N), dtype=a.dtype, device=a.device)
+    if batch == 0 or M == 0 or N == 0:
+        return c
+    # the interpreter's tl.dot cannot multiply bf16 tiles (numpy has none): upcast them there
+    dot_fp32 = a.dtype == torch.bfloat16 and a.device.type == "cpu"
+    ieee = a.dtype == torch.float32 or dot_fp32
+    bm, bn, bk, stages = _fit_gemm(bm, bn, bk, stages, warps, M, N, K, a.element_size(),
+                                   _smem_budget(a.device))
+    # K slices of whole BLOCK_K steps, none empty
+    splits = max(1, min(split_k, triton.cdiv(K, bk)))
+    k_split = max(1, triton.cdiv(triton.cdiv(K, splits), bk)) * bk
+    splits = max(1, triton.cdiv(K, k_split))
+    even_k = K % bk == 0
+    sab = a.stride(0) if a.shape[0] > 1 else 0   # a batch of one is shared by every batch
+    sbb = b.stride(0) if b.shape[0] > 1 else 0
+    if splits > 1:
+        out = torch.empty((splits, batch, M, N), dtype=torch.float32, device=a.device)
+        scs = batch * M * N
+    else:
+        out, scs = c, 0
+    num_tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    {grid}
+    _mm[grid](a, b, out, M, N, K, k_split, sab, a.stride(1), a.stride(2), sbb, b.stride(1),
+              b.stride(2), scs, M * N, N, num_tiles, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+              GROUP_M=group_m, SPLIT_K=splits, EVEN_K=even_k, IEEE=ieee, DOT_FP32=dot_fp32,
+              num_warps=warps, num_stages=stages)
+    if splits > 1:
+        total = batch * M * N
+        _mm_splitk_sum[(triton.cdiv(total, SUM_BLOCK),)](out, c, total, SPLIT_K=splits,
+                                                          BLOCK=SUM_BLOCK, num_warps=4)
+    return c
+'''
+
+
+def _kernel_fn() -> str:
+    return '''
+
+def kernel_fn(a, b):
+    """a [M, K] @ b [K, N] -> [M, N], or batched a [Bt, M, K] @ b [Bt, K, N] -> [Bt, M, N]
+    (either operand may be 2-D and is then shared by every batch); fp32 accumulation, result in
+    a's dtype. Any strides."""
+    if a.dim() not in (2, 3) or b.dim() not in (2, 3):
+        raise ValueError(f"matmul takes 2-D or 3-D operands, got {a.dim()}-D and {b.dim()}-D")
+    if a.dtype != b.dtype:
+        raise ValueError(f"operands of different dtypes: {a.dtype}, {b.dtype}")
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"inner dimensions differ: {list(a.shape)} @ {list(b.shape)}")
+    a3 = a if a.dim() == 3 else a.unsqueeze(0)          # views: [Ba, M, K], [Bb, K, N]
+    b3 = b if b.dim() == 3 else b.unsqueeze(0)
+    if a3.shape[0] != b3.shape[0] and min(a3.shape[0], b3.shape[0]) != 1:
+        raise ValueError(f"batch sizes differ: {list(a.shape)} @ {list(b.shape)}")
+    c = _matmul(a3, b3, CONFIG)
+    return c if a.dim() == 3 or b.dim() == 3 else c[0]
+'''
+
+
+def render(params) -> str:
+    """Complete candidate source for one point of SPACE (missing params take DEFAULT values)."""
+    p = C.resolve(NAME, SPACE, DEFAULT, params)
+    persistent = p["grid"] == "persistent"
+    if p["split_k"] > 1:
+        traffic = (f"with SPLIT_K = {p['split_k']} it also writes and re-reads an fp32 workspace of "
+                   f"SPLIT_K*M*N*4 bytes per batch")
+    else:
+        traffic = "it writes c once"
+    doc = f'''"""Matmul candidate ({p["block_m"]}x{p["block_n"]}x{p["block_k"]} tiles, {p["grid"]} grid, split_k={p["split_k"]}): c = a @ b.
+
+a [M, K] or [Bt, M, K], b [K, N] or [Bt, K, N], any strides; c contiguous in a's dtype. fp32
+accumulation; fp32 operands multiply in full fp32 (input_precision="ieee", no TF32).
+Bytes the op must move: (M*K + K*N + M*N)*itemsize per batch; flops 2*M*N*K per batch.
+Each tile re-reads its rows of a and columns of b from L2/HBM; {traffic}.
+Point: {C.point_line(SPACE, p)}
+"""
+{C.IMPORTS_SRC}
+BLOCK_M = {p["block_m"]}         # output tile rows (clamped at launch)
+BLOCK_N = {p["block_n"]}         # output tile columns
+BLOCK_K = {p["block_k"]}          # K step
+GROUP_M = {p["group_m"]}           # row-tiles per group of the swizzled tile order
+SPLIT_K = {p["split_k"]}           # K slices (fp32 partials summed in a fixed order)
+NUM_WARPS = {p["num_warps"]}
+NUM_STAGES = {p["num_stages"]}        # software-pipelining depth of the K loop
+PROGS_PER_SM = {p["progs_per_sm"]}      # persistent grid only
+SUM_BLOCK = 1024       # elements per program of the split-K sum
+CONFIG = (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, NUM_WARPS, NUM_STAGES, PROGS_PER_SM)
+'''
+    parts = [doc, GEMM_HELPERS_SRC]
+    if persistent:
+        parts.append(C.NUM_SMS_SRC)
+    parts += ["\n", gemm_kernel(persistent), "\n", SPLITK_SUM_SRC, launcher_src(persistent),
+              _kernel_fn()]
+    return C.tidy("\n".join(parts))
+
+
+FAMILY = Family(
+    name=NAME,
+    signature=SIGNATURE,
+    arg_names=ARG_NAMES,
+    reference=reference,
+    make_inputs=make_inputs,
+    tolerance=TOLERANCE,
+    cost=cost,
+    bench_shapes=BENCH_SHAPES,
+    sweep_shapes=SWEEP_SHAPES,
+    edge_shapes=EDGE_SHAPES,
+    adversarial=ADVERSARIAL,
+    space=SPACE,
+    default=DEFAULT,
+    render=render,
+    description="GEMM a [M, K] @ b [K, N] (or batched [Bt, ...]); fp32 accumulation, no TF32.",
+    notes={"shape": "(M, K, N) or (Bt, M, K, N)", "b_layout": "transpose of a contiguous [N, K]",
+           "bound": "compute"},
+    error_bound=error_bound,
+    from_profile=from_profile,
+)

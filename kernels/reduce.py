@@ -1,0 +1,315 @@
+"""Reduce family: y = x.sum(-1), the sum over the last dim, accumulated in fp32.
+
+x has any number of leading dims and is viewed as [N, D]; y has x's leading dims (a 0-d tensor
+for a 1-D x) and x's dtype: what ``x.sum(-1)`` returns in a model (torch accumulates fp16/bf16
+sums in fp32 internally and rounds the result once; so do the candidates). The profiler files
+aten::sum and aten::mean outside other families under "reduce"; a mean is this sum and one
+scaling, the same memory traffic. The op must read x once and write y: N*D*itemsize + N*itemsize
+bytes, one add per element: memory bound.
+
+Numerics: fp32 per-lane accumulators (each lane adds D / BLOCK values in order), then one tree
+reduction; +inf and -inf in one row give NaN, as torch does.
+
+Search space (``SPACE``), rendered by ``render`` into one self-contained candidate source:
+- variant "one_pass": a program holds whole rows (BLOCK = next_pow2(D) at launch, ROWS rows);
+  falls back to "chunked" when next_pow2(D) > 65536.
+- variant "chunked": loop over column chunks of BLOCK_D with a [ROWS, BLOCK_D] fp32 accumulator.
+- variant "split": each row is cut into ``splits`` slices; program (row block, slice) writes
+  fp32 partial sums to a workspace [N, SPLITS]; a second kernel adds each row's partials in a
+  fixed order (deterministic, no atomics). For few, very long rows.
+- rows_per_prog, grid ("rows" | "persistent" with progs_per_sm; one_pass and chunked), num_warps,
+  num_stages (software pipelining of the chunk loop), block_d (chunk width), cache_hints
+  (evict_first: x is read once).
+Launch-time clamps as in rmsnorm: a [ROWS, BLOCK] tile is at most 65536 elements and num_stages
+drops until the (stages - 1) pipelined load buffers fit 48 KB of shared memory.
+"""
+from __future__ import annotations
+
+import torch
+
+from kernels import Family
+from kernels import _common as C
+
+NAME = "reduce"
+SIGNATURE = "kernel_fn(x)"
+ARG_NAMES = ("x",)
+ADVERSARIAL = ("huge", "tiny", "mixed_scale", "constant_rows", "heavy_tail", "cancel", "inf")
+
+
+def reference(x):
+    return x.sum(dim=-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs
+# ---------------------------------------------------------------------------------------------
+
+# Row sums of the "huge" kind (positive entries): near fp16's top, far beyond it for bf16/fp32.
+_HUGE = {torch.float16: 3e4, torch.bfloat16: 1e30, torch.float32: 1e30}
+# "mixed_scale": row scales 10^-3 .. 10^E (fp16 sums of 10^1.5-scaled rows stay finite)
+_MIXED_E = {torch.float16: 1.5, torch.bfloat16: 3.0, torch.float32: 3.0}
+
+
+def make_inputs(shape, dtype, device, gen, kind="normal"):
+    """{x: [*shape]} with fresh random values from ``gen``."""
+    dtype = C.as_dtype(dtype)
+    shape = tuple(int(s) for s in shape)
+    n, d = C.rows_and_cols(shape)
+    if kind == "normal":
+        x = C.randn(gen, n, d)
+    elif kind == "huge":
+        x = (0.5 + C.rand(gen, n, d)) * (_HUGE[dtype] / max(d, 1))
+    elif kind == "tiny":
+        x = C.randn(gen, n, d) * C.log_uniform(gen, n, -6.0, -4.0)    # fp16 subnormals
+    elif kind == "mixed_scale":
+        x = C.randn(gen, n, d) * C.log_uniform(gen, n, -3.0, _MIXED_E[dtype])
+    elif kind == "constant_rows":
+        x = (C.randn(gen, n, 1) * 2.0).expand(n, d).clone()
+    elif kind == "heavy_tail":
+        lim = _HUGE[dtype] / max(d, 1)                             # sums stay finite in fp16
+        x = C.cauchy(gen, n, d).clamp(-lim, lim)
+    elif kind == "cancel":
+        # large values cancelling in pairs plus unit noise: the sum is small, sum |x| is not
+        big = C.randn(gen, n, (d + 1) // 2) * 100.0
+        pairs = torch.cat((big, -big), dim=1)[:, :d]
+        perm = torch.argsort(C.rand(gen, n, d), dim=1)
+        x = torch.gather(pairs, 1, perm) + C.randn(gen, n, d)
+    elif kind == "inf":
+        # ~1% +inf; row 0 holds +inf and -inf (sum NaN), row 1 is all -inf (sum -inf)
+        x = C.randn(gen, n, d)
+        x = torch.where(C.rand(gen, n, d) < 0.01, float("inf"), x)
+        if n >= 2:
+            x[0, 0] = float("inf")
+            if d > 1:
+                x[0, d - 1] = float("-inf")
+            x[1] = float("-inf")
+    else:
+        raise ValueError(f"unknown input kind {kind!r}; known: normal, {', '.join(ADVERSARIAL)}")
+    return {"x": x.reshape(shape).to(dtype).to(device)}
+
+
+def error_bound(x):
+    """sum |x|: the rounding error of a sum scales with its terms' magnitude, not its value."""
+    return x.abs().sum(dim=-1)
+
+
+# |out - expected| <= atol + rtol*|expected| + stol*sum|x|, expected = fp64 sum cast to x's
+# dtype. stol: 64 fp32 ulps (per-lane fp32 accumulators adding up to D / 256 values each stay
+# well inside; an fp16 accumulator is off by 2^-11 of its partial sums); rtol: the result's
+# rounding to fp16/bf16 (2 ulps); atol: fp16's subnormal spacing.
+_STOL = 64 * 2.0**-24
+TOLERANCE = {
+    torch.float32: (0.0, 1e-6, _STOL),
+    torch.float16: (1.2e-7, 2e-3, _STOL),
+    torch.bfloat16: (0.0, 1.6e-2, _STOL),
+}
+
+
+def cost(shape, dtype):
+    """(bytes, flops): read x once, write one value per row; one add per element."""
+    item = C.itemsize(dtype)
+    n, d = C.rows_and_cols(shape)
+    return n * d * item + n * item, n * d
+
+
+BENCH_SHAPES = ((4096, 4096), (16384, 4096), (8, 2048, 4096), (4096, 32000), (1, 16777216),
+                (64, 1000000), (1000, 1000), (3, 5000), (4097, 1023))
+SWEEP_SHAPES = ((1, 1), (2, 3), (7, 1000), (33, 257), (3, 4097), (5, 3, 129), (1, 30000),
+                (256, 8192), (64, 65536), (2, 100000))
+EDGE_SHAPES = ((1, 1), (1, 4096), (97, 127), (13, 1031), (4099, 7), (65537, 8), (37,),
+               (2, 1, 5))
+
+
+# ---------------------------------------------------------------------------------------------
+# search space and rendering
+# ---------------------------------------------------------------------------------------------
+
+SPACE = {
+    "variant": ["one_pass", "chunked", "split"],
+    "rows_per_prog": [1, 2, 4, 8, 16],
+    "num_warps": [1, 2, 4, 8, 16],
+    "num_stages": [1, 2, 3, 4],
+    "block_d": [256, 512, 1024, 2048, 4096],
+    "splits": [2, 4, 8, 16, 32],
+    "grid": ["rows", "persistent"],
+    "progs_per_sm": [1, 2, 4, 8],
+    "cache_hints": [False, True],
+}
+DEFAULT = {"variant": "one_pass", "rows_per_prog": 1, "num_warps": 4, "num_stages": 1,
+           "block_d": 4096, "splits": 8, "grid": "rows", "progs_per_sm": 4, "cache_hints": False}
+
+_ARGS = "x_ptr, y_ptr, N, D, stride_xn, num_tiles,\n        ROWS: tl.constexpr"
+
+
+def _one_pass_kernel(p):
+    _, stream = C.cache_hints(p["cache_hints"])
+    doc = '''
+"""Tile [ROWS, BLOCK] (BLOCK = next_pow2(D)): ROWS whole rows in registers, x read once;
+masked lanes load 0."""'''
+    body = f'''
+rows = (tile * ROWS + tl.arange(0, ROWS)).to(tl.int64)             # [ROWS]; int64: rows*stride may pass 2^31
+cols = tl.arange(0, BLOCK)
+mask = (rows < N)[:, None] & (cols < D)[None, :]                   # [ROWS, BLOCK]
+x = tl.load(x_ptr + rows[:, None] * stride_xn + cols[None, :], mask=mask, other=0.0{stream}).to(tl.float32)
+tl.store(y_ptr + rows, tl.sum(x, axis=1).to(y_ptr.dtype.element_ty), mask=rows < N)'''
+    return C.tiled_kernel("_sum_one_pass", _ARGS + ", BLOCK: tl.constexpr", doc, "", body,
+                          p["grid"] == "persistent")
+
+
+def _chunked_kernel(p):
+    _, stream = C.cache_hints(p["cache_hints"])
+    doc = '''
+"""Tile [ROWS, BLOCK_D] sliding along D: a per-lane fp32 accumulator, reduced once at the end.
+Reads x once."""'''
+    body = f'''
+rows = (tile * ROWS + tl.arange(0, ROWS)).to(tl.int64)             # [ROWS]
+row_mask = rows < N
+x_row = x_ptr + rows[:, None] * stride_xn                          # [ROWS, 1] row starts
+acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+for start in tl.range(0, D, BLOCK_D, num_stages=NUM_STAGES):
+    cols = start + tl.arange(0, BLOCK_D)
+    mask = row_mask[:, None] & (cols < D)[None, :]
+    acc += tl.load(x_row + cols[None, :], mask=mask, other=0.0{stream}).to(tl.float32)
+tl.store(y_ptr + rows, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=row_mask)'''
+    return C.tiled_kernel("_sum_chunked",
+                          _ARGS + ", BLOCK_D: tl.constexpr, NUM_STAGES: tl.constexpr",
+                          doc, "", body, p["grid"] == "persistent")
+
+
+def _split_kernels(p):
+    _, stream = C.cache_hints(p["cache_hints"])
+    return f'''@triton.jit
+def _sum_partials(x_ptr, part_ptr, N, D, stride_xn, SLICE, SPLITS: tl.constexpr,
+                  ROWS: tl.constexpr, BLOCK_D: tl.constexpr, NUM_STAGES: tl.constexpr):
+    """Program (row block, k) sums slice [k*SLICE, (k+1)*SLICE) of ROWS rows (SLICE is a multiple
+    of BLOCK_D) into the fp32 workspace part [N, SPLITS]."""
+    rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)   # [ROWS]
+    row_mask = rows < N
+    k = tl.program_id(1)
+    x_row = x_ptr + rows[:, None] * stride_xn + k * SLICE          # [ROWS, 1] slice starts
+    lim = D - k * SLICE                                            # columns left in the row
+    acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+    for start in tl.range(0, SLICE, BLOCK_D, num_stages=NUM_STAGES):
+        cols = start + tl.arange(0, BLOCK_D)
+        mask = row_mask[:, None] & (cols < lim)[None, :]
+        acc += tl.load(x_row + cols[None, :], mask=mask, other=0.0{stream}).to(tl.float32)
+    tl.store(part_ptr + rows * SPLITS + k, tl.sum(acc, axis=1), mask=row_mask)
+
+
+@triton.jit
+def _sum_merge(part_ptr, y_ptr, N, SPLITS: tl.constexpr, ROWS: tl.constexpr):
+    """Tile [ROWS, SPLITS]: each row's partial sums added in one fixed tree order."""
+    rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
+    row_mask = rows < N
+    ks = tl.arange(0, SPLITS)
+    part = tl.load(part_ptr + rows[:, None] * SPLITS + ks[None, :], mask=row_mask[:, None], other=0.0)
+    tl.store(y_ptr + rows, tl.sum(part, axis=1).to(y_ptr.dtype.element_ty), mask=row_mask)
+'''
+
+
+def _launcher(p):
+    v = p["variant"]
+    head = '''
+
+def kernel_fn(x):
+    """Sum over the last dim of x [..., D]; returns y [...] in x's dtype (fp32 accumulation)."""
+    D = x.shape[-1] if x.dim() > 0 else 1
+    out_shape = x.shape[:-1]
+    if x.dim() == 0 or x.stride(-1) != 1:
+        x = x.contiguous()               # kernels assume unit stride along D; any row stride works
+    x2 = x.reshape(-1, D)                # [N, D]: a view whenever the leading dims can merge
+    N = x2.shape[0]
+    y = torch.empty((N,), dtype=x.dtype, device=x.device)
+    if N == 0:
+        return y.reshape(out_shape)
+    block = triton.next_power_of_2(max(D, 1))'''
+    if v == "split":
+        body = '''
+    splits = SPLITS
+    per = triton.cdiv(D, splits)                                 # columns per slice
+    width = min(BLOCK_D, triton.next_power_of_2(max(per, 1)))    # chunk: no wider than a slice
+    slice_len = max(1, triton.cdiv(per, width)) * width          # whole chunks per slice
+    rows = _fit_rows(ROWS_PER_PROG, width)
+    stages = _fit_stages(NUM_STAGES, rows * width * x2.dtype.itemsize)
+    part = torch.empty((N, splits), dtype=torch.float32, device=x.device)
+    _sum_partials[(triton.cdiv(N, rows), splits)](
+        x2, part, N, D, x2.stride(0), slice_len, SPLITS=splits, ROWS=rows, BLOCK_D=width,
+        NUM_STAGES=stages, num_warps=NUM_WARPS, num_stages=stages)
+    _sum_merge[(triton.cdiv(N, MERGE_ROWS),)](part, y, N, SPLITS=splits, ROWS=MERGE_ROWS,
+                                              num_warps=4)
+    return y.reshape(out_shape)
+'''
+        return head + body
+    if p["grid"] == "persistent":
+        grid = "(min(num_tiles, _num_sms(x.device) * PROGS_PER_SM),)  # persistent programs"
+    else:
+        grid = "(num_tiles,)  # one tile per program"
+    select = C.select_src("_sum_one_pass" if v == "one_pass" else None, "_sum_chunked")
+    return head + "\n" + select + f'''
+    num_tiles = triton.cdiv(N, rows)
+    grid = {grid}
+    kernel[grid](x2, y, N, D, x2.stride(0), num_tiles, **meta,
+                 num_warps=NUM_WARPS, num_stages=stages)
+    return y.reshape(out_shape)
+'''
+
+
+def render(params) -> str:
+    """Complete candidate source for one point of SPACE (missing params take DEFAULT values)."""
+    p = C.resolve(NAME, SPACE, DEFAULT, params)
+    v = p["variant"]
+    if v == "split":
+        traffic = (f"reads x once and writes and re-reads an fp32 workspace of {p['splits']}*4 "
+                   f"bytes per row")
+    else:
+        traffic = "reads x once and writes y once"
+    doc = f'''"""Reduce candidate ({v}{", " + p["grid"] + " grid" if v != "split" else ""}): y = x.sum(-1), fp32 accumulation.
+
+x [..., D] is viewed as [N, D] (leading dims merged; any row stride, unit column stride);
+y [...] in x's dtype, rounded once.
+Bytes the op must move: N*D*itemsize + N*itemsize. This variant {traffic}.
+Point: {C.point_line(SPACE, p)}
+"""
+{C.IMPORTS_SRC}
+ROWS_PER_PROG = {p["rows_per_prog"]}   # rows per program tile (halved at launch to fit MAX_TILE)
+BLOCK_D = {p["block_d"]}        # chunk width of the looped kernels
+SPLITS = {p["splits"]}          # slices per row ("split" variant)
+NUM_WARPS = {p["num_warps"]}
+NUM_STAGES = {p["num_stages"]}       # software-pipelining depth of the chunk loops
+PROGS_PER_SM = {p["progs_per_sm"]}     # persistent grid only
+MERGE_ROWS = 16        # rows per program of the split merge
+'''
+    parts = [doc, C.FIT_ROWS_SRC]
+    if v != "split" and p["grid"] == "persistent":
+        parts.append(C.NUM_SMS_SRC)
+    parts.append("\n")
+    if v == "split":
+        parts.append(_split_kernels(p))
+    else:
+        if v == "one_pass":
+            parts.append(_one_pass_kernel(p) + "\n")
+        parts.append(_chunked_kernel(p))
+    parts.append(_launcher(p))
+    return C.tidy("\n".join(parts))
+
+
+FAMILY = Family(
+    name=NAME,
+    signature=SIGNATURE,
+    arg_names=ARG_NAMES,
+    reference=reference,
+    make_inputs=make_inputs,
+    tolerance=TOLERANCE,
+    cost=cost,
+    bench_shapes=BENCH_SHAPES,
+    sweep_shapes=SWEEP_SHAPES,
+    edge_shapes=EDGE_SHAPES,
+    adversarial=ADVERSARIAL,
+    space=SPACE,
+    default=DEFAULT,
+    render=render,
+    description="Sum over the last dim (x.sum(-1)), fp32 accumulation, result in x's dtype.",
+    notes={"one_pass_max_block": 65536, "max_tile_elems": 65536, "bound": "memory",
+           "inf_and_neg_inf": "NaN, like torch"},
+    error_bound=error_bound,
+)

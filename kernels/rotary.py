@@ -1,0 +1,295 @@
+"""Rotary family: y = x * cos + rotate_half(x) * sin, the rotate-half RoPE of LLaMA/Mistral.
+
+x [B, H, S, Dh] (q or k after their projection), cos, sin [S, Dh] (the tables of
+engine/models.py rotary_tables, rows sliced to the sequence): with x1 = x[..., :Dh/2] and
+x2 = x[..., Dh/2:], rotate_half(x) = cat(-x2, x1), so
+    y[..., :Dh/2] = x1 * cos[:, :Dh/2] - x2 * sin[:, :Dh/2]
+    y[..., Dh/2:] = x2 * cos[:, Dh/2:] + x1 * sin[:, Dh/2:]
+(engine/models.py apply_rotary). Dh is even. The shape is x's; x is made as the model passes it:
+the [B, S, H, Dh] -> [B, H, S, Dh] transposed view of a projection's output (any strides must
+work), cos/sin contiguous in x's dtype (the model's buffers follow its dtype). The output is
+contiguous, in x's dtype (float32 when cos/sin have another dtype: torch's promotion).
+
+Bytes the op must move: 2*B*H*S*Dh*itemsize (read x, write y) + 2*S*Dh*itemsize (the tables);
+3 flops per element: memory bound at every shape. The search is about reusing the cos/sin rows
+across heads and how rows map onto programs.
+
+Search space (``SPACE``), rendered by ``render`` into one self-contained candidate source:
+- variant "rows": a program rotates ROWS rows of the flattened [B*H*S, Dh] view, each loading
+  its own cos/sin row (from L1/L2 after the first head).
+- variant "heads_loop": a program owns ROWS positions of one batch and loops over the H heads,
+  loading their cos/sin rows once (registers) for all heads.
+- rows_per_prog, num_warps, cache_hints (evict_last on the tables, evict_first on x).
+The half-row width BLOCK = next_pow2(Dh / 2) is chosen at launch; a [ROWS, BLOCK] tile is capped
+at 16384 elements (ROWS halves until it fits).
+"""
+from __future__ import annotations
+
+import torch
+
+from kernels import Family
+from kernels import _common as C
+
+NAME = "rotary"
+SIGNATURE = "kernel_fn(x, cos, sin)"
+ARG_NAMES = ("x", "cos", "sin")
+ADVERSARIAL = ("huge", "tiny", "mixed_scale", "heavy_tail", "random_tables")
+THETA = 10000.0
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def reference(x, cos, sin):
+    """engine/models.py apply_rotary, without its profiler scope."""
+    return x * cos + rotate_half(x) * sin
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs
+# ---------------------------------------------------------------------------------------------
+
+def tables(s: int, dh: int, theta: float = THETA):
+    """cos, sin [S, Dh] float32 for positions 0..S-1 (frequencies repeated twice, as
+    engine/models.py rotary_tables)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dh, 2, dtype=torch.float32) / dh))
+    angles = torch.outer(torch.arange(s, dtype=torch.float32), inv_freq)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+_HUGE = {torch.float16: 2e4, torch.bfloat16: 1e30, torch.float32: 1e30}
+_LIMIT = {torch.float16: 3e4, torch.bfloat16: 1e32, torch.float32: 1e32}   # |y| <= sqrt(2) |x|
+
+
+def make_inputs(shape, dtype, device, gen, kind="normal"):
+    """{x: [B, H, S, Dh] (a transposed view of [B, S, H, Dh]), cos, sin: [S, Dh]} from ``gen``."""
+    dtype = C.as_dtype(dtype)
+    shape = tuple(int(s) for s in shape)
+    if len(shape) != 4 or shape[-1] % 2:
+        raise ValueError(f"rotary takes x [B, H, S, Dh] with Dh even, got {shape}")
+    b, h, s, dh = shape
+    n = b * s * h
+    cos, sin = tables(s, dh)
+    if kind == "normal":
+        x = C.randn(gen, n, dh)
+    elif kind == "huge":
+        x = C.randn(gen, n, dh) * _HUGE[dtype]
+    elif kind == "tiny":
+        x = C.randn(gen, n, dh) * C.log_uniform(gen, n, -6.0, -4.0)   # fp16 subnormals
+    elif kind == "mixed_scale":
+        x = C.randn(gen, n, dh) * C.log_uniform(gen, n, -3.0, 3.0)
+    elif kind == "heavy_tail":
+        x = C.cauchy(gen, n, dh)
+    elif kind == "random_tables":
+        # arbitrary tables: real ones repeat their halves (cos[:, :Dh/2] == cos[:, Dh/2:]) and
+        # satisfy cos^2 + sin^2 = 1, which would hide a kernel that reads the wrong half
+        x = C.randn(gen, n, dh)
+        cos, sin = C.randn(gen, s, dh), C.randn(gen, s, dh)
+    else:
+        raise ValueError(f"unknown input kind {kind!r}; known: normal, {', '.join(ADVERSARIAL)}")
+    lim = _LIMIT[dtype]
+    x = x.clamp(-lim, lim).reshape(b, s, h, dh).to(dtype).to(device).transpose(1, 2)
+    return {"x": x, "cos": cos.to(dtype).to(device), "sin": sin.to(dtype).to(device)}
+
+
+def error_bound(x, cos, sin):
+    """|x| * |cos| + |rotate_half(x)| * |sin|: the two products' magnitude, which bounds the
+    rounding error of their sum (it cancels where the rotation lands near 0)."""
+    return x.abs() * cos.abs() + rotate_half(x).abs() * sin.abs()
+
+
+# |out - expected| <= atol + rtol*|expected| + stol*bound, expected = fp64 reference cast to the
+# output dtype. rtol: the output's rounding (2 ulps of fp16/bf16); stol: two ulps of the dtype of
+# the products' magnitude, so a kernel may compute in fp32 or, as eager PyTorch does, round
+# x*cos and rotate_half(x)*sin to the dtype first. Reading the wrong half, the wrong sign or the
+# wrong table row is off by O(bound).
+TOLERANCE = {
+    torch.float32: (0.0, 1e-6, 2.0**-22),
+    torch.float16: (1.2e-7, 2e-3, 2.0**-10),
+    torch.bfloat16: (0.0, 1.6e-2, 2.0**-7),
+}
+
+
+def cost(shape, dtype):
+    """(bytes, flops): read x once, write y once, read cos and sin once; 2 multiplies and an add
+    per element."""
+    item = C.itemsize(dtype)
+    b, h, s, dh = (int(v) for v in shape)
+    return (2 * b * h * s * dh + 2 * s * dh) * item, 3 * b * h * s * dh
+
+
+# q and k of Llama-2-7B (32 heads), Mistral/Llama-3 (8 kv heads) at 2k/4k/8k tokens, GPT-NeoX-ish
+# head widths, and odd sizes.
+BENCH_SHAPES = ((1, 32, 2048, 128), (1, 8, 2048, 128), (4, 32, 4096, 128), (4, 8, 4096, 128),
+                (1, 32, 8192, 128), (8, 12, 1024, 64), (3, 5, 1000, 64), (2, 3, 37, 96))
+# Under the interpreter the verifier keeps numel <= 2^15 (one program per row or few: keep the
+# row counts small); the last two are for GPUs.
+SWEEP_SHAPES = ((1, 1, 1, 2), (2, 3, 5, 8), (2, 4, 32, 16), (1, 2, 33, 64), (3, 2, 17, 128),
+                (1, 1, 100, 96), (2, 2, 7, 80), (1, 8, 16, 64), (1, 32, 512, 128),
+                (2, 8, 1024, 64))
+EDGE_SHAPES = ((1, 1, 1, 2), (1, 1, 1, 256), (5, 3, 7, 2), (1, 1, 1031, 4), (13, 1, 1, 64),
+               (1, 64, 3, 128), (1, 32, 4099, 128))
+
+
+# ---------------------------------------------------------------------------------------------
+# search space and rendering
+# ---------------------------------------------------------------------------------------------
+
+SPACE = {
+    "variant": ["rows", "heads_loop"],
+    "rows_per_prog": [4, 8, 16, 32, 64],
+    "num_warps": [1, 2, 4, 8],
+    "cache_hints": [False, True],
+}
+DEFAULT = {"variant": "rows", "rows_per_prog": 16, "num_warps": 4, "cache_hints": False}
+
+_ARGS = ("x_ptr, cos_ptr, sin_ptr, y_ptr, B, H, S, HALF,\n"
+         "                stride_xb, stride_xh, stride_xs, stride_xd,\n"
+         "                stride_cs, stride_cd, stride_ss, stride_sd,\n"
+         "                ROWS: tl.constexpr, BLOCK: tl.constexpr")
+
+_ROTATE = '''
+x1 = tl.load(x_row + cols[None, :] * stride_xd, mask=mask, other=0.0{stream}).to(tl.float32)
+x2 = tl.load(x_row + (cols + HALF)[None, :] * stride_xd, mask=mask, other=0.0{stream}).to(tl.float32)
+# the reference's order: x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1)
+y1 = x1 * c1 + (-x2) * s1
+y2 = x2 * c2 + x1 * s2
+tl.store(y_row + cols[None, :], y1.to(y_ptr.dtype.element_ty), mask=mask)
+tl.store(y_row + (cols + HALF)[None, :], y2.to(y_ptr.dtype.element_ty), mask=mask)'''
+
+_TABLES = '''
+c_row = cos_ptr + pos[:, None] * stride_cs                         # [ROWS, 1]
+s_row = sin_ptr + pos[:, None] * stride_ss
+c1 = tl.load(c_row + cols[None, :] * stride_cd, mask=mask, other=0.0{keep}).to(tl.float32)
+c2 = tl.load(c_row + (cols + HALF)[None, :] * stride_cd, mask=mask, other=0.0{keep}).to(tl.float32)
+s1 = tl.load(s_row + cols[None, :] * stride_sd, mask=mask, other=0.0{keep}).to(tl.float32)
+s2 = tl.load(s_row + (cols + HALF)[None, :] * stride_sd, mask=mask, other=0.0{keep}).to(tl.float32)'''
+
+
+def _rows_kernel(p):
+    keep, stream = C.cache_hints(p["cache_hints"])
+    return f'''@triton.jit
+def _rope_rows({_ARGS}):
+    """Tile [ROWS, BLOCK] of the flattened rows r = (b * H + h) * S + s, both halves of each row;
+    every row loads its own cos/sin row."""
+    rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)   # [ROWS]
+    row_ok = rows < B * H * S
+    pos = rows % S                                                 # position s: the table row
+    bh = rows // S
+    x_row = (x_ptr + (bh // H) * stride_xb + (bh % H) * stride_xh + pos * stride_xs)[:, None]
+    y_row = y_ptr + rows[:, None] * (2 * HALF)                     # y contiguous [B, H, S, Dh]
+    cols = tl.arange(0, BLOCK)                                     # [BLOCK] within a half
+    mask = row_ok[:, None] & (cols < HALF)[None, :]
+{C.indent(_TABLES.format(keep=keep), 4)}
+{C.indent(_ROTATE.format(stream=stream), 4)}
+'''
+
+
+def _heads_kernel(p):
+    keep, stream = C.cache_hints(p["cache_hints"])
+    return f'''@triton.jit
+def _rope_heads({_ARGS}):
+    """Program (position block, batch): ROWS positions of one batch; their cos/sin rows are
+    loaded once and applied to every one of the H heads in turn."""
+    pos = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)    # [ROWS] positions
+    b = tl.program_id(1).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = (pos < S)[:, None] & (cols < HALF)[None, :]
+{C.indent(_TABLES.format(keep=keep), 4)}
+    for h in range(0, H):
+        x_row = (x_ptr + b * stride_xb + h * stride_xh + pos * stride_xs)[:, None]
+        y_row = y_ptr + ((b * H + h) * S + pos)[:, None] * (2 * HALF)
+{C.indent(_ROTATE.format(stream=stream), 8)}
+'''
+
+
+def _launcher(p):
+    if p["variant"] == "rows":
+        launch = '''rows = _fit_rows(ROWS_PER_PROG, block)
+    _rope_rows[(triton.cdiv(B * H * S, rows),)](
+        x, cos2, sin2, y, B, H, S, half, *x.stride(), *cos2.stride(), *sin2.stride(),
+        ROWS=rows, BLOCK=block, num_warps=NUM_WARPS)'''
+    else:
+        launch = '''rows = _fit_rows(ROWS_PER_PROG, block)
+    _rope_heads[(triton.cdiv(S, rows), B)](
+        x, cos2, sin2, y, B, H, S, half, *x.stride(), *cos2.stride(), *sin2.stride(),
+        ROWS=rows, BLOCK=block, num_warps=NUM_WARPS)'''
+    return f'''
+
+def _fit_rows(rows, block):
+    """Largest power of two <= rows such that a [rows, block] tile stays within MAX_TILE."""
+    while rows > 1 and rows * block > MAX_TILE:
+        rows //= 2
+    return rows
+
+
+def kernel_fn(x, cos, sin):
+    """Rotate-half RoPE of x [B, H, S, Dh] (any strides) by cos, sin [S, Dh] (or with leading
+    dims of 1); returns y [B, H, S, Dh] contiguous."""
+    squeeze = x.dim() == 3
+    if squeeze:
+        x = x.unsqueeze(0)                                         # [H, S, Dh] -> [1, H, S, Dh]
+    if x.dim() != 4:
+        raise ValueError(f"rotary takes x [B, H, S, Dh], got {{list(x.shape)}}")
+    B, H, S, Dh = x.shape
+    if Dh % 2:
+        raise ValueError(f"rotary needs an even head width, got {{Dh}}")
+    cos2 = cos.reshape(cos.shape[-2], cos.shape[-1])               # [S, Dh] (a view: leading 1s)
+    sin2 = sin.reshape(sin.shape[-2], sin.shape[-1])
+    if cos2.shape != (S, Dh) or sin2.shape != (S, Dh):
+        raise ValueError(f"cos/sin must be [S, Dh] = [{{S}}, {{Dh}}], got {{list(cos.shape)}}")
+    same = cos.dtype == x.dtype and sin.dtype == x.dtype
+    out_dtype = x.dtype if same else torch.float32                 # torch's type promotion
+    y = torch.empty((B, H, S, Dh), dtype=out_dtype, device=x.device)
+    if y.numel() > 0:
+        half = Dh // 2
+        block = triton.next_power_of_2(half)
+        {launch}
+    return y[0] if squeeze else y
+'''
+
+
+def render(params) -> str:
+    """Complete candidate source for one point of SPACE (missing params take DEFAULT values)."""
+    p = C.resolve(NAME, SPACE, DEFAULT, params)
+    if p["variant"] == "rows":
+        how = "one program per ROWS flattened rows, each row loading its own cos/sin row"
+    else:
+        how = "one program per (ROWS positions, batch), looping over the heads: cos/sin loaded once"
+    doc = f'''"""Rotary candidate ({p["variant"]}): y = x * cos + rotate_half(x) * sin (rotate-half RoPE).
+
+x [B, H, S, Dh], any strides; cos, sin [S, Dh]; y contiguous. Computed in fp32, rounded once.
+Bytes the op must move: 2*B*H*S*Dh*itemsize + 2*S*Dh*itemsize (x, y, the tables): {how}.
+Point: {C.point_line(SPACE, p)}
+"""
+{C.IMPORTS_SRC}
+ROWS_PER_PROG = {p["rows_per_prog"]}   # rows (positions) per program
+NUM_WARPS = {p["num_warps"]}
+MAX_TILE = 16384       # elements of a [ROWS, BLOCK] tile (each of x1, x2, c1, c2, s1, s2)
+'''
+    kernel = _rows_kernel(p) if p["variant"] == "rows" else _heads_kernel(p)
+    return C.tidy("\n".join([doc, "\n", kernel, _launcher(p)]))
+
+
+FAMILY = Family(
+    name=NAME,
+    signature=SIGNATURE,
+    arg_names=ARG_NAMES,
+    reference=reference,
+    make_inputs=make_inputs,
+    tolerance=TOLERANCE,
+    cost=cost,
+    bench_shapes=BENCH_SHAPES,
+    sweep_shapes=SWEEP_SHAPES,
+    edge_shapes=EDGE_SHAPES,
+    adversarial=ADVERSARIAL,
+    space=SPACE,
+    default=DEFAULT,
+    render=render,
+    description="Rotate-half rotary embedding: x * cos + rotate_half(x) * sin, x [B, H, S, Dh].",
+    notes={"convention": "rotate-half (engine/models.py apply_rotary)", "bound": "memory"},
+    error_bound=error_bound,
+)

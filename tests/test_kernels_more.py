@@ -1,0 +1,703 @@
+"""The five compute-heavy or shape-specific families (matmul, attention, fused_mlp, rotary,
+reduce): rendered candidates against the float64 reference in every dtype, adversarial inputs,
+layouts, the tolerances' teeth and fairness, the launch clamps, cost(), shapes and the shape
+conventions that carry profiled calls into the verifier.
+
+Without a GPU every candidate runs under Triton's CPU interpreter (tests/conftest.py), so shapes
+are tiny; with a GPU the same tests run the compiled kernels.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import math
+import random
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernels
+from engine import verify
+from kernels import attention, fused_mlp, matmul, reduce, rotary
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MODULES = {"matmul": matmul, "attention": attention, "fused_mlp": fused_mlp, "rotary": rotary,
+           "reduce": reduce}
+FAMILIES = {name: mod.FAMILY for name, mod in MODULES.items()}
+
+# Small shapes in each family's convention, with tails: K not a multiple of any BLOCK_K, odd
+# sequence lengths, a non-power-of-two head dim, multi-query attention, 1-D and 3-D reductions.
+SHAPES = {
+    "matmul": ((17, 33, 9), (3, 7, 40, 5), (32, 64, 48)),
+    "attention": ((2, 4, 33, 64, 2, 1), (1, 2, 20, 16, 1, 0), (1, 3, 17, 80, 1, 1)),
+    "fused_mlp": ((2, 7, 16, 32), (17, 33, 9), (1, 8, 100)),
+    "rotary": ((2, 4, 32, 16), (1, 3, 5, 96), (2, 2, 7, 2)),
+    "reduce": ((3, 37), (2, 3, 20), (2, 2100), (37,)),
+}
+SMALL = {name: shapes[0] for name, shapes in SHAPES.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------
+
+_LOADED: dict[str, object] = {}
+
+
+def load_candidate(src: str, tmp_dir):
+    """kernel_fn of a rendered source, imported from a file (triton.jit reads the source)."""
+    key = hashlib.sha1(src.encode()).hexdigest()[:16]
+    if key not in _LOADED:
+        path = tmp_dir / f"cand_more_{key}.py"
+        path.write_text(src)
+        spec = importlib.util.spec_from_file_location(f"cand_more_{key}", path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod
+        spec.loader.exec_module(mod)
+        _LOADED[key] = mod.kernel_fn
+    return _LOADED[key]
+
+
+@pytest.fixture(scope="session")
+def cand_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("candidates_more")
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator(device="cpu").manual_seed(seed)
+
+
+def inputs_for(fam, shape, dtype, seed, kind="normal"):
+    return fam.make_inputs(shape, dtype, DEVICE, gen(seed), kind)
+
+
+def as_f64(inputs: dict) -> dict:
+    return {k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v
+            for k, v in inputs.items()}
+
+
+def tol_ratio(fam, out, inputs) -> float:
+    """max |out - expected| / (atol + rtol*|expected| + stol*bound), the verifier's comparison;
+    NaN when the NaN or Inf patterns differ."""
+    f64 = as_f64(inputs)
+    expected = fam.reference(**f64).to(out.dtype)
+    assert out.shape == expected.shape, (out.shape, expected.shape)
+    atol, rtol, stol = fam.tolerance[inputs[fam.arg_names[0]].dtype]
+    bound = atol + rtol * expected.double().abs() + stol * fam.error_bound(**f64)
+    o, e = out.double(), expected.double()
+    if not torch.equal(torch.isnan(o), torch.isnan(e)):
+        return math.nan
+    inf = torch.isinf(e) | torch.isinf(o)
+    if not torch.equal(o[inf], e[inf]):
+        return math.nan
+    fin = ~(torch.isnan(e) | inf)
+    if not fin.any():
+        return 0.0
+    return float(((o - e).abs()[fin] / bound[fin]).max())
+
+
+def ratio(fam, out, inputs) -> float:
+    r = tol_ratio(fam, out, inputs)
+    return math.inf if math.isnan(r) else r
+
+
+def run_checked(fam, fn, inputs, what):
+    """Call a candidate; it must leave its inputs alone, return the reference's dtype and shape,
+    and match within the tolerance."""
+    before = {k: v.clone() for k, v in inputs.items() if torch.is_tensor(v)}
+    out = fn(**inputs)
+    for k, v in before.items():
+        assert torch.equal(v.nan_to_num(0.0), inputs[k].nan_to_num(0.0)), f"{what}: input {k} modified"
+    ref = fam.reference(**inputs)
+    assert out.dtype == ref.dtype and out.shape == ref.shape, (what, out.shape, ref.shape)
+    r = tol_ratio(fam, out, inputs)
+    assert r <= 1.0, f"{what}: error is {r:.3g}x the tolerance"
+    return r
+
+
+@pytest.fixture
+def poison_empty(monkeypatch):
+    """torch.empty / empty_like return NaN-filled memory, as the verifier's allocations do."""
+    real_empty, real_like = torch.empty, torch.empty_like
+
+    def fill(t):
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+        return t
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: fill(real_empty(*a, **k)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: fill(real_like(*a, **k)))
+
+
+def sample_points(fam, k: int | None = None) -> list[dict]:
+    """The default plus k points in which every value of every parameter appears at least once
+    (each parameter its own shuffled sequence of its values, repeated to length k)."""
+    rng = random.Random(f"points-{fam.name}")
+    k = k or max(len(v) for v in fam.space.values())
+    seqs = {}
+    for name, values in fam.space.items():
+        seq = (list(values) * k)[:k]
+        rng.shuffle(seq)
+        seqs[name] = seq
+    return [dict(fam.default)] + [{name: seq[i] for name, seq in seqs.items()} for i in range(k)]
+
+
+def point_id(p: dict) -> str:
+    return ",".join(f"{v}" for v in p.values())
+
+
+def module_of(fn):
+    return sys.modules[fn.__module__]
+
+
+# ---------------------------------------------------------------------------------------------
+# the families and their sources
+# ---------------------------------------------------------------------------------------------
+
+def test_registry():
+    for name, fam in FAMILIES.items():
+        assert name in kernels.FAMILY_NAMES and kernels.get(name) is fam and fam.name == name
+        assert set(fam.tolerance) == set(DTYPES)
+        assert all(len(t) == 3 for t in fam.tolerance.values()) and fam.error_bound is not None
+        assert fam.signature == "kernel_fn(" + ", ".join(fam.arg_names) + ")"
+        assert set(fam.default) == set(fam.space)
+        for k, v in fam.default.items():
+            assert v in fam.space[k], (name, k)
+    # the original families keep the 2-entry tolerance and the default shape handling
+    rms = kernels.get("rmsnorm")
+    assert rms.error_bound is None and rms.problem_size((3, 5)) == 15
+    assert rms.profile_shape({"shape": [2, 32, 64], "dtype": "float32", "count": 5}) == (2, 32, 64)
+
+
+_ALLOWED_IMPORTS = {"torch", "triton", "triton.language"}
+# torch attributes a candidate may touch: allocation, dtypes and device queries. Everything
+# numeric happens in Triton.
+_ALLOWED_TORCH = {"empty", "float32", "bfloat16", "cuda"}
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_render_every_value(name):
+    """Every single-parameter change from the default renders a self-contained source that passes
+    the engine's static check, imports only torch/triton and uses torch only to allocate."""
+    fam = FAMILIES[name]
+    points = [dict(fam.default)] + [dict(fam.default, **{k: v})
+                                    for k, vals in fam.space.items() for v in vals]
+    sources = set()
+    for p in points:
+        src = fam.render(p)
+        assert src == fam.render(dict(p)), "render is not deterministic"
+        sources.add(src)
+        assert verify.static_check(src, fam.arg_names) is None, verify.static_check(src, fam.arg_names)
+        tree = ast.parse(src)
+        assert ast.get_docstring(tree), "a candidate opens with a docstring"
+        kfn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "kernel_fn")
+        assert tuple(a.arg for a in kfn.args.args) == fam.arg_names
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                assert {a.name for a in node.names} <= _ALLOWED_IMPORTS, ast.dump(node)
+            elif isinstance(node, ast.ImportFrom):
+                raise AssertionError(f"from-import in a candidate: {ast.dump(node)}")
+            elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                  and node.value.id == "torch"):
+                assert node.attr in _ALLOWED_TORCH, f"torch.{node.attr} in a candidate"
+        assert "tl.atomic" not in src
+        assert "TensorDescriptor" not in src and "make_tensor_descriptor" not in src
+    assert len(sources) > len(fam.space) / 2, "parameters should change the source"
+    assert fam.starter() == fam.render(fam.default)
+    with pytest.raises(ValueError):
+        fam.render({"no_such_param": 1})
+    with pytest.raises(ValueError):
+        fam.render({next(iter(fam.space)): "no_such_value"})
+
+
+def test_fp32_dots_are_ieee_and_bf16_upcast_only_on_cpu():
+    """Every tl.dot of fp32 operands asks for full fp32 (no TF32 on the GPU); the interpreter
+    workaround (bf16 tiles upcast before tl.dot) is tied to CPU tensors only."""
+    for name in ("matmul", "attention", "fused_mlp"):
+        fam = FAMILIES[name]
+        for p in sample_points(fam):
+            src = fam.render(p)
+            dots = [line.strip() for line in src.splitlines() if "tl.dot(" in line]
+            assert dots
+            ieee = [d for d in dots if 'input_precision="ieee"' in d]
+            assert len(ieee) * 2 == len(dots), dots       # an ieee and a native form of each dot
+            assert "allow_tf32" not in src
+            assert 'device.type == "cpu"' in src and "dot_fp32 = " in src
+
+
+# ---------------------------------------------------------------------------------------------
+# candidates against the reference
+# ---------------------------------------------------------------------------------------------
+
+POINTS = [(name, p) for name, fam in FAMILIES.items() for p in sample_points(fam)]
+
+
+@pytest.mark.parametrize("name,point", POINTS, ids=[f"{n}-{point_id(p)}" for n, p in POINTS])
+def test_points_match_reference(name, point, cand_dir, poison_empty):
+    fam = FAMILIES[name]
+    fn = load_candidate(fam.render(point), cand_dir)
+    for di, dtype in enumerate(DTYPES):
+        for si, shape in enumerate(SHAPES[name]):
+            inp = inputs_for(fam, shape, dtype, seed=100 * di + si)
+            run_checked(fam, fn, inp, f"{name} {point} {shape} {dtype}")
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_starter_adversarial_and_deterministic(name, cand_dir, poison_empty):
+    """Every adversarial kind passes for the starter in every dtype; the starter is bitwise
+    deterministic."""
+    fam = FAMILIES[name]
+    fn = load_candidate(fam.starter(), cand_dir)
+    for kind in fam.adversarial:
+        for di, dtype in enumerate(DTYPES):
+            for shape in SHAPES[name][:2]:
+                inp = inputs_for(fam, shape, dtype, seed=di, kind=kind)
+                run_checked(fam, fn, inp, f"{name} {kind} {dtype} {shape}")
+    inp = inputs_for(fam, SMALL[name], torch.float16, seed=3, kind="heavy_tail")
+    a, b = fn(**inp), fn(**inp)
+    assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_layouts(name, cand_dir):
+    """The verifier's non-contiguous layouts of the main input (rows of a wider buffer, column
+    major), plus the family's other real layouts, for the starter and a second point."""
+    fam = FAMILIES[name]
+    second = {"matmul": {"split_k": 4, "block_k": 16, "grid": "persistent"},
+              "attention": {"causal_blocks": "split", "use_exp2": True},
+              "fused_mlp": {"variant": "separate", "down_split_k": 2},
+              "rotary": {"variant": "heads_loop"},
+              "reduce": {"variant": "split", "splits": 4}}[name]
+    for point in (fam.default, second):
+        fn = load_candidate(fam.render(point), cand_dir)
+        for dtype in (torch.float32, torch.bfloat16):
+            for layout in ("row_strided", "column_major"):
+                inp = inputs_for(fam, SMALL[name], dtype, seed=5)
+                first = fam.arg_names[0]
+                inp[first] = verify._relayout(inp[first], layout)
+                run_checked(fam, fn, inp, f"{name} {point} {layout} {dtype}")
+    fn = load_candidate(fam.starter(), cand_dir)
+    inp = inputs_for(fam, SMALL[name], torch.float32, seed=6)
+    if name == "matmul":                                   # a row-major b, a shared 2-D b
+        inp["b"] = inp["b"].contiguous()
+        run_checked(fam, fn, inp, "row-major b")
+        inp = inputs_for(fam, (3, 7, 40, 5), torch.float32, seed=7)
+        inp["b"] = inp["b"][0]
+        run_checked(fam, fn, inp, "broadcast 2-D b")
+    elif name == "attention":                              # contiguous v, unequal key length
+        inp["v"] = inp["v"].contiguous()
+        run_checked(fam, fn, inp, "contiguous v")
+        inp = inputs_for(fam, (1, 2, 20, 16, 1, 1), torch.float32, seed=8)
+        inp["k"], inp["v"] = inp["k"][:, :, :13], inp["v"][:, :, :13]
+        run_checked(fam, fn, inp, "Sk < Sq, causal")
+        inp["scale"] = None
+        run_checked(fam, fn, inp, "scale None")
+    elif name == "fused_mlp":                              # transposed weight storage
+        inp["w_down"] = inp["w_down"].t().contiguous().t()
+        run_checked(fam, fn, inp, "column-major w_down")
+    elif name == "rotary":                                 # contiguous x, [1, 1, S, Dh] tables
+        inp["x"] = inp["x"].contiguous()
+        inp["cos"], inp["sin"] = inp["cos"][None, None], inp["sin"][None, None]
+        run_checked(fam, fn, inp, "contiguous x, 4-D tables")
+    else:                                                  # a transposed (strided last dim) x
+        inp["x"] = inp["x"].t().contiguous().t()
+        run_checked(fam, fn, inp, "transposed x")
+
+
+def test_one_pass_wide_row_fallback(cand_dir):
+    fam = FAMILIES["reduce"]
+    fn = load_candidate(fam.starter(), cand_dir)
+    run_checked(fam, fn, inputs_for(fam, (1, 70001), torch.float32, seed=5), "reduce D=70001")
+
+
+@pytest.mark.parametrize("name", ["matmul", "fused_mlp", "attention"])
+def test_guarded_verifier_cases(name, cand_dir):
+    """The starter passes the verifier's own guarded checks in this process (allocations
+    poisoned, no PyTorch compute op outside its Triton launches, at least one launch, inputs
+    unchanged, no aliasing) on its smoke and edge cases."""
+    fam = FAMILIES[name]
+    fn = load_candidate(fam.starter(), cand_dir)
+    verify.install_launch_counter()
+    spec = {"dtype": "bfloat16", "shapes": [{"shape": list(SMALL[name]), "count": 1}], "seed": 3}
+    v = verify.Verifier(fam, spec, DEVICE, interpret=DEVICE == "cpu")
+    cases = v.cases("smoke") + v.cases("edge_cases")
+    assert any(c.layout != "contiguous" for c in cases)
+    for case in cases:
+        v.check(fn, case)
+
+
+# ---------------------------------------------------------------------------------------------
+# the tolerances have teeth ...
+# ---------------------------------------------------------------------------------------------
+
+def _tf32(x):
+    """Round fp32 values to TF32 (10 mantissa bits), as tensor cores read fp32 operands."""
+    xi = x.float().contiguous().view(torch.int32)
+    return ((xi + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+def test_tolerance_rejects_wrong_matmul(cand_dir):
+    fam = FAMILIES["matmul"]
+    for k in (64, 1000):
+        inp = inputs_for(fam, (32, k, 24), torch.float32, seed=1)
+        a, b = inp["a"], inp["b"]
+        assert ratio(fam, (_tf32(a).double() @ _tf32(b).double()).float(), inp) > 1   # silent TF32
+        assert ratio(fam, a @ b, inp) < 0.5                                          # fp32: fine
+    # an fp16 accumulator (16-wide dot steps added in fp16)
+    inp = inputs_for(fam, (32, 256, 24), torch.float16, seed=2)
+    a, b = inp["a"].float(), inp["b"].float()
+    acc = torch.zeros(32, 24, dtype=torch.float16)
+    for k in range(0, 256, 16):
+        acc = (acc.float() + a[:, k:k + 16] @ b[k:k + 16]).half()
+    assert ratio(fam, acc, inp) > 1
+    # a real kernel that drops the last element of every K tail
+    src = fam.render({"block_k": 16})
+    bad = src.replace("k_mask = rk < k_len - k * BLOCK_K", "k_mask = rk < k_len - k * BLOCK_K - 1")
+    assert bad != src
+    fn = load_candidate(bad, cand_dir)
+    inp = inputs_for(fam, (5, 40, 7), torch.float32, seed=3, kind="constant")
+    assert ratio(fam, fn(**inp), inp) > 1
+    inp = inputs_for(fam, (5, 48, 7), torch.float32, seed=3, kind="constant")   # K = 3 * 16: no tail
+    assert ratio(fam, fn(**inp), inp) <= 1
+
+
+def _attention_math(q, k, v, causal, scale, repeat="interleave", max_sub=True):
+    rep = q.shape[1] // k.shape[1]
+    if repeat == "interleave":
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    else:
+        k, v = k.repeat(1, rep, 1, 1), v.repeat(1, rep, 1, 1)
+    s = (q.float() @ k.float().transpose(-1, -2)) * scale
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    if max_sub:
+        p = torch.softmax(s, -1)
+    else:
+        p = s.exp() / s.exp().sum(-1, keepdim=True)
+    return (p @ v.float()).to(q.dtype)
+
+
+def test_tolerance_rejects_wrong_attention(cand_dir):
+    fam = FAMILIES["attention"]
+    shape = (1, 4, 40, 32, 2, 1)
+    for dtype in DTYPES:
+        inp = inputs_for(fam, shape, dtype, seed=1)
+        q, k, v, sc = inp["q"], inp["k"], inp["v"], inp["scale"]
+        assert ratio(fam, _attention_math(q, k, v, True, sc), inp) < 0.75
+        assert ratio(fam, _attention_math(q, k, v, False, sc), inp) > 1               # no mask
+        assert ratio(fam, _attention_math(q, k, v, True, sc, repeat="tile"), inp) > 1  # wrong GQA
+        assert ratio(fam, _attention_math(q, k, v, True, 1.0), inp) > 1               # no scale
+        inp = inputs_for(fam, shape, dtype, seed=2, kind="huge")
+        assert ratio(fam, _attention_math(inp["q"], inp["k"], inp["v"], True, inp["scale"],
+                                          max_sub=False), inp) > 1
+    # a real kernel whose padded key lanes score 0 instead of -inf
+    src = fam.render({"block_n": 32})
+    bad = src.replace("visible = (kn < SK)[None, :]", "visible = (kn >= 0)[None, :]")
+    assert bad != src
+    fn = load_candidate(bad, cand_dir)
+    inp = inputs_for(fam, (1, 2, 20, 16, 1, 0), torch.float32, seed=3, kind="tiny")
+    assert ratio(fam, fn(**inp), inp) > 1
+
+
+def test_tolerance_rejects_wrong_fused_mlp(cand_dir):
+    fam = FAMILIES["fused_mlp"]
+    for dtype in DTYPES:
+        inp = inputs_for(fam, (9, 32, 48), dtype, seed=1)
+        x, wg, wu, wd = (inp[n].float() for n in fam.arg_names)
+        g, u = x @ wg.t(), x @ wu.t()
+        good = ((F.silu(g) * u) @ wd.t()).to(dtype)
+        assert ratio(fam, good, inp) < 0.75
+        assert ratio(fam, ((g * u) @ wd.t()).to(dtype), inp) > 1                 # no sigmoid
+        assert ratio(fam, ((F.silu(u) * g) @ wd.t()).to(dtype), inp) > 1         # gate <-> up
+        assert ratio(fam, ((F.gelu(g) * u) @ wd.t()).to(dtype), inp) > 1         # GeGLU
+        # exp(g) / (1 + exp(g)) overflows to inf / inf = NaN at large g
+        inp = inputs_for(fam, (9, 32, 48), dtype, seed=2, kind="huge")
+        x, wg, wu, wd = (inp[n].float() for n in fam.arg_names)
+        g, u = x @ wg.t(), x @ wu.t()
+        naive = g * (g.exp() / (1 + g.exp())) * u
+        assert ratio(fam, (naive @ wd.t()).to(dtype), inp) > 1
+    src = fam.starter()
+    bad = src.replace("h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u", "h = acc_g * acc_u")
+    assert bad != src
+    fn = load_candidate(bad, cand_dir)
+    inp = inputs_for(fam, (2, 7, 16, 32), torch.float32, seed=3)
+    assert ratio(fam, fn(**inp), inp) > 1
+
+
+def _interleaved(x, cos, sin):
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    c, s = cos[..., 0::2], sin[..., 0::2]
+    out = torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+    return out.flatten(-2)
+
+
+def test_tolerance_rejects_wrong_rotary(cand_dir):
+    fam = FAMILIES["rotary"]
+    for dtype in DTYPES:
+        inp = inputs_for(fam, (2, 3, 16, 32), dtype, seed=1)
+        x, c, s = (inp[n].float() for n in fam.arg_names)
+        assert ratio(fam, rotary.reference(x, c, s).to(dtype), inp) < 0.75
+        assert ratio(fam, _interleaved(x, c, s).to(dtype), inp) > 1               # GPT-J pairs
+        assert ratio(fam, (x * c - rotary.rotate_half(x) * s).to(dtype), inp) > 1  # sign
+        assert ratio(fam, (x * s + rotary.rotate_half(x) * c).to(dtype), inp) > 1  # cos <-> sin
+        # the tables' first half for both halves: invisible with real tables, not with random ones
+        h = x.shape[-1] // 2
+        first = lambda t: torch.cat((t[:, :h], t[:, :h]), -1)                      # noqa: E731
+        assert ratio(fam, rotary.reference(x, first(c), first(s)).to(dtype), inp) < 0.75
+        inp = inputs_for(fam, (2, 3, 16, 32), dtype, seed=2, kind="random_tables")
+        x, c, s = (inp[n].float() for n in fam.arg_names)
+        assert ratio(fam, rotary.reference(x, first(c), first(s)).to(dtype), inp) > 1
+    src = fam.starter()
+    bad = src.replace("y2 = x2 * c2 + x1 * s2", "y2 = x2 * c1 + x1 * s1")
+    assert bad != src
+    fn = load_candidate(bad, cand_dir)
+    inp = inputs_for(fam, (2, 4, 32, 16), torch.float32, seed=3)
+    assert ratio(fam, fn(**inp), inp) <= 1                        # real tables hide it ...
+    inp = inputs_for(fam, (2, 4, 32, 16), torch.float32, seed=3, kind="random_tables")
+    assert ratio(fam, fn(**inp), inp) > 1                         # ... random ones do not
+
+
+def test_tolerance_rejects_wrong_reduce():
+    fam = FAMILIES["reduce"]
+    for dtype in DTYPES:
+        # one lost element of 30: 3% (bf16 resolves 2^-7 = 0.8%)
+        inp = inputs_for(fam, (8, 30), dtype, seed=1, kind="constant_rows")
+        x = inp["x"].float()
+        assert ratio(fam, x[:, :-1].sum(-1).to(dtype), inp) > 1
+        assert ratio(fam, x.mean(-1).to(dtype), inp) > 1                          # mean
+    # an fp16 accumulator
+    inp = inputs_for(fam, (8, 4000), torch.float16, seed=2, kind="huge")
+    acc = torch.zeros(8, dtype=torch.float16)
+    for j in range(4000):
+        acc = acc + inp["x"][:, j]
+    assert ratio(fam, acc, inp) > 1
+    assert ratio(fam, inp["x"].float().sum(-1).half(), inp) < 0.75
+
+
+# ---------------------------------------------------------------------------------------------
+# ... and are fair
+# ---------------------------------------------------------------------------------------------
+
+FAIR_SHAPES = {"matmul": (24, 500, 16), "attention": (1, 4, 64, 64, 2, 1),
+               "fused_mlp": (24, 64, 176), "rotary": (2, 4, 40, 64), "reduce": (8, 1000)}
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_tolerance_is_fair(name):
+    """The reference computed in fp32 (what a correct fp32-accumulating kernel does) stays well
+    inside the tolerance on every kind and dtype; so does eager PyTorch in the inputs' dtype for
+    the elementwise rotary."""
+    fam = FAMILIES[name]
+    for kind in ("normal",) + fam.adversarial:
+        for di, dtype in enumerate(DTYPES):
+            inp = inputs_for(fam, FAIR_SHAPES[name], dtype, seed=di, kind=kind)
+            f32 = {k: v.float() if torch.is_tensor(v) and v.is_floating_point() else v
+                   for k, v in inp.items()}
+            out = fam.reference(**f32).to(dtype)
+            assert ratio(fam, out, inp) < 0.75, (kind, dtype, ratio(fam, out, inp))
+            if name == "rotary":
+                assert ratio(fam, fam.reference(**inp), inp) < 0.75, (kind, dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# launch clamps
+# ---------------------------------------------------------------------------------------------
+
+H200_SMEM, AMD_LDS = 232448, 65536
+
+
+def test_gemm_launch_clamps(cand_dir):
+    mod = module_of(load_candidate(FAMILIES["matmul"].starter(), cand_dir))
+    for budget in (H200_SMEM, AMD_LDS):
+        for bm in (16, 64, 256):
+            for bn in (16, 128, 256):
+                for bk in (16, 64, 128):
+                    for stages in (1, 3, 5):
+                        for warps in (2, 4, 8):
+                            for item in (2, 4):
+                                for ops in (2, 3):
+                                    m, n, k, s = mod._fit_gemm(bm, bn, bk, stages, warps, 4096,
+                                                               4096, 4096, item, budget, ops)
+                                    assert 16 <= m <= bm and 16 <= n <= bn and 16 <= k <= bk
+                                    assert 1 <= s <= stages
+                                    assert m * n * (ops - 1) <= 4096 * warps
+                                    assert s * (m + (ops - 1) * n) * k * item <= budget
+    assert mod._fit_gemm(128, 128, 64, 3, 4, 5, 3, 1, 2, H200_SMEM) == (16, 16, 16, 3)
+    assert mod._fit_gemm(128, 256, 64, 3, 8, 4096, 4096, 4096, 2, H200_SMEM) == (128, 256, 64, 3)
+    assert mod._smem_budget(torch.device("cpu")) > H200_SMEM
+
+
+def test_attention_launch_clamps(cand_dir):
+    mod = module_of(load_candidate(FAMILIES["attention"].starter(), cand_dir))
+    for budget in (H200_SMEM, AMD_LDS):
+        for bd in (16, 64, 128, 256):
+            for bm in (16, 64, 128):
+                for bn in (16, 64, 128):
+                    for stages in (1, 2, 4):
+                        for warps in (2, 4, 8):
+                            m, n, s = mod._fit_attn(bm, bn, bd, stages, warps, 4096, 4096, 2, budget)
+                            assert 16 <= m <= bm and 16 <= n <= bn and 1 <= s <= stages
+                            assert m * (bd + n) <= 192 * 32 * warps or (m == 16 and n == 16)
+                            assert (m * bd + s * 2 * n * bd + m * n) * 2 <= budget or n == 16
+    assert mod._fit_attn(64, 64, 16, 2, 4, 7, 5, 4, H200_SMEM) == (16, 16, 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# make_inputs, cost, shapes and conventions
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_make_inputs(name):
+    fam = FAMILIES[name]
+    shape = SHAPES[name][0]
+    for kind in ("normal",) + fam.adversarial:
+        for dtype in DTYPES:
+            a = fam.make_inputs(shape, dtype, DEVICE, gen(1), kind)
+            b = fam.make_inputs(shape, dtype, DEVICE, gen(1), kind)
+            c = fam.make_inputs(shape, dtype, DEVICE, gen(2), kind)
+            assert tuple(a) == fam.arg_names
+            main = a[fam.arg_names[0]]
+            assert main.dtype == dtype and main.device.type == DEVICE
+            for k, v in a.items():
+                if torch.is_tensor(v):
+                    assert v.dtype == dtype and torch.equal(v.nan_to_num(0.0), b[k].nan_to_num(0.0))
+            if kind != "constant":
+                assert not torch.equal(main.nan_to_num(0.0), c[fam.arg_names[0]].nan_to_num(0.0))
+            assert not main.isnan().any()
+            if kind == "inf":
+                assert main.isinf().any()
+            else:
+                assert all(v.isfinite().all() for v in a.values() if torch.is_tensor(v)), (kind, dtype)
+                out = fam.reference(**a)
+                assert out.isfinite().all(), (name, kind, dtype)           # no overflow in the dtype
+    with pytest.raises(ValueError):
+        fam.make_inputs(shape, torch.float32, DEVICE, gen(0), "no_such_kind")
+    assert fam.make_inputs(shape, "bfloat16", DEVICE, gen(0))[fam.arg_names[0]].dtype == torch.bfloat16
+
+
+def test_input_layouts_and_shapes():
+    inp = FAMILIES["matmul"].make_inputs((5, 7, 3), torch.float32, DEVICE, gen(0))
+    assert inp["a"].shape == (5, 7) and inp["b"].shape == (7, 3) and inp["b"].stride() == (1, 7)
+    inp = FAMILIES["matmul"].make_inputs((2, 5, 7, 3), torch.float32, DEVICE, gen(0))
+    assert inp["a"].shape == (2, 5, 7) and inp["b"].shape == (2, 7, 3)
+    inp = FAMILIES["attention"].make_inputs((2, 4, 9, 16, 2, 0), torch.float32, DEVICE, gen(0))
+    assert inp["q"].shape == (2, 4, 9, 16) and inp["k"].shape == inp["v"].shape == (2, 2, 9, 16)
+    assert inp["causal"] is False and inp["scale"] == 0.25 and not inp["v"].is_contiguous()
+    assert FAMILIES["attention"].make_inputs((2, 4, 9, 16), "float32", DEVICE, gen(0))["causal"] is True
+    with pytest.raises(ValueError):
+        FAMILIES["attention"].make_inputs((2, 3, 9, 16, 2), "float32", DEVICE, gen(0))
+    inp = FAMILIES["fused_mlp"].make_inputs((2, 3, 8, 20), torch.float32, DEVICE, gen(0))
+    assert inp["x"].shape == (2, 3, 8) and inp["w_gate"].shape == inp["w_up"].shape == (20, 8)
+    assert inp["w_down"].shape == (8, 20)
+    inp = FAMILIES["rotary"].make_inputs((2, 4, 9, 16), torch.float32, DEVICE, gen(0))
+    assert inp["x"].shape == (2, 4, 9, 16) and inp["cos"].shape == (9, 16)
+    assert inp["x"].stride() == (9 * 4 * 16, 16, 4 * 16, 1)             # the model's q/k layout
+    c, s = rotary.tables(9, 16)
+    assert torch.allclose(inp["cos"], c) and torch.allclose(inp["sin"], s)
+    from engine.models import rotary_tables
+    c2, s2 = rotary_tables(16, 9, 10000.0)
+    assert torch.equal(c, c2) and torch.equal(s, s2)
+    with pytest.raises(ValueError):
+        FAMILIES["rotary"].make_inputs((2, 4, 9, 15), "float32", DEVICE, gen(0))
+
+
+def test_references_are_what_models_run():
+    from engine import models
+    torch.manual_seed(0)
+    mlp = models.SwiGLUMLP(16, 40)
+    x = torch.randn(2, 3, 16)
+    with torch.no_grad():
+        assert torch.equal(mlp(x), fused_mlp.reference(x, mlp.gate.weight, mlp.up.weight,
+                                                       mlp.down.weight))
+    q = torch.randn(2, 4, 9, 16)
+    c, s = models.rotary_tables(16, 9, 10000.0)
+    assert torch.equal(models.apply_rotary(q, c, s), rotary.reference(q, c, s))
+    k, v = torch.randn(2, 2, 9, 16), torch.randn(2, 2, 9, 16)
+    ref = attention.reference(q, k, v, True, 0.25)
+    kk, vv = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    sc = (q @ kk.transpose(-1, -2)) * 0.25
+    sc = sc.masked_fill(torch.ones(9, 9, dtype=torch.bool).triu(1), float("-inf"))
+    assert torch.allclose(ref, sc.softmax(-1) @ vv, atol=1e-6)
+
+
+def test_cost():
+    b, f = matmul.cost((4096, 4096, 4096), torch.bfloat16)
+    assert b == 3 * 4096 * 4096 * 2 and f == 2 * 4096 ** 3
+    b, f = matmul.cost((4096, 11008, 4096), torch.float16)
+    assert b == (4096 * 11008 * 2 + 4096 * 4096) * 2 and f == 2 * 4096 * 11008 * 4096
+    assert matmul.cost((32, 64, 16, 8), "float32") == (32 * (64 * 16 + 16 * 8 + 64 * 8) * 4,
+                                                        2 * 32 * 64 * 8 * 16)
+    b, f = attention.cost((1, 32, 2048, 128, 8, 0), torch.bfloat16)
+    assert b == (2 * 32 + 2 * 8) * 2048 * 128 * 2 and f == 32 * 2048 * 2048 * (4 * 128 + 5)
+    causal = attention.cost((1, 32, 2048, 128, 8, 1), torch.bfloat16)[1]
+    assert 0.49 < causal / f < 0.51
+    b, f = fused_mlp.cost((4096, 4096, 14336), torch.bfloat16)
+    assert b == (2 * 4096 * 4096 + 3 * 4096 * 14336) * 2 and f >= 6 * 4096 * 4096 * 14336
+    assert fused_mlp.cost((2, 2048, 4096, 14336), "bfloat16") == fused_mlp.cost((4096, 4096, 14336), "bfloat16")
+    b, f = rotary.cost((1, 32, 2048, 128), torch.bfloat16)
+    assert b == (2 * 32 * 2048 * 128 + 2 * 2048 * 128) * 2 and f == 3 * 32 * 2048 * 128
+    assert reduce.cost((4096, 4096), torch.float32) == (4096 * 4096 * 4 + 4096 * 4, 4096 * 4096)
+    for fam in FAMILIES.values():
+        for shape in fam.bench_shapes + fam.sweep_shapes + fam.edge_shapes:
+            nb, nf = fam.cost(shape, torch.bfloat16)
+            assert isinstance(nb, int) and isinstance(nf, int) and nb > 0 and nf > 0
+
+
+def test_shapes():
+    mm = FAMILIES["matmul"]
+    assert {(4096, 4096, 4096), (4096, 11008, 4096)} <= set(mm.bench_shapes)
+    assert {s[3] for s in attention.BENCH_SHAPES} >= {64, 128}            # head dims
+    assert {s[5] for s in attention.BENCH_SHAPES} == {0, 1}                # causal and not
+    assert any(s[4] < s[1] for s in attention.BENCH_SHAPES)                # grouped-query
+    assert (1, 32, 2048, 128) in rotary.BENCH_SHAPES and (4096, 4096, 14336) in fused_mlp.BENCH_SHAPES
+    cap = 1 << 15                                                          # the interpreter's
+    for name, fam in FAMILIES.items():
+        for s in fam.bench_shapes + fam.sweep_shapes + fam.edge_shapes:
+            assert all(isinstance(v, int) and v >= 0 for v in s), (name, s)
+        small = [s for s in fam.sweep_shapes + fam.edge_shapes if fam.problem_size(s) <= cap]
+        assert len(small) >= 6, name                                       # the interpreter checks them
+        assert any(fam.problem_size(s) > cap for s in fam.sweep_shapes), name   # and GPUs more
+        for s in small:
+            inp = fam.make_inputs(s, torch.float32, "cpu", gen(0))
+            assert fam.reference(**inp).numel() > 0
+
+
+def test_profile_shapes_flow_into_the_family_convention():
+    from engine.loop import _target_shapes
+    row = {"family": "matmul", "shapes": [
+        {"shape": [64, 64, 128], "dtype": "float32", "count": 4},
+        {"shape": [32, 16, 32], "dtype": "float32", "count": 2, "batch": 8},
+        {"shape": [64, 64, 128], "dtype": "float32", "count": 1, "batch": 1},
+        {"shape": [1, 2, 3], "dtype": "bfloat16", "count": 1}]}
+    assert _target_shapes(row) == ("float32", [{"shape": [64, 64, 128], "count": 5},
+                                               {"shape": [8, 32, 16, 32], "count": 2}])
+    row = {"family": "attention", "shapes": [
+        {"shape": [2, 4, 32, 16], "dtype": "float32", "count": 2, "kv_heads": 2}]}
+    assert _target_shapes(row)[1] == [{"shape": [2, 4, 32, 16, 2, 1], "count": 2}]
+    row = {"family": "fused_mlp", "shapes": [
+        {"shape": [2, 32, 64], "dtype": "float32", "count": 2, "d_model": 64, "ffn_dim": 128}]}
+    assert _target_shapes(row)[1] == [{"shape": [2, 32, 64, 128], "count": 2}]
+    row = {"family": "rotary", "shapes": [{"shape": [2, 4, 32, 16], "dtype": "float32", "count": 2}]}
+    assert _target_shapes(row)[1] == [{"shape": [2, 4, 32, 16], "count": 2}]
+    # the verifier sizes shapes by the family: attention by q's numel times its key blocks
+    v = verify.Verifier(FAMILIES["attention"], {"dtype": "float32", "shapes": []}, "cpu", True)
+    assert v.size((1, 1, 200, 64, 1, 0)) == 200 * 64 * 4 and v.size((2, 4, 32, 16, 2, 1)) == 4096
+    assert verify.Verifier(FAMILIES["matmul"], {"dtype": "float32", "shapes": []}, "cpu",
+                           True).size((64, 64, 128)) == 64 * 64 * 128
+
+
+def test_compare_with_error_bound():
+    out = torch.tensor([1.0, 2.0, 3.0])
+    exp = torch.tensor([1.0, 2.1, 3.0])
+    assert not verify.compare(out, exp, 0.0, 0.0)[0]
+    assert verify.compare(out, exp, 0.0, 0.0, torch.tensor([0.0, 0.2, 0.0]))[0]
+    assert not verify.compare(out, exp, 0.0, 0.0, torch.tensor([0.2, 0.0, 0.2]))[0]
+    # a "contiguous" tensor with a strided size-1 dim (b = w^T for N = 1) compares bytewise
+    w = torch.randn(1, 17)
+    assert verify._bytes_equal(w.t(), w.t().clone()) and w.t().stride() == (1, 17)
