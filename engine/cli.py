@@ -51,6 +51,10 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--timeout", type=float, default=300.0)
     v.add_argument("--no-time", action="store_true", help="verify only, skip timing")
 
+    from engine.benchfamilies import add_arguments as bench_arguments
+    bench_arguments(sub.add_parser("bench", help="every family against PyTorch eager and "
+                                   "torch.compile, with the loop's best kernels: Markdown"))
+
     rp = sub.add_parser("report", help="a run as Markdown (targets, per-shape results, machine)")
     rp.add_argument("run", help="run id, or 'latest'")
     rp.add_argument("--db", default=None)
@@ -172,9 +176,19 @@ def cmd_report(a) -> int:
     return 0
 
 
+def cmd_bench(a) -> int:
+    from engine.benchfamilies import BenchError, main as bench_main
+    try:
+        return bench_main(a, log=lambda s: print(s, flush=True))
+    except BenchError as e:
+        raise UsageError(str(e)) from None
+
+
 def main(argv=None) -> int:
     try:
         a = _parser().parse_args(argv)
+        if a.cmd == "bench":
+            return cmd_bench(a)
         return {"run": cmd_run, "verify": cmd_verify, "report": cmd_report}[a.cmd](a)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)

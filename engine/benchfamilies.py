@@ -1,0 +1,362 @@
+"""``python -m engine bench``: every kernel family against PyTorch, as one Markdown table per family.
+
+For each family and each of its benchmark shapes (``Family.bench_shapes``; tiny shapes with
+``--quick``), one process measures, one run per shape and implementation:
+
+- PyTorch eager: the family's reference, the op models run;
+- torch.compile of that reference, mode "default" and "max-autotune" (skipped, with the reason in
+  the table, where torch.compile is unavailable or fails, e.g. without a C compiler on a CPU);
+- the family's starter kernel (its search space's default point);
+- the best kernel the loop found, from a run in the database (``--db``, ``--run``; by default the
+  latest run with a kept experiment for the family): the kept experiment with the lowest time at
+  that shape, or, for a shape the run never timed, the family's best kept experiment; with the
+  number of experiments (its seq in the run) and wall time (its created_at minus the run's) the
+  loop took to reach it.
+
+Timing is engine/bench.py's: on a GPU device events around each call, warm-up (compilation and
+autotuning happen there), the L2 flushed before every repetition, inputs rotated among fresh sets,
+median of many repetitions in three rounds. Ceilings are engine/hw.py's measure_ceilings (copy
+bandwidth, bf16 matmul rate); each row reports the share of its roofline, max(bytes / copy rate,
+flops / matmul rate), naming the roof that binds ("mem" or "mm"), and the ratios of the best
+kernel to eager and to torch.compile max-autotune (> 1: the kernel is faster).
+
+Without a GPU, kernels run under Triton's interpreter and every figure is an interpreter timing:
+the table says so ("interpreter: no GPU figures") and ``--quick`` keeps the shapes tiny; the code
+paths are the ones a GPU session runs.
+
+Kernels are loaded into this process: rendered starters, and sources from the database that the
+loop's verifier accepted; each passes the engine's static check before it is imported.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.util
+import os
+import sys
+import tempfile
+import time
+import traceback
+
+COMPILE_MODES = ("default", "max-autotune")
+QUICK_SIZE = 1 << 12          # --quick: shapes of at most this problem_size
+
+
+def add_arguments(p) -> None:
+    """The ``bench`` subcommand's options (engine/cli.py)."""
+    p.add_argument("--families", default="all", help="comma-separated family names, or 'all'")
+    p.add_argument("--out", default="docs/benchmarks_families.md", help="Markdown file to write")
+    p.add_argument("--db", default=None, help="SQLite file with the loop's runs (default data/runs.db)")
+    p.add_argument("--run", default=None, help="run id for the best kernels (default: per family, "
+                   "the latest run with a kept experiment for it)")
+    p.add_argument("--dtype", default=None, help="float32 | float16 | bfloat16 (default: bfloat16 "
+                   "on a GPU, float32 under the interpreter)")
+    p.add_argument("--quick", action="store_true", help="tiny shapes (CPU / smoke test)")
+    p.add_argument("--max-shapes", type=int, default=None, help="at most this many shapes per family")
+    p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    p.add_argument("--compile-modes", default=",".join(COMPILE_MODES),
+                   help="torch.compile modes to time (default: default,max-autotune)")
+
+
+class BenchError(ValueError):
+    """A usage problem (unknown family, run or dtype); the CLI prints it as one line."""
+
+
+# ---------------------------------------------------------------------------------------------
+# what to measure
+# ---------------------------------------------------------------------------------------------
+
+def _family_names(text: str) -> list[str]:
+    import kernels
+    if text.strip() in ("", "all"):
+        return list(kernels.FAMILY_NAMES)
+    names = [f.strip() for f in text.split(",") if f.strip()]
+    for n in names:
+        if n not in kernels.FAMILY_NAMES:
+            raise BenchError(f"unknown family {n!r}; known families: {', '.join(kernels.FAMILY_NAMES)}")
+    return names
+
+
+def bench_shapes(fam, quick: bool, max_shapes: int | None) -> list[tuple]:
+    """The family's benchmark shapes; with ``quick`` its largest sweep/edge shapes of at most
+    QUICK_SIZE (two of them unless max_shapes says otherwise)."""
+    if quick:
+        small = sorted({tuple(s) for s in fam.sweep_shapes + fam.edge_shapes
+                        if fam.problem_size(s) <= QUICK_SIZE}, key=fam.problem_size)
+        shapes = small[-(max_shapes or 2):]
+    else:
+        shapes = [tuple(s) for s in fam.bench_shapes]
+        if max_shapes:
+            shapes = shapes[:max_shapes]
+    return shapes
+
+
+def best_kernels(store, family: str, run_id: str | None) -> dict | None:
+    """{"run": run row, "kept": [kept experiments with source], "best_id": the target's best}
+    for ``family`` in ``run_id`` (or the latest run with a kept experiment of it), or None."""
+    runs = [store.get_run(run_id)] if run_id else store.list_runs()
+    for run in runs:
+        if run is None:
+            continue
+        kept = [e for e in store.experiments(run["id"], with_source=True)
+                if e["family"] == family and e["state"] == "kept"]
+        if kept:
+            target = next((t for t in store.targets(run["id"]) if t["family"] == family), None)
+            best_id = target["best_experiment_id"] if target else None
+            return {"run": run, "kept": kept, "best_id": best_id or kept[-1]["id"]}
+    return None
+
+
+def pick_best(found: dict, shape: tuple) -> dict:
+    """The kept experiment fastest at ``shape``, or the family's best when none timed it."""
+    timed = []
+    for e in found["kept"]:
+        for row in e.get("shape_times") or []:
+            if tuple(row["shape"]) == tuple(shape) and row.get("us"):
+                timed.append((row["us"], e["seq"], e))
+    if timed:
+        return min(timed, key=lambda t: (t[0], t[1]))[2]
+    return next(e for e in found["kept"] if e["id"] == found["best_id"])
+
+
+# ---------------------------------------------------------------------------------------------
+# loading and timing
+# ---------------------------------------------------------------------------------------------
+
+class _Loader:
+    """Imports candidate sources from files (Triton reads kernel source through inspect)."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="nightshift-bench-")
+        self.cache: dict[str, object] = {}
+
+    def load(self, source: str, arg_names):
+        from engine import verify
+        h = verify.source_hash(source)
+        if h not in self.cache:
+            why = verify.static_check(source, tuple(arg_names))
+            if why:
+                raise RuntimeError(f"static check failed: {why}")
+            path = os.path.join(self.dir, f"bench_{h}.py")
+            with open(path, "w") as f:
+                f.write(source)
+            name = f"nightshift_bench_{h}"
+            spec = importlib.util.spec_from_file_location(name, path)
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[name] = mod
+            spec.loader.exec_module(mod)
+            self.cache[h] = mod.kernel_fn
+        return self.cache[h]
+
+
+def _compiled(reference, mode: str):
+    import torch
+    torch._dynamo.reset()      # a fresh graph cache per (shape, mode): no recompilation limits
+    return torch.compile(reference, mode=mode, dynamic=False)
+
+
+def _time(fn, sets, gpu: bool) -> dict:
+    from engine import bench
+    return bench.time_call(fn, sets, gpu)
+
+
+def _cell(res) -> str:
+    if res is None:
+        return "-"
+    if isinstance(res, str):
+        return res
+    return f"{res['us']:.1f}"
+
+
+def _short(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {msg}"[:160]
+
+
+def measure_family(fam, shapes, dtype: str, gpu: bool, ceilings: dict, loader: _Loader,
+                   found: dict | None, modes: list[str], compile_note: list, log) -> list[dict]:
+    """One row per shape: eager, torch.compile per mode, starter, best, roofline, ratios."""
+    import torch
+    from engine import bench
+    device = "cuda" if gpu else "cpu"
+    tdtype = getattr(torch, dtype)
+    l2 = 0
+    if gpu:
+        l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 * 2**20)
+    starter = loader.load(fam.starter(), fam.arg_names)
+    rows = []
+    for shape in shapes:
+        gen = torch.Generator(device=device).manual_seed(1234)
+        nbytes, flops = fam.cost(shape, tdtype)
+        k = bench.input_set_count(nbytes, l2, gpu)
+        sets = [fam.make_inputs(shape, tdtype, device, gen) for _ in range(k)]
+        row = {"shape": shape, "bytes": nbytes, "flops": flops, "results": {}}
+        impls = [("eager", lambda: fam.reference)]
+        for mode in modes:
+            impls.append((f"compile:{mode}", lambda m=mode: _compiled(fam.reference, m)))
+        impls.append(("starter", lambda: starter))
+        best = pick_best(found, shape) if found else None
+        if best is not None:
+            impls.append(("best", lambda b=best: loader.load(b["source"], fam.arg_names)))
+            row["best_exp"] = best
+        for name, make in impls:
+            t0 = time.perf_counter()
+            try:
+                res = _time(make(), sets, gpu)
+            except Exception as e:                       # one failing implementation is one cell
+                res = "failed: " + _short(e)
+                if name.startswith("compile:") and not compile_note:
+                    compile_note.append(f"torch.compile unavailable or failed ({_short(e)})")
+                if os.environ.get("NIGHTSHIFT_BENCH_DEBUG"):
+                    traceback.print_exc()
+            row["results"][name] = res
+            log(f"  {fam.name} {'x'.join(map(str, shape))} {name}: {_cell(res)}"
+                f"{' us' if isinstance(res, dict) else ''} ({time.perf_counter() - t0:.1f} s)")
+        if ceilings:
+            t_mem = nbytes / (ceilings["copy_gbps"] * 1e3)
+            t_mm = flops / (ceilings["matmul_tflops"] * 1e6) if ceilings.get("matmul_tflops") else 0.0
+            row["sol_us"], row["roof"] = max(t_mem, t_mm), ("mm" if t_mm > t_mem else "mem")
+        rows.append(row)
+        del sets
+        if gpu:
+            torch.cuda.empty_cache()
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# the table
+# ---------------------------------------------------------------------------------------------
+
+def _us(row, name):
+    r = row["results"].get(name)
+    return r["us"] if isinstance(r, dict) else None
+
+
+def _ratio(num, den) -> str:
+    return f"{num / den:.3g}x" if num and den else "-"
+
+
+def family_table(fam, rows: list[dict], modes: list[str], found: dict | None) -> list[str]:
+    heads = ["shape", "eager (us)"] + [f"compile {m} (us)" for m in modes] + [
+        "starter (us)", "best (us)", "best found at", "best / eager", "best / max-autotune",
+        "best % of roofline", "starter / eager", "starter / max-autotune", "starter % of roofline"]
+    out = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+    start = found["run"]["created_at"] if found else None
+    for row in rows:
+        eager, ma = _us(row, "eager"), _us(row, "compile:max-autotune")
+        best, starter = _us(row, "best"), _us(row, "starter")
+        exp = row.get("best_exp")
+        at = (f"exp {exp['seq']}, {exp['created_at'] - start:.0f} s" if exp is not None else "no run")
+        sol = row.get("sol_us")
+
+        def pct(t):
+            return f"{100 * sol / t:.0f}% ({row['roof']})" if sol and t else "-"
+
+        cells = ["x".join(map(str, row["shape"])), _cell(row["results"].get("eager"))]
+        cells += [_cell(row["results"].get(f"compile:{m}")) for m in modes]
+        cells += [_cell(row["results"].get("starter")), _cell(row["results"].get("best")), at,
+                  _ratio(eager, best), _ratio(ma, best), pct(best),
+                  _ratio(eager, starter), _ratio(ma, starter), pct(starter)]
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def markdown(meta: dict, sections: list[tuple], modes: list[str]) -> str:
+    dev = meta["device"]
+    lines = ["# Kernel families against PyTorch", "",
+             f"- machine: {dev.get('name', '?')} ({dev.get('vendor', '?')}), torch {dev.get('torch')}, "
+             f"triton {dev.get('triton')}, python {dev.get('python')}",
+             f"- date: {meta['date']}; dtype {meta['dtype']}; "
+             f"{'quick (tiny shapes)' if meta['quick'] else 'benchmark shapes'}"]
+    ceil = meta.get("ceilings") or {}
+    if ceil:
+        lines.append(f"- measured ceilings: copy {ceil['copy_gbps']:.0f} GB/s (read + write), "
+                     f"bf16 matmul {ceil['matmul_tflops']:.0f} TFLOP/s; roofline = max(bytes / copy "
+                     f"rate, flops / matmul rate), (mem) or (mm) names the roof that binds")
+    if meta["timing_mode"] == "interpreter":
+        lines.append("- **interpreter: no GPU figures.** Kernels ran under Triton's CPU interpreter "
+                     "and PyTorch on the CPU; these timings exercise the benchmark, they measure "
+                     "nothing about GPU performance")
+    else:
+        lines.append("- timing: device events, warm-up first, L2 flushed before every repetition, "
+                     "inputs rotated, median of three rounds (engine/bench.py)")
+    for note in meta.get("notes", []):
+        lines.append(f"- {note}")
+    lines.append(f"- times in microseconds per call; ratios > 1: the loop's best kernel is faster; "
+                 f"\"best found at\": its experiment number in the run and the run's wall time "
+                 f"until then; wall time of this benchmark {meta['wall_s']:.0f} s")
+    for fam, rows, found in sections:
+        lines += ["", f"## {fam.name}", "", f"{fam.description} `{fam.signature}`"]
+        if found:
+            r = found["run"]
+            lines.append(f"Best kernels from run `{r['id']}` ({r['model']}, {r['timing_mode']} "
+                         f"timings, {len(found['kept'])} kept experiment(s) of {fam.name}).")
+        else:
+            lines.append("No run in the database has a kept experiment for this family: starter only.")
+        lines.append("")
+        lines += family_table(fam, rows, modes, found)
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# entry point
+# ---------------------------------------------------------------------------------------------
+
+def main(args, log=print) -> int:
+    """Run the benchmark described by ``args`` (see add_arguments); write the Markdown file."""
+    import torch
+
+    import kernels
+    from engine import hw
+    from engine.store import Store, StoreError
+    t_start = time.perf_counter()
+    names = _family_names(args.families)
+    gpu = torch.cuda.is_available()
+    if not gpu:
+        os.environ.setdefault("TRITON_INTERPRET", "1")   # before the first kernel is defined
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            raise BenchError("no GPU and TRITON_INTERPRET is not 1: Triton kernels cannot run")
+    dtype = args.dtype or ("bfloat16" if gpu else "float32")
+    if dtype not in ("float32", "float16", "bfloat16"):
+        raise BenchError(f"unknown dtype {dtype!r}; choose float32, float16 or bfloat16")
+    modes = [] if args.no_compile else [m.strip() for m in args.compile_modes.split(",") if m.strip()]
+    device = hw.detect()
+    ceilings = hw.measure_ceilings() if gpu else {}
+    if not gpu:
+        log("interpreter: no GPU figures (Triton's CPU interpreter; timings exercise the code only)")
+    store = None
+    try:
+        store = Store(args.db, readonly=True)
+    except StoreError as e:
+        if args.run:
+            raise BenchError(str(e)) from None
+        log(f"no database ({e}): starters only")
+    if args.run and store is not None and store.get_run(args.run) is None:
+        raise BenchError(f"no run {args.run!r} in {store.path}")
+    loader = _Loader()
+    compile_note: list[str] = []
+    sections = []
+    for name in names:
+        fam = kernels.get(name)
+        shapes = bench_shapes(fam, args.quick, args.max_shapes)
+        found = best_kernels(store, name, args.run) if store is not None else None
+        log(f"{name}: {len(shapes)} shape(s), best kernel from "
+            f"{('run ' + found['run']['id']) if found else 'no run'}")
+        rows = measure_family(fam, shapes, dtype, gpu, ceilings, loader, found, modes,
+                              compile_note, log)
+        sections.append((fam, rows, found))
+    notes = list(compile_note)
+    if args.no_compile:
+        notes.append("torch.compile not run (--no-compile)")
+    meta = {"device": device, "ceilings": ceilings, "dtype": dtype, "quick": args.quick,
+            "timing_mode": device["timing_mode"], "notes": notes,
+            "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "wall_s": time.perf_counter() - t_start}
+    text = markdown(meta, sections, modes)
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    os.makedirs(out_dir, exist_ok=True)
+    with open(args.out, "w") as f:
+        f.write(text)
+    log(f"wrote {args.out}")
+    if store is not None:
+        store.close()
+    return 0

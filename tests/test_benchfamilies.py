@@ -1,0 +1,104 @@
+"""``python -m engine bench``: on the CPU (interpreter) with --quick, every code path a GPU session
+runs: eager, torch.compile, the starter, the loop's best kernels from a database, the Markdown."""
+import argparse
+from pathlib import Path
+
+import pytest
+
+import kernels
+from engine import benchfamilies
+from engine.store import Store
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+
+def _args(**kw):
+    p = argparse.ArgumentParser()
+    benchfamilies.add_arguments(p)
+    a = p.parse_args([])
+    for k, v in kw.items():
+        setattr(a, k, v)
+    return a
+
+
+def _db_with_run(path: Path) -> tuple[str, dict]:
+    """A run with reduce and matmul experiments: starter kept, a faster variant kept at one
+    shape, a reverted one; the matmul target timed a shape the quick benchmark does not use."""
+    s = Store(path)
+    run_id = s.create_run("llama-tiny", {"model": "llama-tiny"}, {"name": "cpu"}, "interpreter", None)
+    run = s.get_run(run_id)
+    red, mm = kernels.get("reduce"), kernels.get("matmul")
+    quick = benchfamilies.bench_shapes(red, True, 1)[0]
+    t_red = s.add_target(run_id, "reduce", "float32", [{"shape": list(quick), "count": 1}], 0.2)
+    t_mm = s.add_target(run_id, "matmul", "float32", [{"shape": [64, 64, 64], "count": 4}], 0.5)
+    variant = {"variant": "chunked", "block_d": 256}
+
+    def exp(target, fam, params, state, us, shape, dt):
+        src = fam.render(params)
+        e = dict(run_id=run_id, target_id=target, family=fam.name, proposer="search",
+                 hypothesis="test", params=params, source=src, source_hash=str(hash(src)),
+                 state=state, latency_us=us, noise=0.01,
+                 shape_times=[{"shape": list(shape), "count": 1, "us": us}],
+                 timing_mode="interpreter", created_at=run["created_at"] + dt)
+        upd = {"best_is_this": True} if state == "kept" else {}
+        return s.record_experiment(e, [], upd)
+
+    exp(t_red, red, red.default, "kept", 100.0, quick, 5.0)            # seq 1
+    exp(t_mm, mm, mm.default, "kept", 500.0, (64, 64, 64), 9.0)        # seq 2
+    exp(t_red, red, variant, "kept", 50.0, quick, 20.0)                # seq 3: best for reduce
+    exp(t_red, red, dict(red.default, num_warps=8), "reverted", 40.0, quick, 30.0)
+    s.close()
+    return run_id, {"reduce_best_seq": 3}
+
+
+def test_bench_quick_with_a_run(tmp_path):
+    db = tmp_path / "runs.db"
+    run_id, info = _db_with_run(db)
+    out = tmp_path / "docs" / "bench.md"
+    lines = []
+    rc = benchfamilies.main(_args(families="all", quick=True, max_shapes=1, no_compile=True,
+                                  db=str(db), out=str(out)), log=lines.append)
+    assert rc == 0 and out.exists()
+    text = out.read_text()
+    assert "interpreter: no GPU figures" in text and any("no GPU figures" in l for l in lines)
+    assert "torch 2." in text and "triton" in text and "UTC" in text
+    for name in kernels.FAMILY_NAMES:
+        assert f"## {name}" in text
+    red = text.split("## reduce")[1]
+    assert f"run `{run_id}`" in red and "exp 3, 20 s" in red           # the faster kept variant
+    mm = text.split("## matmul")[1].split("## ")[0]
+    assert "exp 2, 9 s" in mm                                          # best overall: shape untimed
+    assert "No run in the database has a kept experiment" in text.split("## softmax")[1].split("## ")[0]
+    # every implementation measured: no failed cells
+    assert "failed" not in text
+    rows = [l for l in text.splitlines() if l.startswith("| ") and not l.startswith("| shape")]
+    assert len(rows) == len(kernels.FAMILY_NAMES)
+
+
+def test_bench_torch_compile_path(tmp_path):
+    """torch.compile default and max-autotune cells: timed where it works here, else a note."""
+    out = tmp_path / "b.md"
+    rc = benchfamilies.main(_args(families="reduce", quick=True, max_shapes=1,
+                                  db=str(tmp_path / "none.db"), out=str(out)), log=lambda s: None)
+    assert rc == 0
+    text = out.read_text()
+    assert "compile default (us)" in text and "compile max-autotune (us)" in text
+    row = next(l for l in text.splitlines() if l.startswith("| ") and not l.startswith("| shape"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    for c in cells[2:4]:
+        assert c.startswith("failed") or float(c) > 0
+    if any(c.startswith("failed") for c in cells[2:4]):
+        assert "torch.compile unavailable or failed" in text
+
+
+def test_bench_cli_errors(tmp_path, capsys):
+    from engine import cli
+    assert cli.main(["bench", "--families", "rmsnorm,warpdrive", "--out", str(tmp_path / "x.md")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "unknown family" in err and len(err.splitlines()) == 1
+    assert cli.main(["bench", "--run", "nope", "--db", str(tmp_path / "missing.db"),
+                     "--out", str(tmp_path / "x.md")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and len(err.splitlines()) == 1
+    assert not (tmp_path / "x.md").exists()
