@@ -498,11 +498,11 @@ class Verifier:
                                      f"returns {list(ref_native.shape)} {ref_native.dtype}")
         f64 = {k: _float64(v) for k, v in pristine.items()}
         expected = self.fam.reference(**f64).to(out.dtype)
-        tol = self.fam.tolerance[self._tdtype(case.dtype)]
-        atol, rtol = tol[0], tol[1]
+        atol, rtol = self.fam.tolerance[self._tdtype(case.dtype)]
+        stol = self.fam.bound_tol.get(self._tdtype(case.dtype))
         extra = None
-        if len(tol) > 2 and self.fam.error_bound is not None:
-            extra = tol[2] * self.fam.error_bound(**f64)
+        if stol and self.fam.error_bound is not None:
+            extra = stol * self.fam.error_bound(**f64)
         ok, worst, why = compare(out, expected, atol, rtol, extra)
         if not ok:
             raise CandidateError("", f"wrong result: {why}")

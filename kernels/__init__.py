@@ -14,7 +14,7 @@ engine needs to optimize it, and nothing that runs the optimization:
   Families whose outputs are sums of many terms (matmul, attention, ...) cancel: an output near 0
   can carry the rounding error of its large terms. They give ``error_bound(**inputs)``, a tensor
   like the output (computed on the float64 inputs, e.g. |A| @ |B| for a GEMM: the classic
-  gamma_K |A||B| bound), and a third entry: ``(atol, rtol, stol)`` adds stol * bound.
+  gamma_K |A||B| bound), and ``bound_tol[dtype] = stol``: the comparison adds stol * bound.
 - ``cost(shape, dtype) -> (bytes, flops)``: the fewest bytes the op must move through device memory
   (each input read once, each output written once) and its flops: the speed of light.
 - ``space``/``default``/``render``: the search space of real variants, and the function that turns
@@ -60,8 +60,9 @@ class Family:
     allowed_host_ops: tuple = ()
     description: str = ""
     notes: dict = field(default_factory=dict)
-    # (**inputs) -> per-output-element error scale; used with a 3-entry tolerance (see above)
+    # (**inputs) -> per-output-element error scale, allowed stol = bound_tol[dtype] times over
     error_bound: Callable | None = None
+    bound_tol: dict = field(default_factory=dict)
     # (shape) -> int: problem size for the verifier's interpreter cap; None: product of the shape
     size: Callable | None = None
     # (profiler shape record: dict) -> shape tuple; None: tuple(record["shape"])
