@@ -55,6 +55,8 @@ def add_arguments(p) -> None:
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     p.add_argument("--compile-modes", default=",".join(COMPILE_MODES),
                    help="torch.compile modes to time (default: default,max-autotune)")
+    p.add_argument("--append", action="store_true", help="add these families' sections to an "
+                   "existing --out file (a benchmark split over several commands)")
 
 
 class BenchError(ValueError):
@@ -260,8 +262,20 @@ def family_table(fam, rows: list[dict], modes: list[str], found: dict | None) ->
     return out
 
 
-def markdown(meta: dict, sections: list[tuple], modes: list[str]) -> str:
+def markdown(meta: dict, sections: list[tuple], modes: list[str], header: bool = True) -> str:
+    """The header (machine, versions, date, ceilings, notes) and one table per family; without
+    ``header`` (appending), the same facts as one line under each family's title."""
     dev = meta["device"]
+    if not header:
+        lines = []
+        for fam, rows, found in sections:
+            lines += ["", f"## {fam.name}", "",
+                      f"Measured {meta['date']} on {dev.get('name', '?')}, torch {dev.get('torch')}, "
+                      f"triton {dev.get('triton')}, dtype {meta['dtype']}"
+                      + ("; interpreter: no GPU figures" if meta["timing_mode"] == "interpreter" else "")
+                      + "".join(f"; {n}" for n in meta.get("notes", [])) + "."]
+            lines += _section(fam, rows, found, modes)
+        return "\n".join(lines) + "\n"
     lines = ["# Kernel families against PyTorch", "",
              f"- machine: {dev.get('name', '?')} ({dev.get('vendor', '?')}), torch {dev.get('torch')}, "
              f"triton {dev.get('triton')}, python {dev.get('python')}",
@@ -285,16 +299,19 @@ def markdown(meta: dict, sections: list[tuple], modes: list[str]) -> str:
                  f"\"best found at\": its experiment number in the run and the run's wall time "
                  f"until then; wall time of this benchmark {meta['wall_s']:.0f} s")
     for fam, rows, found in sections:
-        lines += ["", f"## {fam.name}", "", f"{fam.description} `{fam.signature}`"]
-        if found:
-            r = found["run"]
-            lines.append(f"Best kernels from run `{r['id']}` ({r['model']}, {r['timing_mode']} "
-                         f"timings, {len(found['kept'])} kept experiment(s) of {fam.name}).")
-        else:
-            lines.append("No run in the database has a kept experiment for this family: starter only.")
-        lines.append("")
-        lines += family_table(fam, rows, modes, found)
+        lines += ["", f"## {fam.name}", ""] + _section(fam, rows, found, modes)
     return "\n".join(lines) + "\n"
+
+
+def _section(fam, rows, found, modes) -> list[str]:
+    lines = [f"{fam.description} `{fam.signature}`"]
+    if found:
+        r = found["run"]
+        lines.append(f"Best kernels from run `{r['id']}` ({r['model']}, {r['timing_mode']} "
+                     f"timings, {len(found['kept'])} kept experiment(s) of {fam.name}).")
+    else:
+        lines.append("No run in the database has a kept experiment for this family: starter only.")
+    return lines + [""] + family_table(fam, rows, modes, found)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -351,10 +368,11 @@ def main(args, log=print) -> int:
             "timing_mode": device["timing_mode"], "notes": notes,
             "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "wall_s": time.perf_counter() - t_start}
-    text = markdown(meta, sections, modes)
+    append = getattr(args, "append", False) and os.path.exists(args.out)
+    text = markdown(meta, sections, modes, header=not append)
     out_dir = os.path.dirname(os.path.abspath(args.out))
     os.makedirs(out_dir, exist_ok=True)
-    with open(args.out, "w") as f:
+    with open(args.out, "a" if append else "w") as f:
         f.write(text)
     log(f"wrote {args.out}")
     if store is not None:

@@ -90,6 +90,13 @@ def test_bench_torch_compile_path(tmp_path):
         assert c.startswith("failed") or float(c) > 0
     if any(c.startswith("failed") for c in cells[2:4]):
         assert "torch.compile unavailable or failed" in text
+    # a benchmark split over commands: --append adds sections under the first header
+    rc = benchfamilies.main(_args(families="rotary", quick=True, max_shapes=1, no_compile=True,
+                                  append=True, db=str(tmp_path / "none.db"), out=str(out)),
+                            log=lambda s: None)
+    more = out.read_text()
+    assert rc == 0 and more.startswith(text) and more.count("# Kernel families") == 1
+    assert "## rotary" in more and "interpreter: no GPU figures" in more.split("## rotary")[1]
 
 
 def test_bench_cli_errors(tmp_path, capsys):
