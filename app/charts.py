@@ -159,7 +159,8 @@ def amdahl_figure(proj: pd.DataFrame, limit: float | None = None,
     kernels swapped in, drawn as diamonds over the projection when there are any."""
     fig = go.Figure()
     fig.add_trace(go.Scatter(
-        x=proj["seq"], y=proj["projected"], mode="lines+markers", line=dict(shape="hv", width=2),
+        x=proj["seq"], y=proj["projected"], mode="lines+markers",
+        line=dict(shape="hv", width=2, color=BEST_COLOUR),
         marker=dict(size=5), name="projected (Amdahl)", customdata=proj["family"].fillna("—"),
         hovertemplate="after seq %{x} (%{customdata})<br>projected %{y:.3f}×<extra></extra>"))
     has_measured = measured is not None and not measured.empty

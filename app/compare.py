@@ -131,7 +131,9 @@ def page() -> None:
         "projected e2e": st.column_config.NumberColumn(
             "projected e2e (Amdahl)", format="%.3f×",
             help="Amdahl's projection from the per-family speedups and time shares; not measured."),
-        "measured e2e": st.column_config.NumberColumn("measured e2e", format="%.3f×")})
+        "measured e2e": st.column_config.NumberColumn(
+            "measured e2e", format="%.3g×",
+            help="Eager over optimized, the whole model timed with the kept kernels in.")})
     if (ov["timing"] == "interpreter").any() and (ov["timing"] == "GPU").any():
         st.warning("These runs were timed differently: interpreter speedups compare candidates "
                    "with each other under Triton's CPU interpreter, not GPU performance. Read "

@@ -84,6 +84,11 @@ def elapsed_s(run: dict, now: float | None = None) -> float:
     return max(0.0, end - run["created_at"])
 
 
+def format_speedup(v: float) -> str:
+    """1.084× for GPU-scale ratios; 0.000633× (not 0.001×) for interpreter ones."""
+    return f"{v:.3f}×" if v >= 0.1 else f"{v:.3g}×"
+
+
 def format_duration(seconds: float) -> str:
     seconds = int(round(seconds))
     h, rem = divmod(seconds, 3600)
@@ -295,49 +300,55 @@ def roofline_frame(family: str, dtype: str, points: list[tuple[str, list, float]
     return pd.DataFrame(rows, columns=cols)
 
 
-# ---- end-to-end checks (a table the integration step adds; absent in older databases) ----------
-E2E_SPEEDUP_COLS = ("measured_speedup", "speedup", "e2e_speedup", "speedup_vs_eager")
-E2E_SEQ_COLS = ("seq", "after_seq", "experiment_seq", "experiments_done")
-E2E_TIME_COLS = ("created_at", "ts", "measured_at")
-E2E_LABEL_COLS = ("label", "kind", "mode", "baseline", "against")
+# ---- end-to-end checks (engine/integrate.py; absent in older databases) -------------------------
+E2E_COLUMNS = ["check_id", "seq", "created_at", "status", "speedup", "compile_speedup",
+               "eager_us", "optimized_us", "timing_mode", "label"]
+E2E_GOOD = ("passed", "partial")  # checks whose outputs matched: their timings can be claimed
 
 
 def e2e_frame(store: Store, run_id: str) -> pd.DataFrame:
-    """Measured end-to-end speedups of a run, oldest first: columns seq, created_at, speedup, label.
+    """Measured end-to-end speedups of a run, oldest first: one row per end-to-end check whose
+    outputs matched the original model's (status passed or partial) and that timed both the eager
+    and the optimized model. speedup = eager / optimized; compile_speedup = torch.compile /
+    torch.compile with the kernels, when both were timed. seq places the check after the last
+    experiment before it, for the charts.
 
-    Read from an ``e2e_checks`` table when the database has one with a recognisable speedup
-    column; empty otherwise (no such table yet, or a layout this page does not know), so the
-    pages fall back to the Amdahl projection and say so."""
-    cols = ["seq", "created_at", "speedup", "label"]
-    empty = pd.DataFrame(columns=cols)
+    Empty when the database has no e2e tables yet (older schema) or the run has no such check,
+    so the pages fall back to the Amdahl projection and say so."""
+    empty = pd.DataFrame(columns=E2E_COLUMNS)
     try:
-        if "e2e_checks" not in store.db.table_names():
+        if not {"e2e_checks", "e2e_timings"} <= set(store.db.table_names()):
             return empty
-        have = set(store.db["e2e_checks"].columns_dict)
-    except Exception:
+        rows = list(store.db.query(
+            """SELECT c.id AS check_id, c.created_at, c.status, t.variant, t.latency_us,
+                      t.timing_mode
+               FROM e2e_checks c JOIN e2e_timings t ON t.check_id = c.id
+               WHERE c.run_id = ? ORDER BY c.id, t.id""", [run_id]))
+    except Exception:  # a layout this page does not know: no measured figures rather than a crash
         return empty
-    pick = lambda names: next((c for c in names if c in have), None)  # noqa: E731
-    speed, seq, ts, label = (pick(E2E_SPEEDUP_COLS), pick(E2E_SEQ_COLS), pick(E2E_TIME_COLS),
-                             pick(E2E_LABEL_COLS))
-    if speed is None or "run_id" not in have:
+    checks: dict[int, dict] = {}
+    for r in rows:
+        c = checks.setdefault(r["check_id"], dict(check_id=r["check_id"], created_at=r["created_at"],
+                                                  status=r["status"], lat={},
+                                                  timing_mode=r["timing_mode"]))
+        if r["latency_us"]:
+            c["lat"][r["variant"]] = float(r["latency_us"])
+    out = []
+    for c in checks.values():
+        lat = c.pop("lat")
+        if c["status"] not in E2E_GOOD or not lat.get("eager") or not lat.get("optimized"):
+            continue
+        comp = (lat["compile"] / lat["compile_optimized"]
+                if lat.get("compile") and lat.get("compile_optimized") else None)
+        label = f"check {c['status']}" + (f"; with torch.compile {comp:.3f}×" if comp else "")
+        out.append(dict(c, speedup=lat["eager"] / lat["optimized"], compile_speedup=comp,
+                        eager_us=lat["eager"], optimized_us=lat["optimized"], label=label))
+    if not out:
         return empty
-    sel = ", ".join(f"{c} AS {a}" if c else f"NULL AS {a}"
-                    for c, a in ((seq, "seq"), (ts, "created_at"), (speed, "speedup"),
-                                 (label, "label")))
-    order = ts or seq or "rowid"
-    try:
-        rows = list(store.db.query(f"SELECT {sel} FROM e2e_checks WHERE run_id = ? "
-                                   f"ORDER BY {order}", [run_id]))
-    except Exception:
-        return empty
-    df = pd.DataFrame(rows, columns=cols)
-    df = df[pd.to_numeric(df["speedup"], errors="coerce").notna()]
-    if df["seq"].isna().any() and df["created_at"].notna().any():
-        # no experiment number recorded: place each check after the last experiment before it
-        times = [r["created_at"] for r in store.db.query(
-            "SELECT created_at FROM experiments WHERE run_id = ? ORDER BY id", [run_id])]
-        df["seq"] = [pd.Series(times).searchsorted(t, side="right") if pd.notna(t) else None
-                     for t in df["created_at"]]
+    df = pd.DataFrame(out, columns=[c for c in E2E_COLUMNS if c != "seq"])
+    times = pd.Series([r["created_at"] for r in store.db.query(
+        "SELECT created_at FROM experiments WHERE run_id = ? ORDER BY id", [run_id])], dtype=float)
+    df.insert(1, "seq", [int(times.searchsorted(t, side="right")) for t in df["created_at"]])
     return df.reset_index(drop=True)
 
 
@@ -460,10 +471,13 @@ def headline(rep: dict) -> dict:
     tag = " (interpreter timing — not GPU performance)" if rep["interpreter"] else ""
     if not rep["measured"].empty:
         last = rep["measured"].iloc[-1]
+        comp = (f"; with torch.compile on both sides {last['compile_speedup']:.3f}×"
+                if pd.notna(last["compile_speedup"]) else "")
         return dict(kind="measured", value=float(last["speedup"]),
                     label="Measured end-to-end speedup" + tag,
-                    note=f"measured on the whole model with the kept kernels swapped in; "
-                         f"Amdahl projected {rep['projected']:.3f}×")
+                    note=f"the whole model with the kept kernels swapped in, against eager: "
+                         f"{last['eager_us']:,.0f} µs → {last['optimized_us']:,.0f} µs per forward "
+                         f"pass{comp}; Amdahl projected {rep['projected']:.3f}×")
     return dict(kind="projected", value=rep["projected"],
                 label="Projected end-to-end speedup (Amdahl, not measured)" + tag,
                 note="projected from each family's share of model time and its best kernel's "

@@ -98,7 +98,7 @@ def report_html(rep: dict, figures: dict[str, go.Figure]) -> str:
 <header><h1>nightshift report: {e(run['model'])}</h1>
 <p class="sub">run {e(run['id'])}{' · <span class="badge">' + e(badge) + '</span>' if badge else ''}</p></header>
 <section class="headline {head['kind']}"><div class="label">{e(head['label'])}</div>
-<div class="value">{head['value']:.3f}×</div><div class="note">{e(head['note'])}</div></section>
+<div class="value">{data.format_speedup(head['value'])}</div><div class="note">{e(head['note'])}</div></section>
 {warn}
 <table class="facts">{''.join(f'<tr><th>{e(k)}</th><td>{e(str(v))}</td></tr>' for k, v in facts)}</table>
 <h2>Per kernel</h2>

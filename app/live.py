@@ -1,8 +1,8 @@
 """The "Live run" page: watch the selected run as the engine works on it, and steer it.
 
 The live view is one fragment that re-reads SQLite every REFRESH_S while the run is active
-(st.fragment(run_every=...): Streamlit schedules it, nothing here sleeps or loops); a finished
-run is drawn once and not polled. Runs are started on the New run page.
+(st.fragment(run_every=...): Streamlit schedules it, nothing here sleeps or loops); a page opened
+on a finished run draws it once and does not poll. Runs are started on the New run page.
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import dataclasses
 import streamlit as st
 
 from app import charts, data
+from app.livechart import live_chart
 from app.shared import BUSY_STATES, engine_handle, engine_owns, run_header, view_db
 
 # Re-read period of a live run. A new experiment shows within one period plus a render, well
@@ -33,7 +34,7 @@ def page() -> None:
     # Decorated here rather than at import so that run_every can follow the run: a live run is
     # polled, a finished one is not. The key keeps the fragment's identity stable across reruns.
     st.fragment(live_view, run_every=REFRESH_S if active else None, key="live_view")(
-        db_path, run_id, active)
+        db_path, run_id)
 
 
 def _continue(run: dict, db_path: str) -> None:
@@ -80,7 +81,7 @@ def _is_active(db_path: str, run_id: str) -> bool:
     return bool(run) and run["status"] in data.ACTIVE_STATUSES
 
 
-def live_view(db_path: str, run_id: str, was_active: bool) -> None:
+def live_view(db_path: str, run_id: str) -> None:
     try:
         store = data.open_store(db_path)
     except data.StoreError as e:
@@ -95,12 +96,11 @@ def live_view(db_path: str, run_id: str, was_active: bool) -> None:
             st.warning(f"Run {run_id} is not in {db_path}.")
             return
         owned = engine_owns(run_id)
-        active = (bool(owned) and owned["state"] in BUSY_STATES) or \
-            run["status"] in data.ACTIVE_STATUSES
-        if was_active and not active:
-            # The run just ended: rerun the whole page once so the fragment is re-made without
-            # run_every.
-            st.rerun()
+        # A run that ends while watched is not followed by st.rerun() to stop the polling: a
+        # full rerun racing the fragment's own timer can break the page in the browser
+        # (Streamlit 1.67: "'setIn' cannot be called on an ElementNode"). The fragment keeps
+        # polling until the next full rerun; with nothing new, a poll reads a few rows and
+        # reuses its figures.
         cache = st.session_state.setdefault("exp_cache", {})
         exps = data.experiments_frame(store, run_id, cache)
         targets = data.targets_frame(store, run_id)
@@ -155,7 +155,8 @@ def _render(run, owned, exps, targets, outcomes, events, measured, db_path) -> N
                       help="Amdahl: 1 / ((1 - Σf) + Σ f/s) over the targets, s = best kept "
                            "speedup. Projected, not measured.")
         else:
-            st.metric("Measured model speedup", f"{float(measured['speedup'].iloc[-1]):.3f}×",
+            st.metric("Measured model speedup",
+                      data.format_speedup(float(measured["speedup"].iloc[-1])),
                       help=f"End-to-end, measured; Amdahl projects "
                            f"{proj['projected'].iloc[-1]:.3f}×.")
     if llm:
@@ -185,14 +186,15 @@ def _render(run, owned, exps, targets, outcomes, events, measured, db_path) -> N
     elif run.get("current_reason"):
         st.markdown(f"**Last target choice:** {run['current_reason']}")
 
-    # Stable keys and each figure's constant uirevision: a refresh updates the same chart in
-    # place, so plotly.js keeps the zoom, pan and legend choices the user made.
+    # Stable keys and each figure's constant uirevision: a refresh updates the same plot in
+    # place (app/livechart.py says why not st.plotly_chart), so the zoom, pan and legend
+    # choices the user made survive it.
     left, right = st.columns([3, 2])
     with left:
-        st.plotly_chart(figs["speedup"], key="chart_speedup")
+        live_chart(figs["speedup"], key="chart_speedup")
     with right:
-        st.plotly_chart(figs["amdahl"], key="chart_amdahl")
-        st.plotly_chart(figs["stages"], key="chart_stages")
+        live_chart(figs["amdahl"], key="chart_amdahl")
+        live_chart(figs["stages"], key="chart_stages")
 
     _experiment_table(exps, targets, interpreter, llm)
     if not targets.empty:

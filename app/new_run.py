@@ -32,7 +32,8 @@ FILE_MODELS_MISSING = "loading models from files is not available yet"
 # Where a key for the LLM provider may be: st.secrets or the environment. It is passed to the
 # reachability check only; it is never shown, logged or written to the run's config.
 KEY_NAMES = ("NIGHTSHIFT_LLM_API_KEY", "LLM_API_KEY")
-_SPEC = re.compile(r"^(?P<path>.+\.py):(?P<name>[A-Za-z_]\w*)$")
+# path/to/file.py:ClassName, or path/to/file.py alone (a KernelBench-style problem file)
+_SPEC = re.compile(r"^(?P<path>.+\.py)(?::(?P<name>[A-Za-z_]\w*))?$")
 
 
 # ---- what this engine offers -------------------------------------------------------------------
@@ -111,11 +112,13 @@ def page() -> None:
     elif source == PATH:
         st.text_input("Model file and class", key="nr_path",
                       placeholder="path/to/file.py:ClassName",
-                      help="A .py file defining an nn.Module class; relative paths are from the "
+                      help="A .py file defining an nn.Module class (or a KernelBench-style "
+                           "problem file, without :ClassName); relative paths are from the "
                            "repository root.")
     else:
         st.file_uploader("Model file", type=["py"], key="nr_upload")
-        st.text_input("Class name", key="nr_upload_class", placeholder="MyModel")
+        st.text_input("Class name", key="nr_upload_class", placeholder="MyModel",
+                      help="Empty for a KernelBench-style problem file (Model, get_inputs).")
     if source != BUILTIN and loader is None:
         st.error(FILE_MODELS_MISSING.capitalize() + ": this engine has no loader for them "
                  "(engine.models.load_source). Choose a built-in model.")
@@ -198,12 +201,12 @@ def _model_spec(ss, errors: list[str]) -> str | None:
         if not path.is_file():
             errors.append(f"Model file: no file at {path}.")
             return None
-        return f"{path}:{m['name']}"
+        return f"{path}:{m['name']}" if m["name"] else str(path)
     upload = ss.get("nr_upload")
     name = (ss.get("nr_upload_class") or "").strip()
     if upload is None:
         errors.append("Model file: upload a .py file.")
-    if not re.match(r"^[A-Za-z_]\w*$", name):
+    if name and not re.match(r"^[A-Za-z_]\w*$", name):
         errors.append(f"Class name: expected a Python identifier, got {name!r}.")
     if upload is None or errors:
         return None
@@ -212,7 +215,7 @@ def _model_spec(ss, errors: list[str]) -> str | None:
     folder.mkdir(exist_ok=True)
     path = folder / f"{hashlib.sha256(body).hexdigest()[:12]}-{Path(upload.name).name}"
     path.write_bytes(body)
-    return f"{path}:{name}"
+    return f"{path}:{name}" if name else str(path)
 
 
 def config_from_inputs(ss, db_path: str):
@@ -226,7 +229,7 @@ def config_from_inputs(ss, db_path: str):
     errors: list[str] = []
     spec = _model_spec(ss, errors)
     shape = (ss.get("nr_shape") or "").strip()
-    if shape:
+    if shape and spec in models.MODEL_NAMES:  # a file model's shape is the engine's to check
         try:
             batch, seq = models.parse_input_shape(shape)
             if spec in models.MODEL_NAMES and seq > models.config(spec).max_seq:

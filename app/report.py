@@ -53,7 +53,7 @@ def page() -> None:
     head = data.headline(rep)
     st.caption(f"{run['model']} · {data.device_label(run)} · run {run['id']} · {run['status']}")
     with st.container(key="headline", border=True):
-        st.metric(head["label"], f"{head['value']:.3f}×")
+        st.metric(head["label"], data.format_speedup(head["value"]))
         st.caption(head["note"])
     if rep["interpreter"]:
         st.warning("Interpreter timing — not GPU performance. This run had no GPU: its times "

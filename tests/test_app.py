@@ -6,6 +6,7 @@ page is tested against exactly the rows the engine writes. No mocks.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import time
 from pathlib import Path
@@ -104,6 +105,13 @@ def _frame(at: AppTest, first_column: str) -> pd.DataFrame:
     return next(d.value for d in at.dataframe if d.value.columns[0] == first_column)
 
 
+def _live_charts(at: AppTest) -> list[dict]:
+    """The Live run page's figures: drawn by app/livechart.py's component, whose args carry the
+    Plotly figure as JSON."""
+    return [json.loads(json.loads(c.proto.json_args)["spec"])
+            for c in at.get("component_instance")]
+
+
 def _metric(at: AppTest, label: str) -> str:
     return next(m.value for m in at.metric if m.label == label)
 
@@ -139,8 +147,10 @@ def test_live_page_renders_newest_run(db):
     assert data.INTERPRETER_LABEL.lower() in text.lower()
     assert "rmsnorm" in text and "largest Amdahl headroom" in text
 
-    plots = at.get("plotly_chart")
-    assert len(plots) == 3
+    figs = _live_charts(at)
+    # the three charts, each with a constant uirevision so a refresh keeps the user's zoom
+    assert [f["layout"]["uirevision"] for f in figs] == ["speedup", "amdahl", "stages"]
+    assert {t["name"] for t in figs[0]["data"]} == {"best so far", "kept", "reverted", "failed"}
 
 
 def test_gpu_run_has_no_interpreter_label(db):
@@ -218,7 +228,7 @@ def test_fresh_run_without_experiments_renders(tmp_path, monkeypatch):
     assert _metric(at, "Experiments") == "0"
     assert _metric(at, "Projected model speedup") == "1.000×"
     assert len(_frame(at, "seq")) == 0 and len(_frame(at, "ts")) == 0
-    assert len(at.get("plotly_chart")) == 3
+    assert len(_live_charts(at)) == 3
 
 
 def test_start_from_the_form_then_stop(tmp_path, monkeypatch):
