@@ -43,15 +43,11 @@ class RunConfig:
     model_overrides: dict = field(default_factory=dict)   # e.g. {"n_layer": 2}
 
     def validate(self) -> None:
-        from engine import models
-        if self.model not in models.MODEL_NAMES:
-            raise ConfigError(f"unknown model {self.model!r}; built-in models: "
-                              f"{', '.join(models.MODEL_NAMES)}")
-        if self.input_shape:
-            try:
-                models.parse_input_shape(self.input_shape)
-            except ValueError as e:
-                raise ConfigError(str(e)) from None
+        from engine import sources
+        try:   # built-in name, hf:NAME or path/to/file.py[:Name]; files are parsed, not run
+            sources.validate(self.model, self.input_shape)
+        except sources.SourceError as e:
+            raise ConfigError(str(e)) from None
         if self.dtype not in DTYPES:
             raise ConfigError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
         for f in self.families or []:
@@ -144,20 +140,25 @@ def execute(cfg: RunConfig, control: Control | None = None, resume_run_id: str |
 def _prepare(cfg: RunConfig, store: Store, control: Control, log) -> str:
     """Build the model, profile it, and create the run with its profile and targets."""
     import torch
-    from engine import hw, models
+    from engine import hw, sources
     from engine import profile as profiler
     device = hw.detect()
     gpu = device["timing_mode"] == "gpu"
-    dtype = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if gpu else "float32")
-    shape = models.parse_input_shape(cfg.input_shape) if cfg.input_shape else None
+    dtype = cfg.dtype if cfg.dtype != "auto" else sources.default_dtype(cfg.model, gpu)
+    # Build the model and run it once before the run exists: a model file whose constructor,
+    # inputs or forward fail is a usage error (one message, nothing written), not a failed run.
+    try:
+        loaded = sources.load(cfg.model, dtype=getattr(torch, dtype), device="cuda" if gpu else "cpu",
+                              input_shape=cfg.input_shape, seed=cfg.seed, **cfg.model_overrides)
+    except sources.SourceError as e:
+        raise ConfigError(str(e)) from None
+    model, inputs = loaded.model, loaded.inputs
+    del loaded
     run_id = store.create_run(cfg.model, asdict(cfg), device, device["timing_mode"], None)
     control.set(run_id=run_id)
     store.update_run(run_id, current_reason="profiling the model")
     log(f"profiling {cfg.model} ({dtype}) on {device['name']} ...")
     try:
-        model, inputs = models.build(cfg.model, dtype=getattr(torch, dtype),
-                                     device="cuda" if gpu else "cpu", input_shape=shape,
-                                     seed=cfg.seed, **cfg.model_overrides)
         prof = profiler.profile_model(model, inputs)
         del model, inputs
     except Exception as e:

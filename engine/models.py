@@ -8,8 +8,9 @@ optimizer is meant to find and replace.
 Conventions: shapes are written [B, S, D] (batch, sequence, model width); H heads of width Dh;
 Hkv key/value heads (grouped-query attention); V vocabulary; F the MLP's inner width.
 
-Public API: MODEL_NAMES, build(), describe(), parse_input_shape(), UnknownModel, BadInputShape,
-and the config dataclasses GPT2Config, LlamaConfig, BertConfig.
+Public API: MODEL_NAMES, build(), example_inputs(), describe(), parse_input_shape(), UnknownModel,
+BadInputShape, the config dataclasses GPT2Config, LlamaConfig, BertConfig, and load_source(), which
+takes any model spec (built-in, hf:NAME, path/to/file.py[:Name]; engine/sources.py).
 """
 from __future__ import annotations
 
@@ -474,6 +475,15 @@ def build(name: str, dtype: torch.dtype = torch.float32, device="cpu", input_sha
     with device:
         model = entry.cls(cfg)
     model = model.to(dtype=dtype).eval()
+    return model, example_inputs(name, (batch, seq), seed=seed, device=device, **overrides)
+
+
+def example_inputs(name: str, input_shape=None, seed: int = 0, device="cpu", **overrides) -> tuple:
+    """The (ids, targets) ``build(name, seed=seed)`` returns, without building the model: fresh
+    inputs for a model already built (end-to-end checks draw them with another seed)."""
+    entry = _entry(name)
+    cfg = config(name, **overrides)
+    batch, seq = _check_shape(name, entry.default_shape if input_shape is None else input_shape, cfg.max_seq)
     gen = torch.Generator().manual_seed(seed + 1)     # inputs on CPU first: same ids on every device
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen, dtype=torch.int64)
     targets = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen, dtype=torch.int64)
@@ -481,7 +491,19 @@ def build(name: str, dtype: torch.dtype = torch.float32, device="cpu", input_sha
         keep = torch.rand(batch, seq, generator=gen) < 0.15
         keep[:, 0] = True              # never all-ignored: the mean loss would be NaN
         targets = torch.where(keep, targets, torch.full_like(targets, -100))
-    return model, (ids.to(device), targets.to(device))
+    return ids.to(device), targets.to(device)
+
+
+def load_source(spec: str, dtype=torch.float32, device="cpu", input_shape=None, seed: int = 0,
+                **overrides) -> tuple[nn.Module, tuple]:
+    """Any model spec -> (model, inputs), ready for ``model(*inputs)``: a built-in name, ``hf:NAME``
+    (transformers, small config, random weights), ``path/to/file.py:Name`` or a KernelBench
+    problem ``path/to/problem.py``. Runs one forward pass; raises engine.sources.SourceError (a
+    ValueError) with one clear message on bad input. See engine/sources.py."""
+    from engine import sources
+    loaded = sources.load(spec, dtype=dtype, device=device, input_shape=input_shape, seed=seed,
+                          **overrides)
+    return loaded.model, loaded.inputs
 
 
 def count_params(name: str, **overrides) -> int:
