@@ -41,6 +41,9 @@ class RunConfig:
     patience: int = 5                        # experiments without improvement before a target rests
     worker_timeout_s: float = 300.0
     model_overrides: dict = field(default_factory=dict)   # e.g. {"n_layer": 2}
+    # After the loop: the kept kernels in the whole model, checked against the original on fresh
+    # inputs and timed side by side (engine/integrate.py); stored in e2e_checks / e2e_timings.
+    e2e_check: bool = True
 
     def validate(self) -> None:
         from engine import sources
@@ -291,6 +294,9 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None) -> str:
             store.update_run(run_id, status=status, current_target=None)
             control.set(state=status, current_target=None)
         _summary(store, run_id, log)
+    if status == "done" and cfg.e2e_check:
+        from engine import integrate    # never raises: a failure is recorded and logged
+        integrate.finish_run(store, run_id, log)
     return run_id
 
 

@@ -22,8 +22,12 @@ Attribution rules (the family of one op, walking the op tree from the root down)
    _OP_FAMILY), and a profiler scope named "family::<name>" classifies everything inside it.
 2. Composite families are recognized by module: forward hooks open such a scope around
    nn.LayerNorm (layernorm), nn.RMSNorm or any class named like *RMSNorm* (rmsnorm), classes
-   named like rotary embeddings (rotary) and gated MLPs (fused_mlp). Model code can also open
-   "family::<name>" itself, as our apply_rotary() does.
+   named like rotary embeddings (rotary) and gated MLPs (fused_mlp). A module of another name
+   that has one weight [D] and an eps and computes RMSNorm on a probe (random inputs, compared
+   with the family's formula: a KernelBench "Model" written as the formula) is rmsnorm too. A
+   rotary-named module counts only when its input is 4-D ([B, H, S, Dh], the rotation itself):
+   Hugging Face's *RotaryEmbedding modules only make the cos/sin tables, which is other work.
+   Model code can also open "family::<name>" itself, as our apply_rotary() does.
 3. The OUTERMOST classified ancestor wins: aten::linear's child aten::addmm, the bmm/softmax of
    an SDPA math fallback, the log_softmax/nll_loss under aten::cross_entropy_loss, and the
    pow/mean/rsqrt of a composite RMSNorm all belong to the enclosing family. (The innermost rule
@@ -130,7 +134,21 @@ def module_family(module: nn.Module) -> str | None:
         return "rotary"
     if re.search(r"mlp|glu|feedforward|ffn", name, re.IGNORECASE) and _is_gated(module):
         return "fused_mlp"
+    if _probes_as_rmsnorm(module):
+        return "rmsnorm"
     return None
+
+
+def _probes_as_rmsnorm(module: nn.Module) -> bool:
+    """A module shaped like an RMSNorm (one weight [D], an eps) that computes it on a probe."""
+    from engine import kernel_runtime
+    from kernels import get
+    found = kernel_runtime.rmsnorm_params(module)
+    if found is None or found[0].device.type == "meta" or not found[0].is_floating_point():
+        return False
+    w = found[0]
+    tol = get("rmsnorm").tolerance.get(w.dtype)
+    return tol is not None and kernel_runtime.probe_rmsnorm(module, (8, w.shape[0]), w.dtype, tol)
 
 
 def _is_gated(module: nn.Module) -> bool:
@@ -170,8 +188,11 @@ class _Hooks:
 
     def _pre(self, fam):
         def hook(module, args, kwargs):
+            x = _first_tensor(args, kwargs)
+            if fam == "rotary" and (x is None or x.dim() != 4):
+                self.open.append((None, None))     # a cos/sin table maker: no scope (rule 2)
+                return
             if self.recording and _starts_call(self._current(), fam):
-                x = _first_tensor(args, kwargs)
                 if x is not None:
                     extras = ()
                     if fam == "fused_mlp":
@@ -184,7 +205,9 @@ class _Hooks:
 
     def _post(self, module, args, output):
         if self.open:
-            self.open.pop()[1].__exit__(None, None, None)
+            scope = self.open.pop()[1]
+            if scope is not None:
+                scope.__exit__(None, None, None)
 
     def _current(self) -> str | None:
         cur = None
@@ -194,7 +217,9 @@ class _Hooks:
 
     def remove(self):
         while self.open:
-            self.open.pop()[1].__exit__(None, None, None)
+            scope = self.open.pop()[1]
+            if scope is not None:
+                scope.__exit__(None, None, None)
         for h in self.handles:
             h.remove()
         self.handles.clear()

@@ -63,6 +63,7 @@ def run_markdown(store: Store, run_id: str) -> str:
             f"{states['failed']} failed" + (" (" + ", ".join(f"{k}: {v}" for k, v in
                                                             fails.most_common()) + ")" if fails else "")
             + f". Amdahl-projected end-to-end speedup: {plan.projected(store.targets(run_id)):.3f}x."]
+    out += _end_to_end(store, run_id, plan.projected(store.targets(run_id)), interp)
     return "\n".join(out) + "\n"
 
 
@@ -74,3 +75,29 @@ def _cfg(cfg: dict) -> str:
     keys = ("model", "dtype", "input_shape", "families", "budget_experiments", "budget_minutes",
             "seed", "patience", "model_overrides")
     return ", ".join(f"{k}={cfg[k]}" for k in keys if cfg.get(k) not in (None, {}, []))
+
+
+def _end_to_end(store: Store, run_id: str, projected: float, interp: bool) -> list[str]:
+    """The latest end-to-end check and its timings (engine/integrate.py), beside the projection."""
+    checks = store.e2e_checks(run_id)
+    if not checks:
+        return []
+    c = checks[0]
+    err = (f", max error {c['max_error']:.3g} (tolerance {c['tolerance']:g})"
+           if c["max_error"] is not None and c["tolerance"] is not None else "")
+    out = ["", f"End to end ({c['kind']}): **{c['status']}**{err}. {c['detail']}"]
+    flagged = [f for f, v in (c["family_flags"] or {}).items() if v == "responsible"]
+    if flagged:
+        out.append(f"Left out of the optimized model (responsible for a mismatch): {', '.join(flagged)}.")
+    timings = store.e2e_timings(c["id"])
+    if timings:
+        eager = next((t["latency_us"] for t in timings if t["variant"] == "eager"), None)
+        opt = next((t["latency_us"] for t in timings if t["variant"] == "optimized"), None)
+        measured = f"{eager / opt:.3g}x" if eager and opt else "n/a"
+        out += ["", f"Measured end to end: optimized {measured} eager, against the Amdahl projection "
+                f"of {projected:.3f}x" + (" (**interpreter timings**: not GPU performance)" if interp else "")
+                + ".", "", "| variant | time per forward (us) | vs eager | note |", "|---|---|---|---|"]
+        for t in timings:
+            vs = f"{eager / t['latency_us']:.3g}x" if eager and t["latency_us"] else "-"
+            out.append(f"| {t['variant']} | {_us(t['latency_us'])} | {vs} | {t['note'] or ''} |")
+    return out

@@ -7,7 +7,8 @@ Contract:
   records which ran. Opening a database runs the missing ones in one transaction each.
 - Every experiment is committed together with its verification rows in one transaction, so a kill
   at any moment loses at most the experiment that was in flight, never half of one.
-- Tables: runs, profile_ops, targets, experiments, verifications, events. The family name is the
+- Tables: runs, profile_ops, targets, experiments, verifications, events, and e2e_checks /
+  e2e_timings (the kept kernels in the real model, engine/integrate.py). The family name is the
   join key between profile_ops, targets and experiments.
 """
 from __future__ import annotations
@@ -136,6 +137,37 @@ MIGRATIONS: list[tuple[str, str]] = [
     # targets.ref_shape_times: the eager reference per shape, JSON like experiments.shape_times
     ("0002_reference_per_shape", """
     ALTER TABLE targets ADD COLUMN ref_shape_times TEXT
+    """),
+    # The run's kept kernels in the whole model (engine/integrate.py). e2e_checks: the optimized
+    # model's outputs against the original's on fresh inputs; family_flags names a kernel found
+    # responsible for a mismatch (it is left out of the optimized model and of exports).
+    # e2e_timings: the model timed side by side, eager / optimized / torch.compile / both.
+    ("0004_end_to_end", """
+    CREATE TABLE e2e_checks (
+        id INTEGER PRIMARY KEY,
+        run_id TEXT NOT NULL REFERENCES runs(id),
+        created_at REAL NOT NULL,
+        kind TEXT NOT NULL,              -- check | kernelbench
+        status TEXT NOT NULL,            -- passed | partial | failed | error | skipped
+        max_error REAL,                  -- max |optimized - original| / max |original|
+        tolerance REAL,                  -- the bound max_error was held to
+        detail TEXT,
+        kernels_used TEXT NOT NULL,      -- JSON list of {family, experiment_id, calls, fallthrough, swapped}
+        family_flags TEXT NOT NULL       -- JSON {family: ok | responsible | unused}
+    );
+    CREATE INDEX e2e_checks_run ON e2e_checks(run_id, id);
+    CREATE TABLE e2e_timings (
+        id INTEGER PRIMARY KEY,
+        run_id TEXT NOT NULL REFERENCES runs(id),
+        check_id INTEGER REFERENCES e2e_checks(id),
+        created_at REAL NOT NULL,
+        variant TEXT NOT NULL,           -- eager | optimized | compile | compile_optimized
+        latency_us REAL,                 -- median per forward pass, NULL when skipped
+        noise REAL,                      -- relative spread of the repetitions
+        timing_mode TEXT NOT NULL,       -- gpu | interpreter
+        note TEXT
+    );
+    CREATE INDEX e2e_timings_run ON e2e_timings(run_id, id)
     """),
 ]
 
@@ -299,6 +331,42 @@ class Store:
     def events(self, run_id: str, limit: int = 200) -> list[dict]:
         return list(self.db.query(
             "SELECT * FROM events WHERE run_id = ? ORDER BY id DESC LIMIT ?", [run_id, limit]))
+
+    # ---- end to end -----------------------------------------------------------------------------
+    def add_e2e_check(self, run_id: str, kind: str, status: str, max_error: float | None,
+                      tolerance: float | None, detail: str, kernels_used: list,
+                      family_flags: dict, timings: list[dict] = ()) -> int:
+        """One end-to-end check with its timings (dicts: variant, latency_us, noise, timing_mode,
+        note), in one transaction."""
+        with self.db.conn:
+            check_id = self.db["e2e_checks"].insert(dict(
+                run_id=run_id, created_at=_now(), kind=kind, status=status, max_error=max_error,
+                tolerance=tolerance, detail=detail, kernels_used=json.dumps(kernels_used),
+                family_flags=json.dumps(family_flags))).last_pk
+            for t in timings:
+                self.db["e2e_timings"].insert(dict(
+                    run_id=run_id, check_id=check_id, created_at=_now(), variant=t["variant"],
+                    latency_us=t.get("latency_us"), noise=t.get("noise"),
+                    timing_mode=t["timing_mode"], note=t.get("note")))
+        return check_id
+
+    def _has_table(self, name: str) -> bool:
+        # a read-only reader may open a database of an older schema
+        return bool(self.db.conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", [name]).fetchone())
+
+    def e2e_checks(self, run_id: str) -> list[dict]:
+        """The run's end-to-end checks, newest first."""
+        if not self._has_table("e2e_checks"):
+            return []
+        return [_decode(r, ("kernels_used", "family_flags")) for r in self.db.query(
+            "SELECT * FROM e2e_checks WHERE run_id = ? ORDER BY id DESC", [run_id])]
+
+    def e2e_timings(self, check_id: int) -> list[dict]:
+        if not self._has_table("e2e_timings"):
+            return []
+        return list(self.db.query(
+            "SELECT * FROM e2e_timings WHERE check_id = ? ORDER BY id", [check_id]))
 
 
 EXPERIMENT_COLUMNS = (

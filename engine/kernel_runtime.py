@@ -1,0 +1,646 @@
+"""Run a model with verified Triton kernels in place of the PyTorch ops they replace.
+
+Standalone on purpose: this file imports torch only (the kernels bring triton). engine/integrate.py
+uses it inside the engine, and ``python -m engine export`` copies it verbatim (one line changed:
+OP_NAMESPACE) into the exported package, so an exported package applies its kernels where
+Nightshift is not installed.
+
+How a kernel gets used
+- Functional ops are intercepted by a TorchFunctionMode entered around the model's forward:
+  torch.softmax / F.softmax / Tensor.softmax, F.layer_norm (nn.LayerNorm), F.rms_norm
+  (nn.RMSNorm), F.cross_entropy, F.scaled_dot_product_attention, F.linear, torch.matmul and @,
+  torch.sum / Tensor.sum over the last dim. Each handler checks that the call computes exactly the
+  family's function (softmax over the last dim without a dtype, a one-dim normalized shape with
+  weight and bias, cross-entropy with class indices, mean reduction and ignore_index -100, SDPA
+  without a mask or dropout, ...) and otherwise leaves the call to PyTorch.
+- Modules whose forward is the family's function but no single op says so (a model's own RMSNorm
+  class, a gated MLP) have their forward replaced, per instance, but only after a probe: the module
+  and the family's reference run on fresh random inputs of the kernel's verified shapes (and, for
+  RMSNorm, tiny inputs where eps dominates), and must agree within the family's tolerance.
+- A kernel runs only on what it was verified on: its family shapes (compared as the family sees
+  them, e.g. [2, 16, 64] and [32, 64] are both 32 rows of 64 for a row-wise family), its dtype and
+  its device type. Everything else falls through to PyTorch. No kernel has a backward: calls that
+  need gradients fall through too.
+- Each kernel is a torch.library custom op with a fake implementation, so torch.compile traces an
+  optimized model with the kernels as opaque calls.
+
+Kernel sources are code: loading one runs it in this process. They passed Nightshift's verifier,
+but nothing here sandboxes them.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+OP_NAMESPACE = "nightshift"
+ROWWISE = ("rmsnorm", "layernorm", "softmax", "cross_entropy", "reduce")
+PROBE_SLACK = 4.0      # a module may differ from the float64 reference by 4x the kernel's tolerance:
+                       # it rounds in its own way (fp32 upcasts, bf16 steps) and still computes the
+                       # same function; a wrong eps, a missing weight or another formula is far off
+EPS_ATTRS = ("eps", "variance_epsilon", "epsilon")
+
+
+def _dtype(name):
+    return getattr(torch, name) if isinstance(name, str) else name
+
+
+# ---- shapes as the families see them ---------------------------------------------------------
+
+def shape_key(family: str, shape) -> tuple:
+    """The canonical form of a verified family shape: what must match a call exactly."""
+    s = tuple(int(v) for v in shape)
+    if family in ROWWISE:                        # [..., D] viewed as [N, D]
+        return (math.prod(s[:-1]), s[-1]) if s else (1, 1)
+    if family == "matmul":                       # (M, K, N) or (Bt, M, K, N)
+        return (1,) + s if len(s) == 3 else s
+    if family == "attention":                    # (B, H, S, D[, Hkv[, causal]])
+        b, h, sq, d = s[:4]
+        return (b, h, sq, d, s[4] if len(s) > 4 else h, int(bool(s[5])) if len(s) > 5 else 1)
+    if family == "fused_mlp":                    # (*x.shape, F)
+        return (math.prod(s[:-2]), s[-2], s[-1])
+    return s
+
+
+@dataclass
+class Kernel:
+    """One verified kernel: ``fn`` is its kernel_fn; it may serve ``shapes`` in ``dtype`` on
+    ``device_type`` ("cuda" or "cpu", the latter under Triton's interpreter)."""
+    family: str
+    fn: object
+    dtype: object
+    device_type: str
+    shapes: list
+    tolerance: tuple
+    name: str = ""
+    source_hash: str = ""
+    keys: frozenset = field(default_factory=frozenset)
+    op: object = None
+
+    def __post_init__(self):
+        self.dtype = _dtype(self.dtype)
+        self.keys = frozenset(shape_key(self.family, s) for s in self.shapes)
+        self.name = self.name or self.family
+        self.op = _custom_op(self)
+
+
+def load_kernel_file(path: str, family: str, dtype, device_type: str, shapes, tolerance,
+                     name: str = "") -> Kernel:
+    """Import a kernel source file (Triton reads kernel source through inspect, so it must be a
+    real file) and wrap its kernel_fn."""
+    if device_type == "cpu":
+        _need_interpreter()
+    with open(path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:16]
+    mod_name = f"{OP_NAMESPACE}_kernel_{family}_{digest}"
+    module = sys.modules.get(mod_name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(mod_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[mod_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop(mod_name, None)
+            raise
+    fn = getattr(module, "kernel_fn", None)
+    if not callable(fn):
+        raise ValueError(f"{path} defines no kernel_fn")
+    return Kernel(family, fn, dtype, device_type, [list(s) for s in shapes], tuple(tolerance),
+                  name or family, digest)
+
+
+def _need_interpreter() -> None:
+    """Kernels verified under Triton's CPU interpreter run only interpreted. Triton decides at its
+    first import (its own tl.sum, tl.max... become interpreted functions or not), so the switch
+    must be on before then: set it if triton is not imported yet, else say what to do. Never on
+    a GPU machine: every Triton kernel there (torch.compile's too) would run interpreted."""
+    std = sys.modules.get("triton.language.standard")
+    if std is not None:
+        if type(getattr(std, "sum", None)).__name__ != "InterpretedFunction":
+            raise RuntimeError("these kernels were verified under Triton's CPU interpreter and run "
+                               "only interpreted, but triton was imported in this process without "
+                               "it: start Python with TRITON_INTERPRET=1")
+        return
+    if torch.cuda.is_available():
+        raise RuntimeError("these kernels were verified under Triton's CPU interpreter (CPU "
+                           "tensors only); on a GPU machine, use kernels from a GPU run")
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+# ---- custom ops ----------------------------------------------------------------------------------
+
+_OPS: dict = {}
+
+
+def _custom_op(k: Kernel):
+    """Register k.fn as OP_NAMESPACE::<family>_<hash> (once per process) with a fake
+    implementation giving the output's shape and dtype, so torch.compile can trace around it.
+    Outputs are made contiguous: the fake promises a contiguous result."""
+    name = f"{OP_NAMESPACE}::{k.family}_{k.source_hash or id(k.fn)}"
+    if name in _OPS:
+        return _OPS[name]
+    fn = k.fn
+    lib = torch.library
+    if k.family == "rmsnorm":
+        @lib.custom_op(name, mutates_args=())
+        def op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+            return fn(x, weight, eps).contiguous()
+
+        @op.register_fake
+        def _(x, weight, eps):
+            return x.new_empty(x.shape)
+    elif k.family == "layernorm":
+        @lib.custom_op(name, mutates_args=())
+        def op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+            return fn(x, weight, bias, eps).contiguous()
+
+        @op.register_fake
+        def _(x, weight, bias, eps):
+            return x.new_empty(x.shape)
+    elif k.family in ("softmax",):
+        @lib.custom_op(name, mutates_args=())
+        def op(x: torch.Tensor) -> torch.Tensor:
+            return fn(x).contiguous()
+
+        @op.register_fake
+        def _(x):
+            return x.new_empty(x.shape)
+    elif k.family == "reduce":
+        @lib.custom_op(name, mutates_args=())
+        def op(x: torch.Tensor) -> torch.Tensor:
+            return fn(x).contiguous()
+
+        @op.register_fake
+        def _(x):
+            return x.new_empty(x.shape[:-1])
+    elif k.family == "cross_entropy":
+        @lib.custom_op(name, mutates_args=())
+        def op(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            return fn(logits, targets).contiguous()
+
+        @op.register_fake
+        def _(logits, targets):
+            return logits.new_empty((), dtype=torch.float32)
+    elif k.family == "matmul":
+        @lib.custom_op(name, mutates_args=())
+        def op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return fn(a, b).contiguous()
+
+        @op.register_fake
+        def _(a, b):
+            return a.new_empty(tuple(a.shape[:-1]) + (b.shape[-1],))
+    elif k.family == "attention":
+        @lib.custom_op(name, mutates_args=())
+        def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+               scale: float) -> torch.Tensor:
+            return fn(q, k, v, causal, scale).contiguous()
+
+        @op.register_fake
+        def _(q, k, v, causal, scale):
+            return q.new_empty(q.shape)
+    elif k.family == "fused_mlp":
+        @lib.custom_op(name, mutates_args=())
+        def op(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
+               w_down: torch.Tensor) -> torch.Tensor:
+            return fn(x, w_gate, w_up, w_down).contiguous()
+
+        @op.register_fake
+        def _(x, w_gate, w_up, w_down):
+            return x.new_empty(x.shape)
+    else:
+        return None          # a family this runtime cannot place (rotary: no functional op)
+    _OPS[name] = op
+    return op
+
+
+# ---- the runtime: which kernel serves which call ----------------------------------------------
+
+class Runtime:
+    """The kernels in use for one model, by family, and how often each served or passed a call."""
+
+    def __init__(self, kernels):
+        self.kernels = {}
+        for k in kernels:
+            if k.op is not None:
+                self.kernels[k.family] = k
+        self.stats = {f: {"calls": 0, "fallthrough": 0} for f in self.kernels}
+
+    def fits(self, family: str, key: tuple, tensors) -> Kernel | None:
+        """The kernel of ``family`` if it was verified for this call, else None (PyTorch runs it)."""
+        k = self.kernels.get(family)
+        if k is None:
+            return None
+        main = tensors[0]
+        ok = (key in k.keys and main.dtype == k.dtype and main.device.type == k.device_type
+              and all(t.device == main.device for t in tensors)
+              and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)))
+        if not torch.compiler.is_compiling():     # counters are eager-only bookkeeping
+            self.stats[family]["calls" if ok else "fallthrough"] += 1
+        return k if ok else None
+
+
+def _arg(args, kwargs, i, name, default=None):
+    if len(args) > i:
+        return args[i]
+    return kwargs.get(name, default)
+
+
+def _last_dim(dim, ndim) -> bool:
+    if isinstance(dim, (tuple, list)):
+        if len(dim) != 1:
+            return False
+        dim = dim[0]
+    return isinstance(dim, int) and ndim > 0 and dim % ndim == ndim - 1
+
+
+def _is_float_tensor(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.is_floating_point()
+
+
+def _softmax(rt, func, args, kwargs):
+    # F.softmax(input, dim=None, _stacklevel=3, dtype=None); torch.softmax / Tensor.softmax
+    # (input, dim, dtype=None)
+    x = _arg(args, kwargs, 0, "input")
+    dim = _arg(args, kwargs, 1, "dim")
+    dtype = _arg(args, kwargs, 3, "dtype") if func is F.softmax else _arg(args, kwargs, 2, "dtype")
+    if not _is_float_tensor(x) or dtype is not None or not _last_dim(dim, x.dim()):
+        return NotImplemented
+    k = rt.fits("softmax", shape_key("softmax", x.shape), (x,))
+    return NotImplemented if k is None else k.op(x)
+
+
+def _layer_norm(rt, func, args, kwargs):
+    # F.layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5)
+    x = _arg(args, kwargs, 0, "input")
+    ns = _arg(args, kwargs, 1, "normalized_shape")
+    w, b = _arg(args, kwargs, 2, "weight"), _arg(args, kwargs, 3, "bias")
+    eps = _arg(args, kwargs, 4, "eps", 1e-5)
+    ns = (ns,) if isinstance(ns, int) else tuple(ns)
+    if (not _is_float_tensor(x) or x.dim() < 1 or ns != (x.shape[-1],) or not _is_float_tensor(w)
+            or not _is_float_tensor(b) or w.shape != ns or b.shape != ns
+            or w.dtype != x.dtype or b.dtype != x.dtype):
+        return NotImplemented          # the family is weight and bias of x's dtype, last dim only
+    k = rt.fits("layernorm", shape_key("layernorm", x.shape), (x, w, b))
+    return NotImplemented if k is None else k.op(x, w, b, float(eps))
+
+
+def _rms_norm(rt, func, args, kwargs):
+    # F.rms_norm(input, normalized_shape, weight=None, eps=None); eps None: the dtype's epsilon
+    x = _arg(args, kwargs, 0, "input")
+    ns = _arg(args, kwargs, 1, "normalized_shape")
+    w = _arg(args, kwargs, 2, "weight")
+    eps = _arg(args, kwargs, 3, "eps")
+    ns = (ns,) if isinstance(ns, int) else tuple(ns)
+    if (not _is_float_tensor(x) or x.dim() < 1 or ns != (x.shape[-1],) or not _is_float_tensor(w)
+            or w.shape != ns or w.dtype != x.dtype):
+        return NotImplemented
+    if eps is None:
+        eps = torch.finfo(x.dtype).eps
+    k = rt.fits("rmsnorm", shape_key("rmsnorm", x.shape), (x, w))
+    return NotImplemented if k is None else k.op(x, w, float(eps))
+
+
+def _cross_entropy(rt, func, args, kwargs):
+    # F.cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100,
+    #                 reduce=None, reduction="mean", label_smoothing=0.0)
+    x, t = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "target")
+    if (not _is_float_tensor(x) or not isinstance(t, torch.Tensor) or x.dim() != 2
+            or t.dtype != torch.int64 or tuple(t.shape) != (x.shape[0],)
+            or _arg(args, kwargs, 2, "weight") is not None
+            or _arg(args, kwargs, 3, "size_average") is not None
+            or _arg(args, kwargs, 4, "ignore_index", -100) != -100
+            or _arg(args, kwargs, 5, "reduce") is not None
+            or _arg(args, kwargs, 6, "reduction", "mean") != "mean"
+            or _arg(args, kwargs, 7, "label_smoothing", 0.0) != 0.0):
+        return NotImplemented          # classes on the last dim of [N, V] only
+    k = rt.fits("cross_entropy", shape_key("cross_entropy", x.shape), (x, t))
+    # the family returns the fp32 mean; PyTorch returns it in the logits' dtype
+    return NotImplemented if k is None else k.op(x, t).to(x.dtype)
+
+
+def _sdpa(rt, func, args, kwargs):
+    # F.scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+    #                                is_causal=False, scale=None, enable_gqa=False)
+    q, k_, v = (_arg(args, kwargs, i, n) for i, n in enumerate(("query", "key", "value")))
+    if (not all(_is_float_tensor(t) and t.dim() == 4 for t in (q, k_, v))
+            or _arg(args, kwargs, 3, "attn_mask") is not None
+            or _arg(args, kwargs, 4, "dropout_p", 0.0) != 0.0
+            or k_.dtype != q.dtype or v.dtype != q.dtype
+            or k_.shape != v.shape or k_.shape[0] != q.shape[0] or k_.shape[2] != q.shape[2]
+            or k_.shape[3] != q.shape[3] or q.shape[1] % k_.shape[1]):
+        return NotImplemented          # verified with equal query/key lengths, no mask
+    if k_.shape[1] != q.shape[1] and not _arg(args, kwargs, 7, "enable_gqa", False):
+        return NotImplemented          # PyTorch raises on that; let it
+    causal = bool(_arg(args, kwargs, 5, "is_causal", False))
+    scale = _arg(args, kwargs, 6, "scale")
+    b, h, s, d = q.shape
+    kern = rt.fits("attention", (b, h, s, d, k_.shape[1], int(causal)), (q, k_, v))
+    if kern is None:
+        return NotImplemented
+    return kern.op(q, k_, v, causal, float(scale) if scale is not None else 1.0 / math.sqrt(d))
+
+
+def _linear(rt, func, args, kwargs):
+    # F.linear(input, weight, bias=None): x [..., K] @ weight[N, K]^T (+ bias)
+    x, w, bias = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "weight"), _arg(args, kwargs, 2, "bias")
+    if not (_is_float_tensor(x) and _is_float_tensor(w) and w.dim() == 2 and x.dim() >= 1
+            and x.shape[-1] == w.shape[1] and w.dtype == x.dtype):
+        return NotImplemented
+    if bias is not None and not (_is_float_tensor(bias) and bias.dtype == x.dtype):
+        return NotImplemented
+    m = math.prod(x.shape[:-1])
+    tensors = (x, w) if bias is None else (x, w, bias)
+    kern = rt.fits("matmul", (1, m, x.shape[-1], w.shape[0]), tensors)
+    if kern is None:
+        return NotImplemented
+    out = kern.op(x.reshape(m, x.shape[-1]), w.t()).reshape(*x.shape[:-1], w.shape[0])
+    return out if bias is None else out + bias
+
+
+def _matmul(rt, func, args, kwargs):
+    # torch.matmul(input, other), Tensor.matmul, a @ b: 2-D, or equal batch dims on both sides
+    a, b = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "other")
+    if not (_is_float_tensor(a) and _is_float_tensor(b) and a.dtype == b.dtype
+            and a.dim() == b.dim() and a.dim() >= 2 and a.shape[:-2] == b.shape[:-2]
+            and a.shape[-1] == b.shape[-2]):
+        return NotImplemented
+    lead = tuple(a.shape[:-2])
+    bt = math.prod(lead)
+    m, kk, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    kern = rt.fits("matmul", (bt, m, kk, n), (a, b))
+    if kern is None:
+        return NotImplemented
+    if a.dim() == 2:
+        return kern.op(a, b)
+    return kern.op(a.reshape(bt, m, kk), b.reshape(bt, kk, n)).reshape(*lead, m, n)
+
+
+def _sum(rt, func, args, kwargs):
+    # torch.sum / Tensor.sum(input, dim, keepdim=False, *, dtype=None) over the last dim only
+    x, dim = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "dim")
+    if (not _is_float_tensor(x) or dim is None or not _last_dim(dim, x.dim())
+            or _arg(args, kwargs, 2, "keepdim", False) or kwargs.get("dtype") is not None):
+        return NotImplemented
+    k = rt.fits("reduce", shape_key("reduce", x.shape), (x,))
+    return NotImplemented if k is None else k.op(x)
+
+
+HANDLERS = {
+    F.softmax: ("softmax", _softmax), torch.softmax: ("softmax", _softmax),
+    torch.Tensor.softmax: ("softmax", _softmax),
+    F.layer_norm: ("layernorm", _layer_norm),
+    F.cross_entropy: ("cross_entropy", _cross_entropy),
+    F.scaled_dot_product_attention: ("attention", _sdpa),
+    F.linear: ("matmul", _linear), torch.matmul: ("matmul", _matmul),
+    torch.Tensor.matmul: ("matmul", _matmul), torch.Tensor.__matmul__: ("matmul", _matmul),
+    torch.sum: ("reduce", _sum), torch.Tensor.sum: ("reduce", _sum),
+}
+if hasattr(F, "rms_norm"):
+    HANDLERS[F.rms_norm] = ("rmsnorm", _rms_norm)
+
+
+class KernelMode(TorchFunctionMode):
+    """Routes the intercepted functional calls to the runtime's kernels. PyTorch leaves the mode
+    while a handler runs, so falling through (calling ``func``) does not come back here."""
+
+    def __init__(self, rt: Runtime):
+        super().__init__()
+        self.rt = rt
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        entry = HANDLERS.get(func)
+        if entry is not None and entry[0] in self.rt.kernels:
+            out = entry[1](self.rt, func, args, kwargs)
+            if out is not NotImplemented:
+                return out
+        return func(*args, **kwargs)
+
+
+# ---- module swaps, after a probe ----------------------------------------------------------------
+
+def rmsnorm_params(module: nn.Module):
+    """(weight, eps) of a module that looks like an RMSNorm (one 1-D weight, an eps attribute, no
+    children, not a torch.nn class: nn.RMSNorm goes through F.rms_norm), else None. Looking
+    like one is not enough to be swapped: see probe_rmsnorm."""
+    if type(module).__module__.startswith("torch.nn") or any(True for _ in module.children()):
+        return None
+    params = dict(module.named_parameters(recurse=False))
+    w = params.get("weight")
+    if w is None or w.dim() != 1 or set(params) != {"weight"}:
+        return None
+    eps = next((getattr(module, a) for a in EPS_ATTRS if isinstance(getattr(module, a, None), float)), None)
+    return None if eps is None else (w, eps)
+
+
+def _rmsnorm_ref64(x, w, eps):
+    x, w = x.double(), w.double()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def _within(out, ref, tol, bound=None) -> bool:
+    if not isinstance(out, torch.Tensor) or out.shape != ref.shape:
+        return False
+    out = out.double()
+    atol, rtol = tol[0], tol[1]
+    allowed = atol + rtol * ref.abs()
+    if len(tol) > 2 and bound is not None:
+        allowed = allowed + tol[2] * bound
+    finite = torch.isfinite(ref)
+    if not torch.equal(finite, torch.isfinite(out)):
+        return False
+    return bool(((out - ref).abs()[finite] <= PROBE_SLACK * allowed[finite] + 1e-30).all())
+
+
+def _probe_gen(seed=1234):
+    # on the CPU, then moved: the same probe values on every device
+    return torch.Generator(device="cpu").manual_seed(seed)
+
+
+def probe_rmsnorm(module: nn.Module, shape, dtype, tol) -> bool:
+    """Does module(x) equal the rmsnorm reference with the module's weight and eps, on random x
+    of ``shape`` in ``dtype``, at unit scale and at a scale where eps dominates?"""
+    found = rmsnorm_params(module)
+    if found is None:
+        return False
+    w, eps = found
+    if tuple(shape)[-1] != w.shape[0]:
+        return False
+    gen = _probe_gen()
+    try:
+        with torch.no_grad():
+            for scale in (1.0, 1e-3, 30.0):
+                x = (torch.randn(tuple(shape), generator=gen) * scale).to(device=w.device, dtype=dtype)
+                if not _within(_orig_forward(module)(x), _rmsnorm_ref64(x, w, eps), tol):
+                    return False
+    except Exception:
+        return False
+    return True
+
+
+_MLP_NAMES = {"gate": ("gate_proj", "gate", "w1", "fc_gate"), "up": ("up_proj", "up", "w3", "fc_up"),
+              "down": ("down_proj", "down", "w2", "fc_down")}
+
+
+def mlp_params(module: nn.Module):
+    """(gate, up, down) nn.Linear children without bias of a gated-MLP-looking module, else None."""
+    children = dict(module.named_children())
+    found = []
+    for role in ("gate", "up", "down"):
+        lin = next((children[n] for n in _MLP_NAMES[role] if n in children), None)
+        if not isinstance(lin, nn.Linear) or lin.bias is not None:
+            return None
+        found.append(lin)
+    g, u, d = found
+    if g.weight.shape != u.weight.shape or d.weight.shape[1] != g.weight.shape[0]:
+        return None
+    return g, u, d
+
+
+def _mlp_ref64(x, wg, wu, wd):
+    x, wg, wu, wd = (t.double() for t in (x, wg, wu, wd))
+    g, u = F.linear(x, wg), F.linear(x, wu)
+    sg = torch.sigmoid(g)
+    y = F.linear(g * sg * u, wd)
+    # the family's error bound: h's rounding plus what the rounding of g and u does to it
+    dh = (sg * (1 + g * (1 - sg))).abs() * u.abs() * F.linear(x.abs(), wg.abs()) \
+        + (g * sg).abs() * F.linear(x.abs(), wu.abs())
+    return y, F.linear((g * sg * u).abs() + dh, wd.abs())
+
+
+def probe_mlp(module: nn.Module, shape, dtype, tol) -> bool:
+    """Does module(x) equal down(silu(gate(x)) * up(x)) on random x (shape (*x.shape, F))?"""
+    found = mlp_params(module)
+    if found is None:
+        return False
+    g, u, d = found
+    xs, f = tuple(shape)[:-1], tuple(shape)[-1]
+    if f != g.weight.shape[0] or xs[-1] != g.weight.shape[1]:
+        return False
+    gen = _probe_gen()
+    try:
+        with torch.no_grad():
+            x = torch.randn(xs, generator=gen).to(device=g.weight.device, dtype=dtype)
+            ref, bound = _mlp_ref64(x, g.weight, u.weight, d.weight)
+            return _within(_orig_forward(module)(x), ref, tol, bound)
+    except Exception:
+        return False
+
+
+def _orig_forward(module):
+    return getattr(module, "_nightshift_forward", None) or module.forward
+
+
+def _rmsnorm_forward(rt, module, orig):
+    def forward(x, *args, **kwargs):
+        found = rmsnorm_params(module) if not (args or kwargs) else None
+        if found is not None and isinstance(x, torch.Tensor) and found[0].dtype == x.dtype:
+            w, eps = found
+            k = rt.fits("rmsnorm", shape_key("rmsnorm", x.shape), (x, w))
+            if k is not None:
+                return k.op(x, w, float(eps))
+        return orig(x, *args, **kwargs)
+    return forward
+
+
+def _mlp_forward(rt, module, orig):
+    def forward(x, *args, **kwargs):
+        found = mlp_params(module) if not (args or kwargs) else None
+        if found is not None and isinstance(x, torch.Tensor):
+            g, u, d = found
+            ws = (g.weight, u.weight, d.weight)
+            if all(w.dtype == x.dtype for w in ws):
+                k = rt.fits("fused_mlp", shape_key("fused_mlp", tuple(x.shape) + (g.weight.shape[0],)),
+                            (x,) + ws)
+                if k is not None:
+                    return k.op(x, *ws)
+        return orig(x, *args, **kwargs)
+    return forward
+
+
+def _set_forward(module, fn, swaps):
+    """Replace module.forward on this instance only; remember how to put it back."""
+    had = "forward" in module.__dict__
+    swaps.append((module, had, module.__dict__.get("forward")))
+    module._nightshift_forward = module.forward
+    module.forward = fn
+
+
+class Applied:
+    """What ``apply`` did to a model: ``swapped`` module names per family, ``stats()`` the calls
+    each kernel served (and passed to PyTorch), ``remove()`` undoes it all."""
+
+    def __init__(self, model, rt, swaps, swapped):
+        self.model, self.rt, self._swaps, self.swapped = model, rt, swaps, swapped
+
+    def stats(self) -> dict:
+        return {f: dict(s, kernel=self.rt.kernels[f].name, swapped=self.swapped.get(f, []))
+                for f, s in self.rt.stats.items()}
+
+    def reset_stats(self) -> None:
+        for s in self.rt.stats.values():
+            s["calls"] = s["fallthrough"] = 0
+
+    def remove(self) -> None:
+        for module, had, old in reversed(self._swaps):
+            if had:
+                module.forward = old
+            else:
+                module.__dict__.pop("forward", None)
+            module.__dict__.pop("_nightshift_forward", None)
+        self._swaps.clear()
+
+
+def apply(model: nn.Module, kernels, probe: bool = True) -> Applied:
+    """Use ``kernels`` (Kernel objects, one per family) in ``model``, in place: module swaps that
+    pass their probe, and the functional interception around model.forward. Weights stay where
+    they are (state_dict unchanged); ``.remove()`` on the result restores the model."""
+    rt = Runtime(kernels)
+    swaps, swapped = [], {}
+    named = list(model.named_modules())
+    for fam, probe_fn, make in (("rmsnorm", probe_rmsnorm, _rmsnorm_forward),
+                                ("fused_mlp", probe_mlp, _mlp_forward)):
+        k = rt.kernels.get(fam)
+        if k is None:
+            continue
+        for name, mod in named:
+            params = rmsnorm_params(mod) if fam == "rmsnorm" else mlp_params(mod)
+            if params is None:
+                continue
+            width = params[0].shape[0] if fam == "rmsnorm" else None
+            shapes = [s for s in k.shapes if fam != "rmsnorm" or s[-1] == width]
+            if not shapes or (probe and not all(probe_fn(mod, s, k.dtype, k.tolerance) for s in shapes)):
+                continue
+            _set_forward(mod, make(rt, mod, mod.forward), swaps)
+            swapped.setdefault(fam, []).append(name or "<root>")
+    if any(f in rt.kernels for f, _ in HANDLERS.values()):
+        inner = model.forward
+
+        def forward(*args, **kwargs):
+            with KernelMode(rt):
+                return inner(*args, **kwargs)
+        _set_forward(model, forward, swaps)
+    return Applied(model, rt, swaps, swapped)
+
+
+def load_manifest_kernels(folder: str, manifest: dict) -> list[Kernel]:
+    """Kernels described by an export manifest: {"kernels": [{"family", "file", "dtype",
+    "device_type", "shapes", "tolerance", "name"}, ...]}, files relative to ``folder``."""
+    out = []
+    for e in manifest["kernels"]:
+        out.append(load_kernel_file(os.path.join(folder, e["file"]), e["family"], e["dtype"],
+                                    e["device_type"], e["shapes"], e["tolerance"], e.get("name", "")))
+    return out
+
+
+__all__ = ["Kernel", "Applied", "apply", "load_kernel_file", "load_manifest_kernels", "shape_key",
+           "probe_rmsnorm", "probe_mlp", "KernelMode", "Runtime"]
