@@ -61,6 +61,27 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("run", help="run id, or 'latest'")
     rp.add_argument("--db", default=None)
     rp.add_argument("--out", default=None, help="write to this file instead of stdout")
+
+    ex = sub.add_parser("export", help="a run's kept kernels as an importable package with "
+                        "apply(model) (needs torch and triton only)")
+    ex.add_argument("run", help="run id, or 'latest'")
+    ex.add_argument("--out", required=True, help="folder to write the package into")
+    ex.add_argument("--db", default=None)
+    ex.add_argument("--name", default="nightshift_kernels", help="package name")
+    ex.add_argument("--force", action="store_true", help="replace an existing package")
+
+    kb = sub.add_parser("kernelbench", help="optimize KernelBench problem files and report fast_p")
+    kb.add_argument("dir", help="folder of problem files (its level<N>/ subfolder if present)")
+    kb.add_argument("--level", type=int, default=1)
+    kb.add_argument("--budget-experiments", type=int, default=8, help="experiments per problem")
+    kb.add_argument("--families", default=None)
+    kb.add_argument("--dtype", default="auto")
+    kb.add_argument("--trials", type=int, default=5, help="fresh inputs for correctness")
+    kb.add_argument("--seed", type=int, default=0)
+    kb.add_argument("--patience", type=int, default=5)
+    kb.add_argument("--worker-timeout", type=float, default=300.0)
+    kb.add_argument("--db", default=None)
+    kb.add_argument("--out", default=None, help="also write the Markdown report to this file")
     return p
 
 
@@ -186,12 +207,29 @@ def cmd_bench(a) -> int:
         raise UsageError(str(e)) from None
 
 
+def cmd_export(a) -> int:
+    from engine.export import ExportError, cmd_export as run_export
+    try:
+        return run_export(a)
+    except ExportError as e:
+        raise UsageError(str(e)) from None
+
+
+def cmd_kernelbench(a) -> int:
+    from engine.kernelbench import KernelBenchError, cmd_kernelbench as run_kb
+    try:
+        return run_kb(a, log=lambda s: print(s, flush=True))
+    except KernelBenchError as e:
+        raise UsageError(str(e)) from None
+
+
 def main(argv=None) -> int:
     try:
         a = _parser().parse_args(argv)
         if a.cmd == "bench":
             return cmd_bench(a)
-        return {"run": cmd_run, "verify": cmd_verify, "report": cmd_report}[a.cmd](a)
+        return {"run": cmd_run, "verify": cmd_verify, "report": cmd_report, "export": cmd_export,
+                "kernelbench": cmd_kernelbench}[a.cmd](a)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
