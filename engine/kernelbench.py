@@ -57,15 +57,18 @@ class ProblemResult:
         return base / self.optimized_us
 
 
-def problem_files(folder: str, level: int) -> list[Path]:
+def problem_files(folder: str, level: int, match: str = "*.py") -> list[Path]:
     root = Path(folder)
     if not root.is_dir():
         raise KernelBenchError(f"no such folder: {folder}")
     sub = root / f"level{level}"
     where = sub if sub.is_dir() else root
-    files = sorted(p for p in where.glob("*.py") if not p.name.startswith("_"))
+    # numbered like KernelBench ("23_Softmax.py"): in problem order, 2 before 10
+    files = sorted((p for p in where.glob(match) if p.suffix == ".py" and not p.name.startswith("_")),
+                   key=lambda p: (int(p.name.split("_")[0]) if p.name.split("_")[0].isdigit() else 1 << 30,
+                                  p.name))
     if not files:
-        raise KernelBenchError(f"no problem files (*.py) in {where}")
+        raise KernelBenchError(f"no problem files ({match}) in {where}")
     return files
 
 
@@ -192,7 +195,7 @@ def _x(v) -> str:
 
 def cmd_kernelbench(a, log=print) -> int:
     from engine.store import Store, StoreError
-    files = problem_files(a.dir, a.level)
+    files = problem_files(a.dir, a.level, getattr(a, "match", "*.py"))
     try:
         Store(a.db).close()
     except StoreError as e:

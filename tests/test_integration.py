@@ -1,0 +1,438 @@
+"""Any model in, a verified faster model out: model sources, the kernel runtime (interception,
+probed module swaps, fall-through, torch.compile), end-to-end checks, export to a package used in
+a clean process, and KernelBench scoring. CPU only, under Triton's interpreter, where one kernel
+call takes 0.1-1 s: models and budgets are tiny."""
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import kernels
+from engine import integrate, kernel_runtime as rt, sources
+from engine.cli import main as cli_main
+from engine.loop import ConfigError, RunConfig, execute
+from engine.store import Store
+
+ROOT = Path(__file__).resolve().parent.parent
+PROBLEMS = ROOT / "tests" / "kernelbench_problems"
+OWN = ROOT / "tests" / "models" / "own_rmsnorm.py"
+HAS_TRANSFORMERS = sources.importlib.util.find_spec("transformers") is not None
+
+
+def starter(family, shapes, dtype="float32", source=None):
+    """A runtime kernel from the family's starter (or ``source``), verified for ``shapes``."""
+    fam = kernels.get(family)
+    src = source or fam.starter()
+    rec = integrate.KernelRecord(family, 0, 1, src, hashlib.sha256(src.encode()).hexdigest(), dtype,
+                                 [list(s) for s in shapes], tuple(fam.tolerance[getattr(torch, dtype)]),
+                                 "cpu")
+    return integrate.load([rec])[0]
+
+
+# ---- model sources ------------------------------------------------------------------------------
+
+def test_every_model_source_builds_and_runs():
+    for spec, kind, shape in [("llama-tiny", "zoo", (2, 32)),
+                              (f"{OWN}:TinyNet", "file", (2, 4, 64)),
+                              (f"{OWN}:build", "file", (2, 4, 64)),
+                              (str(PROBLEMS / "level1" / "1_Softmax.py"), "file", (8, 96))]:
+        loaded = sources.load(spec)
+        assert loaded.source.kind == kind and tuple(loaded.inputs[0].shape) == shape, spec
+        fresh = loaded.new_inputs(7)
+        assert fresh[0].shape == loaded.inputs[0].shape and not torch.equal(fresh[0], loaded.inputs[0])
+    # the public entry point the dashboard calls; --input-shape replaces get_inputs()
+    model, inputs = __import__("engine.models").models.load_source(
+        f"{OWN}:TinyNet", dtype=torch.bfloat16, input_shape="3x64")
+    assert inputs[0].shape == (3, 64) and inputs[0].dtype == torch.bfloat16
+    assert next(model.parameters()).dtype == torch.bfloat16
+    # get_init_inputs() is used: TinyNet(64, 96, 2) has two blocks, build() one
+    assert len(sources.load(f"{OWN}:TinyNet").model.blocks) == 2
+    assert len(sources.load(f"{OWN}:build").model.blocks) == 1
+
+
+@pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is not installed (requirements-dev.txt)")
+def test_hf_preset_builds_from_config_without_download(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")                 # nothing may be fetched
+    loaded = sources.load("hf:llama", input_shape="1x8", n_layer=1)
+    assert type(loaded.model).__name__ == "LlamaForCausalLM"
+    assert loaded.model.config.num_hidden_layers == 1 and loaded.model.config.hidden_size == 64
+    assert loaded.inputs[0].shape == (1, 8)
+
+
+BAD = {
+    "no_class.py": ("import torch\n", ":Net", "no class or function named 'Net'"),
+    "kb_no_model.py": ("import torch\nclass Other(torch.nn.Module):\n    pass\n", "",
+                       "has no class model"),
+    "syntax.py": ("def f(:\n", ":f", "cannot parse"),
+    "ctor_raises.py": ("import torch\nclass Net(torch.nn.Module):\n    def __init__(self):\n"
+                       "        super().__init__()\n        raise ValueError('needs a config')\n"
+                       "def get_inputs():\n    return [torch.randn(2, 4)]\n", ":Net",
+                       "constructing net from ctor_raises.py failed: valueerror: needs a config"),
+    "wrong_shape.py": ("import torch\nclass Net(torch.nn.Module):\n    def __init__(self):\n"
+                       "        super().__init__()\n        self.lin = torch.nn.Linear(16, 4)\n"
+                       "    def forward(self, x):\n        return self.lin(x)\n"
+                       "def get_inputs():\n    return [torch.randn(2, 8)]\n", ":Net",
+                       "forward pass failed on inputs (float32[2x8])"),
+    "not_module.py": ("import torch\ndef make():\n    return 3\ndef get_inputs():\n"
+                      "    return [torch.randn(2)]\n", ":make", "returned int, not an nn.module"),
+    "constant.py": ("import torch\nNet = 3\ndef get_inputs():\n    return [torch.randn(2)]\n", ":Net",
+                    "is a int, not an nn.module class"),
+    "plain_class.py": ("import torch\nclass Net:\n    pass\ndef get_inputs():\n"
+                       "    return [torch.randn(2)]\n", ":Net", "not an nn.module subclass"),
+    "no_inputs.py": ("import torch\nclass Net(torch.nn.Module):\n    pass\n", ":Net",
+                     "no get_inputs(): pass --input-shape"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_bad_model_file_one_clear_message(tmp_path, name):
+    text, suffix, words = BAD[name]
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(sources.SourceError) as e:
+        sources.load(f"{path}{suffix}")
+    msg = str(e.value)
+    assert "\n" not in msg and words.lower() in msg.lower(), msg
+
+
+def test_runconfig_validates_specs(tmp_path):
+    RunConfig(model=f"{OWN}:TinyNet").validate()
+    RunConfig(model=str(PROBLEMS / "level1" / "2_LayerNorm.py")).validate()
+    for spec, words in [("nope", "unknown model"), ("hf:gpt9", "unknown model 'hf:gpt9'"),
+                        (str(tmp_path / "missing.py"), "no such model file"),
+                        (f"{OWN}:Nope", "no class or function named 'Nope'")]:
+        with pytest.raises(ConfigError, match=words):
+            RunConfig(model=spec).validate()
+    with pytest.raises(ConfigError, match="bad input shape"):
+        RunConfig(model=f"{OWN}:TinyNet", input_shape="2xfoo").validate()
+
+
+@pytest.mark.parametrize("name, db_made", [("no_class.py", False), ("ctor_raises.py", True),
+                                          ("wrong_shape.py", True), ("not_module.py", True)])
+def test_cli_bad_model_exit_2_and_no_run(tmp_path, capsys, name, db_made):
+    text, suffix, words = BAD[name]
+    path = tmp_path / name
+    path.write_text(text)
+    db = tmp_path / "sub" / "runs.db"
+    rc = cli_main(["run", "--model", f"{path}{suffix}", "--budget-experiments", "1", "--db", str(db)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("error:") and words.lower() in err[0].lower(), err
+    # static problems stop before the database is touched; a model that fails to build or run
+    # stops before its run row exists
+    assert db.exists() == db_made
+    if db_made:
+        assert Store(db, readonly=True).list_runs() == []
+
+
+# ---- the runtime: interception, fall-through, probes, torch.compile ---------------------------
+
+class Functional(nn.Module):
+    """Every intercepted functional route on [2, 4, 16] activations."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm(16)
+        self.rms = nn.RMSNorm(16, eps=1e-6)
+        self.head = nn.Linear(16, 16)
+
+    def forward(self, x, targets):
+        a = torch.softmax(x, dim=-1) + F.softmax(x, dim=2) + x.softmax(-1)
+        h = self.head(self.rms(self.ln(a)))
+        return h, F.cross_entropy(h.view(-1, 16), targets.view(-1))
+
+
+def test_functional_ops_intercepted_only_where_verified():
+    torch.manual_seed(0)
+    model = Functional().eval()
+    with torch.no_grad():
+        model.ln.weight.add_(0.1 * torch.randn(16))
+        model.rms.weight.add_(0.1 * torch.randn(16))
+    x, t = torch.randn(2, 4, 16), torch.randint(0, 16, (2, 4))
+    ks = [starter("softmax", [(8, 16)]), starter("layernorm", [(2, 4, 16)]),
+          starter("rmsnorm", [(8, 16)]), starter("cross_entropy", [(8, 16)])]
+    with torch.no_grad():
+        ref = model(x, t)
+        applied = rt.apply(model, ks)
+        out = model(x, t)
+        stats = applied.stats()
+        assert {f: s["calls"] for f, s in stats.items()} == {
+            "softmax": 3, "layernorm": 1, "rmsnorm": 1, "cross_entropy": 1}
+        for o, r in zip(out, ref):
+            assert torch.allclose(o, r, atol=1e-5, rtol=1e-5)
+        applied.reset_stats()
+        model(torch.randn(3, 4, 16), torch.randint(0, 16, (3, 4)))      # 12 rows: never verified
+        assert all(s["calls"] == 0 and s["fallthrough"] > 0 for s in applied.stats().values())
+        applied.reset_stats()
+        torch.softmax(x, -1)                                           # outside forward: untouched
+        assert applied.stats()["softmax"]["fallthrough"] == 0
+    applied.reset_stats()
+    model(x, t)                  # weights that need gradients: PyTorch (x itself needs none)
+    assert {f: s["calls"] for f, s in applied.stats().items()} == {
+        "softmax": 3, "layernorm": 0, "rmsnorm": 0, "cross_entropy": 0}
+    applied.remove()
+    assert "forward" not in model.__dict__
+    with torch.no_grad():
+        bf = Functional().eval().to(torch.bfloat16)
+        a2 = rt.apply(bf, ks)
+        bf(x.to(torch.bfloat16), t)                                     # float32 kernels, bf16 calls
+        assert all(s["calls"] == 0 for s in a2.stats().values())
+
+
+class WrongEps(nn.Module):
+    """Looks like an RMSNorm (weight, eps) but adds eps outside the root."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = 1e-6
+
+    def forward(self, x):
+        return x / (x.pow(2).mean(-1, keepdim=True).sqrt() + self.eps) * self.weight
+
+
+class CenteredNorm(WrongEps):
+    """Subtracts the mean: a LayerNorm without bias, not an RMSNorm."""
+
+    def forward(self, x):
+        x = x - x.mean(-1, keepdim=True)
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def test_module_swapped_only_after_probe():
+    sys.path.insert(0, str(OWN.parent))
+    try:
+        from own_rmsnorm import T5StyleLayerNorm
+    finally:
+        sys.path.pop(0)
+    model = nn.Sequential(T5StyleLayerNorm(32), WrongEps(32), CenteredNorm(32)).eval()
+    k = starter("rmsnorm", [(2, 3, 32)])
+    applied = rt.apply(model, [k])
+    assert applied.swapped == {"rmsnorm": ["0"]}
+    x = torch.randn(2, 3, 32)
+    with torch.no_grad():
+        out = model(x)
+        applied.remove()
+        assert torch.allclose(out, model(x), atol=1e-5, rtol=1e-5)
+    assert applied.stats()["rmsnorm"]["calls"] == 1
+
+
+def test_torch_compile_traces_the_optimized_model_in_one_graph():
+    from engine.models import RMSNorm
+    torch.manual_seed(0)
+    model = nn.Sequential(RMSNorm(16, 1e-5), nn.Linear(16, 16), nn.Softmax(dim=-1)).eval()
+    ks = [starter("rmsnorm", [(4, 16)]), starter("softmax", [(4, 16)])]
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        ref = model(x)
+        applied = rt.apply(model, ks)
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(model)(x)
+        assert explained.graph_count == 1 and explained.graph_break_count == 0
+        out = torch.compile(model, backend="aot_eager")(x)   # fake impls trace, kernels run
+    assert torch.allclose(out, ref, atol=1e-5, rtol=1e-5)
+    applied.remove()
+
+
+BAD_SOFTMAX = textwrap.dedent('''
+    import torch
+    import triton
+    import triton.language as tl
+
+
+    @triton.jit
+    def _k(x_ptr, y_ptr, D, stride, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * stride + cols, mask=cols < D, other=-float("inf"))
+        e = tl.exp((x - tl.max(x, 0)) * 1.05)          # a temperature no one asked for
+        tl.store(y_ptr + row * D + cols, e / tl.sum(e, 0), mask=cols < D)
+
+
+    def kernel_fn(x):
+        x2 = x.reshape(-1, x.shape[-1])
+        y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+        _k[(x2.shape[0],)](x2, y, x2.shape[1], x2.stride(0), BLOCK=triton.next_power_of_2(x2.shape[1]))
+        return y.view(x.shape)
+''')
+
+
+def test_check_finds_the_responsible_kernel_and_keeps_the_rest():
+    from engine.models import RMSNorm
+    torch.manual_seed(0)
+    model = nn.Sequential(RMSNorm(16, 1e-5), nn.Softmax(dim=-1)).eval()
+    good, bad = starter("rmsnorm", [(4, 16)]), starter("softmax", [(4, 16)], source=BAD_SOFTMAX)
+    res = integrate.check(model, [(torch.randn(4, 16),)], [good, bad], "float32")
+    assert res.status == "partial" and res.family_flags == {"rmsnorm": "ok", "softmax": "responsible"}
+    assert [k.family for k in res.usable] == ["rmsnorm"] and res.max_error <= res.tolerance
+    assert "softmax#1 alone" in res.detail
+    res = integrate.check(model, [(torch.randn(4, 16),)], [bad], "float32")
+    assert res.status == "failed" and res.usable == []
+
+
+# ---- end to end: run, check, report, export, clean process --------------------------------------
+
+CLEAN = textwrap.dedent('''
+    import importlib.util, json, sys
+    import torch
+    try:
+        import engine  # noqa: F401
+        sys.exit("engine is importable: not a clean process")
+    except ImportError:
+        pass
+    import nightshift_kernels as nk
+    spec = importlib.util.spec_from_file_location("user_model", sys.argv[1])
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    model = eval(sys.argv[2], {"m": m, "torch": torch})
+    inputs = torch.load(sys.argv[3])
+    with torch.no_grad():
+        handle = nk.apply(model)
+        out = model(*inputs)
+    out = out.logits if hasattr(out, "logits") else out
+    torch.save(out, sys.argv[4])
+    print(json.dumps(handle.stats()))
+''')
+
+
+def run_clean(export_dir, tmp_path, model_file, build_expr, inputs):
+    """Apply the exported package in a fresh interpreter that can see only the export folder
+    (plus site-packages); returns (output, stats)."""
+    torch.save(inputs, tmp_path / "inputs.pt")
+    script = tmp_path / "clean.py"
+    script.write_text(CLEAN)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")}
+    env["PYTHONPATH"] = str(export_dir)
+    env["HF_HUB_OFFLINE"] = "1"
+    r = subprocess.run([sys.executable, str(script), str(model_file), build_expr,
+                        str(tmp_path / "inputs.pt"), str(tmp_path / "out.pt")],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return torch.load(tmp_path / "out.pt"), json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_own_rmsnorm_file_optimized_checked_exported_and_applied_in_a_clean_process(tmp_path):
+    db = tmp_path / "runs.db"
+    lines = []
+    run_id = execute(RunConfig(model=f"{OWN}:TinyNet", families=["rmsnorm"], budget_experiments=2,
+                               db=str(db), worker_timeout_s=300), log=lines.append)
+    s = Store(db, readonly=True)
+    prof = {p["family"]: p for p in s.profile(run_id)}
+    assert prof["rmsnorm"]["calls"] == 3                       # T5StyleLayerNorm, by its probe
+    check = s.e2e_checks(run_id)[0]
+    assert check["status"] == "passed", check
+    assert check["family_flags"] == {"rmsnorm": "ok"}
+    used = check["kernels_used"][0]
+    assert used["calls"] == 3 and used["swapped"] == ["blocks.0.norm", "blocks.1.norm", "final_norm"]
+    timings = {t["variant"]: t for t in s.e2e_timings(check["id"])}
+    assert set(timings) == set(integrate.VARIANTS)
+    assert timings["eager"]["latency_us"] > 0 and timings["optimized"]["latency_us"] > 0
+    assert "interpreter timing" in timings["optimized"]["note"]
+    assert timings["compile"]["latency_us"] is None and "skipped" in timings["compile"]["note"]
+    assert any(l.startswith("end-to-end: passed") for l in lines)
+    assert cli_main(["report", run_id, "--db", str(db), "--out", str(tmp_path / "r.md")]) == 0
+    report = (tmp_path / "r.md").read_text()
+    assert "End to end (check): **passed**" in report and "Amdahl projection" in report
+
+    out_dir = tmp_path / "export"
+    assert cli_main(["export", run_id, "--out", str(out_dir), "--db", str(db)]) == 0
+    pkg = out_dir / "nightshift_kernels"
+    assert sorted(p.name for p in pkg.iterdir()) == ["README.md", "__init__.py", "_runtime.py",
+                                                      "manifest.json", "rmsnorm.py"]
+    best = s.experiment(s.targets(run_id)[0]["best_experiment_id"])
+    assert (pkg / "rmsnorm.py").read_text() == best["source"]             # verbatim
+    for f in ("__init__.py", "_runtime.py"):                              # standalone
+        assert not re.search(r"^\s*(from|import)\s+(engine|kernels)\b", (pkg / f).read_text(), re.M)
+    assert 'OP_NAMESPACE = "nightshift_kernels"' in (pkg / "_runtime.py").read_text()
+    manifest = json.loads((pkg / "manifest.json").read_text())
+    assert manifest["kernels"][0]["shapes"] == [[2, 4, 64]] and manifest["kernels"][0]["dtype"] == "float32"
+    assert "interpreter timings" in (pkg / "README.md").read_text().lower()
+    assert cli_main(["export", run_id, "--out", str(out_dir), "--db", str(db)]) == 2   # exists
+
+    # a fresh instance, in a process that cannot import the engine
+    mod = sources.import_file(str(OWN))
+    torch.manual_seed(123)
+    fresh = mod.TinyNet(*mod.get_init_inputs()).eval()
+    x = (torch.randn(2, 4, 64),)
+    torch.manual_seed(123)
+    with torch.no_grad():
+        ref = fresh(*x)
+        applied = integrate.optimize(fresh, db, run_id)
+        ours = fresh(*x)
+        applied.remove()
+    out, stats = run_clean(out_dir, tmp_path, OWN, "(torch.manual_seed(123), m.TinyNet(*m.get_init_inputs()).eval())[1]", x)
+    assert stats["rmsnorm"]["calls"] == 3
+    assert torch.equal(out, ours)                       # the same kernels, the same bits
+    assert torch.allclose(out, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is not installed (requirements-dev.txt)")
+def test_hf_llama_profiled_optimized_checked_and_exported(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    db = tmp_path / "runs.db"
+    run_id = execute(RunConfig(model="hf:llama", input_shape="1x8", families=["rmsnorm"],
+                               budget_experiments=1, db=str(db)), log=lambda s: None)
+    s = Store(db, readonly=True)
+    prof = {p["family"]: p for p in s.profile(run_id)}
+    # LlamaRMSNorm, LlamaMLP and SDPA are found; the rotary table maker is not the rotation
+    assert prof["rmsnorm"]["calls"] == 5 and prof["rmsnorm"]["shapes"][0]["shape"] == [1, 8, 64]
+    assert prof["fused_mlp"]["calls"] == 2 and prof["attention"]["calls"] == 2
+    assert "rotary" not in prof and prof["other"]["top_ops"]
+    check = s.e2e_checks(run_id)[0]
+    assert check["status"] == "passed" and check["kernels_used"][0]["calls"] == 5, check
+    assert "model.norm" in check["kernels_used"][0]["swapped"]
+
+    out_dir = tmp_path / "export"
+    assert cli_main(["export", "latest", "--out", str(out_dir), "--db", str(db)]) == 0
+    model_file = tmp_path / "hf_llama.py"
+    cfg = sources.HF_PRESETS["llama"][2]
+    model_file.write_text("import torch, transformers\n"
+                          f"def build():\n    torch.manual_seed(5)\n"
+                          f"    cfg = transformers.LlamaConfig(use_cache=False, **{cfg!r})\n"
+                          f"    return transformers.LlamaForCausalLM(cfg).eval()\n")
+    ids = (torch.randint(0, 256, (1, 8)),)
+    mod = sources.import_file(str(model_file))
+    fresh = mod.build()
+    with torch.no_grad():
+        ref = fresh(*ids).logits
+    out, stats = run_clean(out_dir, tmp_path, model_file, "m.build()", ids)
+    assert stats["rmsnorm"]["calls"] == 5
+    assert integrate.compare([out], [ref])[0] <= integrate.E2E_TOLERANCE["float32"]
+
+
+def test_kernelbench_three_problems(tmp_path, capsys):
+    db = tmp_path / "kb.db"
+    rc = cli_main(["kernelbench", str(PROBLEMS), "--level", "1", "--budget-experiments", "1",
+                   "--trials", "2", "--db", str(db), "--out", str(tmp_path / "kb.md")])
+    assert rc == 0
+    text = (tmp_path / "kb.md").read_text()
+    assert "Interpreter timings" in text
+    rows = [l for l in text.splitlines() if l.startswith("| ") and ".py |" in l]
+    assert len(rows) == 3
+    for row, kernel in zip(rows, ("softmax#1", "layernorm#1", "rmsnorm#1")):
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[2] == "yes" and cells[3] == kernel, row
+    assert "| vs eager | 0.00 | 0.00 | 0.00 |" in text          # interpreted kernels are slow
+    assert "| vs torch.compile | n/a | n/a | n/a |" in text
+    s = Store(db, readonly=True)
+    assert len(s.list_runs()) == 3
+    assert all(s.e2e_checks(r["id"])[0]["kind"] == "kernelbench" for r in s.list_runs())
+
+
+def test_kernelbench_fast_p_arithmetic():
+    from engine.kernelbench import ProblemResult, fast_p
+    rs = [ProblemResult("a", correct=True, eager_us=300, optimized_us=100, compile_us=150),
+          ProblemResult("b", correct=True, eager_us=120, optimized_us=100, compile_us=90),
+          ProblemResult("c", correct=False, eager_us=500, optimized_us=100, compile_us=500),
+          ProblemResult("d", correct=True, eager_us=100, optimized_us=100)]
+    assert fast_p(rs, "eager", 1.0) == 0.5 and fast_p(rs, "eager", 1.5) == 0.25
+    assert fast_p(rs, "eager", 2.0) == 0.25 and fast_p(rs, "compile", 1.0) == 0.25
+    assert fast_p(rs, "compile", 1.5) == 0.0
