@@ -103,19 +103,23 @@ def sidebar() -> None:
         runs = {r["id"]: r for r in data.list_runs(store)}
     finally:
         store.close()
-    # The selector's own key is "run_select"; pages read the plain "run_id". A stale selection
-    # (a run of another database) is dropped before the widget renders, so it falls back to the
-    # newest run instead of erroring.
-    if pending in runs:
-        st.session_state["run_select"] = pending
-    elif st.session_state.get("run_select") not in runs:
-        st.session_state.pop("run_select", None)
+    # The selector's key names the database and its number of runs, so a new database or a new
+    # run gives a new widget: a kept widget whose options changed under it can keep showing its
+    # old label in the browser. The choice is carried over by hand; pages read the plain
+    # "run_id". A stale choice falls back to the newest run instead of erroring.
     if not runs:
         sb.caption("No runs in this database yet.")
         st.session_state["run_id"] = None
         return
+    key = f"run_select:{view}:{len(runs)}"
+    want = pending if pending in runs else st.session_state.get(key,
+                                                                st.session_state.get("run_id"))
+    if want in runs:
+        st.session_state[key] = want
+    else:
+        st.session_state.pop(key, None)
     st.session_state["run_id"] = sb.selectbox(
-        "Run", list(runs), key="run_select", format_func=lambda rid: _run_label(runs[rid]),
+        "Run", list(runs), key=key, format_func=lambda rid: _run_label(runs[rid]),
         help="Runs in this database, newest first.")
 
 

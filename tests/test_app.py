@@ -105,6 +105,11 @@ def _frame(at: AppTest, first_column: str) -> pd.DataFrame:
     return next(d.value for d in at.dataframe if d.value.columns[0] == first_column)
 
 
+def _run_select(at: AppTest):
+    """The sidebar's run selector (its key names the database, so it is found by its label)."""
+    return next(s for s in at.sidebar.selectbox if s.label == "Run")
+
+
 def _live_charts(at: AppTest) -> list[dict]:
     """The Live run page's figures: drawn by app/livechart.py's component, whose args carry the
     Plotly figure as JSON."""
@@ -122,7 +127,7 @@ def test_live_page_renders_newest_run(db):
     assert not at.exception, at.exception
     # sidebar: the db path from $NIGHTSHIFT_DB, runs newest first, the newest selected
     assert at.sidebar.text_input(key="db_path").value == str(db["path"])
-    sel = at.sidebar.selectbox(key="run_select")
+    sel = _run_select(at)
     assert sel.options[:2] == [db["interp"], db["gpu"]] or \
         [o.split(" · ")[0] for o in sel.options] == [db["interp"], db["gpu"]]
     assert sel.value == db["interp"]
@@ -155,12 +160,16 @@ def test_live_page_renders_newest_run(db):
 
 def test_gpu_run_has_no_interpreter_label(db):
     at = _app().run()
-    at.sidebar.selectbox(key="run_select").select(db["gpu"]).run()
+    _run_select(at).select(db["gpu"]).run()
     assert not at.exception, at.exception
     assert _metric(at, "Experiments") == "2"
     assert _metric(at, "Status") == "done"
     assert "interpreter" not in _texts(at).lower()
     assert len(_frame(at, "seq")) == 2
+    # the choice follows the person to the other pages
+    at.switch_page("app/report.py").run()
+    assert _run_select(at).value == db["gpu"]
+    assert any(db["gpu"] in c.value for c in at.caption)
 
 
 def test_page_never_writes_to_the_database(db):
@@ -249,7 +258,7 @@ def test_start_from_the_form_then_stop(tmp_path, monkeypatch):
     at.switch_page("app/live.py")  # AppTest reruns the page it was last told, not the switch
     runs = Store(path, readonly=True).list_runs()
     assert len(runs) == 1 and runs[0]["model"] == "llama-tiny"
-    assert at.sidebar.selectbox(key="run_select").value == runs[0]["id"]
+    assert _run_select(at).value == runs[0]["id"]
     engine = _engine()
     # interpreted experiments take 10 s or more each: the run cannot be over yet
     assert engine.status()["state"] in ("starting", "running"), engine.status()

@@ -16,7 +16,8 @@ from streamlit.testing.v1 import AppTest
 from app import data, export
 from app import report as report_page
 from engine.store import Store
-from test_app import APP, PLAN, RECORDED_BADGE, ROOT, TIMEOUT, _fill, _frame, _metric, _texts
+from test_app import (APP, PLAN, RECORDED_BADGE, ROOT, TIMEOUT, _fill, _frame, _metric,
+                      _run_select, _texts)
 
 RECORDED = ROOT / data.RECORDED_DB
 GPT2 = "20261130-030352-e079e8"    # the recorded gpt2 run: 16 experiments, 3 targets
@@ -48,7 +49,7 @@ def db(tmp_path, monkeypatch):
 def _page(path: str, run_id: str | None = None) -> AppTest:
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
     if run_id:
-        at.sidebar.selectbox(key="run_select").select(run_id).run()
+        _run_select(at).select(run_id).run()
     at.switch_page(path).run()
     assert not at.exception, at.exception
     return at

@@ -309,7 +309,7 @@ def test_start_a_run_and_watch_it(app, browser):
 
     _goto(page, "Kernels")
     page.get_by_text("No roofline for this run").wait_for(timeout=30_000)
-    assert page.locator("[data-testid='stCode']").count() >= 1   # the code diff
+    page.locator("[data-testid='stCode']").first.wait_for(timeout=30_000)   # the code diff
     _no_error(page)
 
     _goto(page, "Report")
