@@ -64,6 +64,12 @@ def _short(text, n: int = 90) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
+def _short_series(texts: pd.Series, n: int = 90) -> pd.Series:
+    """_short over a whole column at once (string methods, no Python loop per row)."""
+    t = texts.fillna("").astype(str).str.strip().str.split("\n", n=1).str[0].fillna("")
+    return t.where(t.str.len() <= n, t.str.slice(0, n - 1) + "…")
+
+
 def speedup_figure(exps: pd.DataFrame, best: pd.DataFrame, interpreter: bool = False) -> go.Figure:
     """Per-kernel speedup over experiments, one facet per family, on a log axis.
 
@@ -99,23 +105,28 @@ def speedup_figure(exps: pd.DataFrame, best: pd.DataFrame, interpreter: bool = F
     # Hover texts for every experiment at once, as one string each: plotly validates a numpy
     # array of strings in one step, where a list of per-point tuples (customdata) or a pandas
     # Series costs it a Python loop; at 10,000 experiments that is most of a refresh.
-    hyp = exps["hypothesis"].map(_short)
+    hyp = _short_series(exps["hypothesis"])
     failed_text = ("<b>failed at " + exps["failed_stage"].fillna("?").astype(str) + "</b><br>"
-                   + hyp + "<br>" + exps["error"].map(_short))
+                   + hyp + "<br>" + _short_series(exps["error"]))
     hover_all = hyp.where(exps["state"] != "failed", failed_text)
     seq_all, spd_all = exps["seq"].to_numpy(), exps["speedup"].astype(float).to_numpy()
+    fam_all, state_all = exps["family"].to_numpy(), exps["state"].to_numpy()
+    hover_np = hover_all.to_numpy()
+    best_by = {f: g.sort_values("seq") for f, g in best.groupby("family")}
+    traces, rows = [], []  # added in one call: one add_trace per trace costs ~3 ms each
     for row, fam in enumerate(families, start=1):
-        in_fam = (exps["family"] == fam).to_numpy()
-        fb = best[best["family"] == fam].sort_values("seq")
-        fig.add_trace(go.Scatter(
+        in_fam = fam_all == fam
+        fb = best_by.get(fam, best.iloc[:0])
+        traces.append(go.Scatter(
             x=fb["seq"].to_numpy(), y=fb["best"].astype(float).to_numpy(), mode="lines",
             line=dict(shape="hv", color=BEST_COLOUR, width=2),
             name="best so far", legendgroup="best", showlegend="best" not in shown,
-            hovertemplate="seq %{x}<br>best so far %{y:.3g}×<extra>" + fam + "</extra>"),
-            row=row, col=1)
+            hovertemplate="seq %{x}<br>best so far %{y:.3g}×<extra>" + fam + "</extra>",
+            _validate=False))
+        rows.append(row)
         shown.add("best")
         for state, (colour, symbol) in STATE_STYLE.items():
-            sel = in_fam & (exps["state"] == state).to_numpy()
+            sel = in_fam & (state_all == state)
             if not sel.any():
                 continue
             y = spd_all[sel]
@@ -125,18 +136,27 @@ def speedup_figure(exps: pd.DataFrame, best: pd.DataFrame, interpreter: bool = F
             else:
                 hover = ("seq %{x}: <b>" + state + "</b> %{y:.3g}×<br>%{hovertext}"
                          "<extra>" + fam + "</extra>")
-            fig.add_trace(go.Scatter(
+            # _validate=False: plotly's per-property checks cost more than the whole rest of
+            # a refresh at 10,000 points, and these traces are built here from known columns
+            traces.append(go.Scatter(
                 x=seq_all[sel], y=y, mode="markers", name=state, legendgroup=state,
-                showlegend=state not in shown, hovertext=hover_all.to_numpy()[sel],
+                showlegend=state not in shown, hovertext=hover_np[sel],
                 hovertemplate=hover,
                 marker=dict(color=colour, symbol=symbol, size=9,
-                            line=dict(width=2 if symbol != "circle" else 0, color=colour))),
-                row=row, col=1)
+                            line=dict(width=2 if symbol != "circle" else 0, color=colour)),
+                _validate=False))
+            rows.append(row)
             shown.add(state)
-        fig.add_hline(y=1.0, line=dict(color="#888", dash="dash", width=1), row=row, col=1)
-        # plain numbers at each decade (or 1-2-5 steps within one), not 10^-1 with minor labels
-        fig.update_yaxes(title_text="speedup ×", type="log", range=y_range, tickformat="~g",
-                         dtick=1 if y_range[1] - y_range[0] > 2 else "D2", row=row, col=1)
+    fig.add_traces(traces, rows=rows, cols=[1] * len(rows))
+    # The reference at 1x in every facet, and one y axis setting for all: made in one call each
+    # (per-facet add_hline / update_yaxes calls cost more than the traces at a few facets).
+    fig.update_layout(shapes=[
+        dict(type="line", xref=f"x{r if r > 1 else ''} domain", x0=0, x1=1,
+             yref=f"y{r if r > 1 else ''}", y0=1.0, y1=1.0,
+             line=dict(color="#888", dash="dash", width=1)) for r in range(1, n + 1)])
+    # plain numbers at each decade (or 1-2-5 steps within one), not 10^-1 with minor labels
+    fig.update_yaxes(title_text="speedup ×", type="log", range=y_range, tickformat="~g",
+                     dtick=1 if y_range[1] - y_range[0] > 2 else "D2")
     fig.update_xaxes(**_seq_ticks(exps["seq"].max()))
     fig.update_xaxes(title_text="experiment seq", row=n, col=1)
     sub = "dashed: reference 1×" + ("; failed at the bottom" if (exps["state"] == "failed").any()

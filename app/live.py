@@ -10,8 +10,7 @@ import dataclasses
 
 import streamlit as st
 
-from app import charts, data
-from app.livechart import live_chart
+from app import charts, data, livechart
 from app.shared import BUSY_STATES, engine_handle, engine_owns, run_header, view_db
 
 # Re-read period of a live run. A new experiment shows within one period plus a render, well
@@ -104,7 +103,12 @@ def live_view(db_path: str, run_id: str) -> None:
         cache = st.session_state.setdefault("exp_cache", {})
         exps = data.experiments_frame(store, run_id, cache)
         targets = data.targets_frame(store, run_id)
-        outcomes = data.stage_outcomes_frame(store, run_id)
+        # verifier rows land with their experiment, in one transaction: no new experiment, no
+        # new outcome, so the counting query (a join over every verification) is skipped
+        seen = (cache["key"], cache["last_id"])
+        if cache.get("outcomes_for") != seen:
+            cache.update(outcomes=data.stage_outcomes_frame(store, run_id), outcomes_for=seen)
+        outcomes = cache["outcomes"]
         events = data.events_frame(store, run_id, limit=200)
         measured = data.e2e_frame(store, run_id)
     finally:
@@ -124,11 +128,13 @@ def _derived(run, exps, targets, outcomes, measured, interpreter) -> dict:
     if memo and memo["key"] == key:
         return memo
     proj = data.amdahl_projection(exps, targets)
-    memo = dict(key=key, proj=proj,
-                speedup=charts.speedup_figure(exps, data.best_so_far(exps), interpreter),
+    figs = dict(speedup=charts.speedup_figure(exps, data.best_so_far(exps), interpreter),
                 amdahl=charts.amdahl_figure(proj, data.amdahl_limit(targets), interpreter,
                                             measured=measured),
                 stages=charts.stage_figure(outcomes))
+    # kept as JSON with their heights: a refresh with nothing new sends the same strings again
+    memo = dict(key=key, proj=proj, **{name: (livechart.spec(fig), int(fig.layout.height or 450))
+                                       for name, fig in figs.items()})
     st.session_state["live_memo"] = memo
     return memo
 
@@ -191,10 +197,10 @@ def _render(run, owned, exps, targets, outcomes, events, measured, db_path) -> N
     # choices the user made survive it.
     left, right = st.columns([3, 2])
     with left:
-        live_chart(figs["speedup"], key="chart_speedup")
+        livechart.live_chart(*figs["speedup"], key="chart_speedup")
     with right:
-        live_chart(figs["amdahl"], key="chart_amdahl")
-        live_chart(figs["stages"], key="chart_stages")
+        livechart.live_chart(*figs["amdahl"], key="chart_amdahl")
+        livechart.live_chart(*figs["stages"], key="chart_stages")
 
     _experiment_table(exps, targets, interpreter, llm)
     if not targets.empty:

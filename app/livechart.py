@@ -18,6 +18,7 @@ from pathlib import Path
 
 import plotly
 import plotly.graph_objects as go
+import plotly.io as pio
 import streamlit as st
 import streamlit.components.v1 as components
 
@@ -65,11 +66,22 @@ def _component():
     return components.declare_component("nightshift_livechart", path=str(folder))
 
 
-def live_chart(fig: go.Figure, key: str) -> None:
-    """Draw ``fig`` in a plot that stays mounted under ``key`` across reruns."""
-    # the page's look, close to what st.plotly_chart's theme gives the other pages' charts
-    fig.update_layout(template="plotly_white", paper_bgcolor="rgba(0,0,0,0)",
+@st.cache_resource(show_spinner=False)
+def _white():
+    return pio.templates["plotly_white"]
+
+
+def spec(fig: go.Figure) -> str:
+    """The figure as the component takes it: JSON, in the page's look (white, the app's font, as
+    st.plotly_chart's theme gives the other pages' charts). Made once per data change by the
+    Live run page, which keeps the string between refreshes."""
+    # the template object, not its name: looking a template up by name costs ~0.1 s each time
+    fig.update_layout(template=_white(), paper_bgcolor="rgba(0,0,0,0)",
                       font=dict(family="Source Sans Pro, sans-serif"))
+    return fig.to_json()
+
+
+def live_chart(figure_json: str, height: int, key: str) -> None:
+    """Draw a figure (spec()) in a plot that stays mounted under ``key`` across reruns."""
     with st.container(key=key):
-        _component()(spec=fig.to_json(), key=key + "_plot", default=None,
-                     height=int(fig.layout.height or 450))
+        _component()(spec=figure_json, key=key + "_plot", default=None, height=height)
