@@ -92,30 +92,30 @@ def add_one(path: Path, run_id: str) -> None:
 
 
 def parts(path: Path, run_id: str) -> dict:
-    """Seconds for each step the live view takes, outside Streamlit."""
+    """CPU seconds for each step the live view takes, outside Streamlit."""
     from app import charts, data
     out = {}
-    t = time.perf_counter()
+    t = time.process_time()
     store = data.open_store(str(path))
     exps = data.experiments_frame(store, run_id)
-    out["read experiments"] = time.perf_counter() - t
-    t = time.perf_counter()
+    out["read experiments"] = time.process_time() - t
+    t = time.process_time()
     targets = data.targets_frame(store, run_id)
     outcomes = data.stage_outcomes_frame(store, run_id)
     data.events_frame(store, run_id)
     store.close()
-    out["read targets, stage counts, events"] = time.perf_counter() - t
-    t = time.perf_counter()
+    out["read targets, stage counts, events"] = time.process_time() - t
+    t = time.process_time()
     best = data.best_so_far(exps)
     proj = data.amdahl_projection(exps, targets)
-    out["derive best-so-far, projection"] = time.perf_counter() - t
+    out["derive best-so-far, projection"] = time.process_time() - t
     for name, build in (("speedup figure", lambda: charts.speedup_figure(exps, best)),
                         ("Amdahl figure", lambda: charts.amdahl_figure(proj, 2.0)),
                         ("stage figure", lambda: charts.stage_figure(outcomes))):
-        t = time.perf_counter()
+        t = time.process_time()
         fig = build()
         fig.to_json()  # what st.plotly_chart serializes
-        out[name + " (build + JSON)"] = time.perf_counter() - t
+        out[name + " (build + JSON)"] = time.process_time() - t
     return out
 
 
@@ -139,27 +139,31 @@ def main() -> None:
 
     # warm the process (imports, Streamlit's own first-run work), as a running server is
     AppTest.from_file(APP, default_timeout=120).run()
-    firsts, refreshes = [], []
+    firsts, refreshes = [], []   # (wall s, CPU s of this process)
     for _ in range(3):
         at = AppTest.from_file(APP, default_timeout=120)
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         at.run()
-        firsts.append(time.perf_counter() - t)
+        firsts.append((time.perf_counter() - t, time.process_time() - c))
         assert not at.exception, at.exception
     shown = next(m.value for m in at.metric if m.label == "Experiments")
     for _ in range(args.refreshes):
         add_one(path, run_id)
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         at.run()
-        refreshes.append(time.perf_counter() - t)
+        refreshes.append((time.perf_counter() - t, time.process_time() - c))
         assert not at.exception, at.exception
     now = next(m.value for m in at.metric if m.label == "Experiments")
     assert int(now) == int(shown) + args.refreshes, (shown, now)
 
-    print(f"live page, first render (new session): median {statistics.median(firsts):.3f} s, "
-          f"max {max(firsts):.3f} s over {len(firsts)}")
-    print(f"live page, refresh after a new experiment: median {statistics.median(refreshes):.3f} s,"
-          f" max {max(refreshes):.3f} s over {len(refreshes)}")
+    for what, times in (("first render (new session)", firsts),
+                        ("refresh after a new experiment", refreshes)):
+        wall, cpu = [w for w, _ in times], [c for _, c in times]
+        print(f"live page, {what}: wall median {statistics.median(wall):.3f} s, max "
+              f"{max(wall):.3f} s; CPU median {statistics.median(cpu):.3f} s, max {max(cpu):.3f} s "
+              f"(over {len(times)})")
+    print(f"load average while measuring: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores "
+          "(wall time stretches with other work on the machine; CPU time is this page's own)")
     print("parts (outside Streamlit, whole run read):")
     for name, sec in parts(path, run_id).items():
         print(f"  {name:<40} {sec:.3f} s")

@@ -168,7 +168,7 @@ def _shapes(target, best, a, b, interpreter) -> None:
             cfg[col] = st.column_config.NumberColumn(col + tag, format="%.3g×")
         elif col.endswith("% SOL"):
             cfg[col] = st.column_config.NumberColumn(col, format="%.1f%%")
-    st.dataframe(df, hide_index=True, key="k_shapes", column_config=cfg)
+    st.dataframe(df, hide_index=True, key="k_shapes", column_config=cfg, placeholder="—")
     st.caption(f"dtype {target['dtype']}; calls = times the model runs this shape per forward "
                "pass. Each time is one call's median.")
 
@@ -211,7 +211,8 @@ def _verifier(a, b, ver) -> None:
             st.markdown(f"**#{exp['seq']} {state}** · {exp['hypothesis']}")
             if exp.get("error"):
                 st.code(exp["error"], language="text")
-            st.dataframe(ver[label], hide_index=True, key=f"k_ver_{label}", column_config={
+            st.dataframe(ver[label], hide_index=True, key=f"k_ver_{label}", placeholder="—",
+                         column_config={
                 "worst_error": st.column_config.NumberColumn("worst error", format="%.3g"),
                 "failed_case": st.column_config.TextColumn("failed case"),
                 "detail": st.column_config.TextColumn("detail", width="large"),
