@@ -194,7 +194,8 @@ def amdahl_figure(proj: pd.DataFrame, limit: float | None = None,
     fig.add_hline(y=1.0, line=dict(color="#888", dash="dash", width=1))
     if limit is not None and 1.005 < limit < float("inf"):  # (at ~1x it would hide the baseline)
         fig.add_hline(y=limit, line=dict(color="#9467bd", dash="dot", width=1),
-                      annotation_text=f"Amdahl limit {limit:.2f}×", annotation_position="top left")
+                      annotation_text=f"Amdahl limit {limit:.2f}×",
+                      annotation_position="bottom right")
     title = ("End-to-end speedup: projected (Amdahl) and measured" if has_measured
              else "Projected end-to-end speedup (Amdahl)")
     fig.update_layout(title=_title(title, interpreter),
