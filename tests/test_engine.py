@@ -50,7 +50,7 @@ def test_loop_survives_every_bad_candidate(tmp_path):
            "softmax_torch_ops.py", "softmax_hang.py", "softmax_kill_self.py",
            "softmax_patch_clock.py", "softmax_two_kernels.py"]
     cfg = RunConfig(model="llama-tiny", families=["softmax"], budget_experiments=len(bad) + 1,
-                    db=str(tmp_path / "runs.db"), worker_timeout_s=60, patience=100)
+                    db=str(tmp_path / "runs.db"), worker_timeout_s=90, patience=100)
     lines = []
     run_id = execute(cfg, log=lines.append, proposer=Scripted(bad))
     s = Store(tmp_path / "runs.db", readonly=True)
