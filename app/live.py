@@ -172,25 +172,29 @@ def _render(run, owned, exps, targets, outcomes, events, measured, db_path) -> N
         with cols[5].container(key="cost"):
             st.metric("LLM cost", f"${use['cost_usd']:,.2f}")
     st.caption(f"Run {run['id']} · model {run['model']} · {data.device_label(run)}")
-    if interpreter:
-        st.warning("Interpreter timing — not GPU performance. This run had no GPU: its kernels "
-                   "ran under Triton's CPU interpreter, so its latencies and speedups only compare "
-                   "candidates with each other.", icon="⚠️")
-    if run.get("error"):
-        st.error(f"Run error: {run['error']}")
-    if owned and owned.get("error"):
-        st.error(f"Engine error: {owned['error']}")
-
-    _controls(run, owned, db_path)
-
-    if run.get("current_target"):
-        st.markdown(f"**Current target:** `{run['current_target']}`"
-                    + (f" — {run['current_reason']}" if run.get("current_reason") else ""))
-    elif status in ("starting", "running") and exps.empty:
-        st.markdown("**Current target:** none yet "
-                    f"({run.get('current_reason') or 'profiling the model'})")
-    elif run.get("current_reason"):
-        st.markdown(f"**Last target choice:** {run['current_reason']}")
+    # The parts that come and go (notices, buttons, the target line) each sit in a container
+    # that is always there: the charts below then keep their place in the page, and the
+    # browser keeps their plots (and the user's zoom) when a run ends and the buttons go.
+    with st.container():
+        if interpreter:
+            st.warning("Interpreter timing — not GPU performance. This run had no GPU: its "
+                       "kernels ran under Triton's CPU interpreter, so its latencies and speedups "
+                       "only compare candidates with each other.", icon="⚠️")
+        if run.get("error"):
+            st.error(f"Run error: {run['error']}")
+        if owned and owned.get("error"):
+            st.error(f"Engine error: {owned['error']}")
+    with st.container():
+        _controls(run, owned, db_path)
+    with st.container():
+        if run.get("current_target"):
+            st.markdown(f"**Current target:** `{run['current_target']}`"
+                        + (f" — {run['current_reason']}" if run.get("current_reason") else ""))
+        elif status in ("starting", "running") and exps.empty:
+            st.markdown("**Current target:** none yet "
+                        f"({run.get('current_reason') or 'profiling the model'})")
+        elif run.get("current_reason"):
+            st.markdown(f"**Last target choice:** {run['current_reason']}")
 
     # Stable keys and each figure's constant uirevision: a refresh updates the same plot in
     # place (app/livechart.py says why not st.plotly_chart), so the zoom, pan and legend
