@@ -42,6 +42,24 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--patience", type=int, default=5)
     r.add_argument("--worker-timeout", type=float, default=300.0, help="seconds per candidate")
     r.add_argument("--n-layer", type=int, default=None, help="override the model's layer count")
+    g = r.add_argument_group("LLM proposer (--proposer llm | hybrid); the key comes from the "
+                             "provider's environment variable, e.g. OPENAI_API_KEY")
+    g.add_argument("--llm-model", default=None, help="litellm model, e.g. openai/gpt-4o, "
+                   "anthropic/claude-sonnet-4-5, ollama_chat/qwen2.5-coder, hosted_vllm/NAME")
+    g.add_argument("--api-base", default=None, help="URL of a local OpenAI-compatible server, "
+                   "e.g. http://127.0.0.1:8000/v1")
+    g.add_argument("--in-flight", type=int, default=1, help="model requests outstanding while "
+                   "the worker evaluates (default 1: wait for each reply)")
+    g.add_argument("--max-tokens", type=int, default=None, help="stop proposing after this many "
+                   "prompt + reply tokens in the run")
+    g.add_argument("--max-cost", type=float, default=None, help="stop proposing after this many "
+                   "US dollars in the run")
+    g.add_argument("--price-in", type=float, default=None, help="USD per million prompt tokens "
+                   "(default: litellm's price table; 0 for local models)")
+    g.add_argument("--price-out", type=float, default=None, help="USD per million reply tokens")
+    g.add_argument("--llm-timeout", type=float, default=180.0, help="seconds per request")
+    g.add_argument("--llm-retries", type=int, default=3, help="retries after a timeout, 429, "
+                   "5xx or lost connection")
 
     v = sub.add_parser("verify", help="judge one candidate file; prints one JSON object")
     v.add_argument("--family", required=True)
@@ -52,6 +70,14 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--timeout", type=float, default=300.0)
     v.add_argument("--no-time", action="store_true", help="verify only, skip timing")
+
+    lb = sub.add_parser("llm-bench", help="experiments per hour of the LLM proposer against a "
+                        "scripted local server, with 1 and with N requests in flight")
+    lb.add_argument("--delay", type=float, action="append", default=None,
+                    help="seconds the server takes per reply (repeatable; default 2)")
+    lb.add_argument("--in-flight", default="1,4", help="comma-separated values to compare")
+    lb.add_argument("--experiments", type=int, default=6, help="experiments per loop run")
+    lb.add_argument("--out", default=None, help="also write the Markdown table to this file")
 
     from engine.benchfamilies import add_arguments as bench_arguments
     bench_arguments(sub.add_parser("bench", help="every family against PyTorch eager and "
@@ -108,7 +134,11 @@ def cmd_run(a) -> int:
                     proposer=a.proposer, budget_experiments=budget,
                     budget_minutes=a.budget_minutes, seed=a.seed, db=a.db, patience=a.patience,
                     worker_timeout_s=a.worker_timeout,
-                    model_overrides={"n_layer": a.n_layer} if a.n_layer else {})
+                    model_overrides={"n_layer": a.n_layer} if a.n_layer else {},
+                    llm_model=a.llm_model, api_base=a.api_base, max_in_flight=a.in_flight,
+                    max_tokens_total=a.max_tokens, max_cost_usd=a.max_cost,
+                    price_in_per_mtok=a.price_in, price_out_per_mtok=a.price_out,
+                    llm_timeout_s=a.llm_timeout, llm_retries=a.llm_retries)
     try:
         cfg.validate()
         Store(a.db).close()   # a database that cannot be opened fails here, before any work
@@ -230,6 +260,9 @@ def main(argv=None) -> int:
         a = _parser().parse_args(argv)
         if a.cmd == "bench":
             return cmd_bench(a)
+        if a.cmd == "llm-bench":
+            from engine.llmbench import cmd_llm_bench
+            return cmd_llm_bench(a)
         return {"run": cmd_run, "verify": cmd_verify, "report": cmd_report, "export": cmd_export,
                 "kernelbench": cmd_kernelbench}[a.cmd](a)
     except UsageError as e:

@@ -44,6 +44,17 @@ class RunConfig:
     # After the loop: the kept kernels in the whole model, checked against the original on fresh
     # inputs and timed side by side (engine/integrate.py); stored in e2e_checks / e2e_timings.
     e2e_check: bool = True
+    # Proposers "llm" and "hybrid" (engine/llm.py). Never an API key here: RunConfig is stored
+    # with the run; keys come from litellm's environment variables or execute(api_key=...).
+    llm_model: str | None = None             # litellm model: openai/gpt-4o, ollama_chat/NAME, ...
+    api_base: str | None = None              # a local / self-hosted OpenAI-compatible server
+    max_in_flight: int = 1                   # model requests outstanding (1: wait for each reply)
+    max_tokens_total: int | None = None      # stop proposing once the run spent this many tokens
+    max_cost_usd: float | None = None        # ... or this many US dollars
+    price_in_per_mtok: float | None = None   # USD per million prompt tokens (else litellm's table;
+    price_out_per_mtok: float | None = None  # local models cost 0); and per million reply tokens
+    llm_timeout_s: float = 180.0             # per request
+    llm_retries: int = 3                     # retries after a timeout, 429, 5xx or lost connection
 
     def validate(self) -> None:
         from engine import sources
@@ -67,15 +78,38 @@ class RunConfig:
             raise ConfigError("patience must be at least 1")
         if self.worker_timeout_s <= 0:
             raise ConfigError("worker timeout must be positive")
-        try:
-            proposers.make(self.proposer, self.seed)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
+        if self.proposer not in proposers.NAMES:
+            raise ConfigError(f"unknown proposer {self.proposer!r}; known: "
+                              f"{', '.join(proposers.NAMES)}")
+        if self.proposer in ("llm", "hybrid"):
+            _validate_llm(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "RunConfig":
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def _validate_llm(c: RunConfig) -> None:
+    if not c.llm_model or "/" not in c.llm_model or any(ch.isspace() for ch in c.llm_model):
+        raise ConfigError("--proposer llm needs --llm-model as provider/name, e.g. openai/gpt-4o, "
+                          "anthropic/claude-sonnet-4-5, ollama_chat/qwen2.5-coder, hosted_vllm/NAME")
+    if c.api_base and not c.api_base.startswith(("http://", "https://")):
+        raise ConfigError(f"--api-base must be an http(s) URL, e.g. http://127.0.0.1:8000/v1; "
+                          f"got {c.api_base!r}")
+    if not 1 <= c.max_in_flight <= 32:
+        raise ConfigError("--in-flight must be between 1 and 32 requests")
+    if c.max_tokens_total is not None and c.max_tokens_total < 1:
+        raise ConfigError("--max-tokens must be a positive number of tokens")
+    if c.max_cost_usd is not None and c.max_cost_usd <= 0:
+        raise ConfigError("--max-cost must be a positive amount of US dollars")
+    for name in ("price_in_per_mtok", "price_out_per_mtok"):
+        if getattr(c, name) is not None and getattr(c, name) < 0:
+            raise ConfigError(f"{name} must not be negative")
+    if c.llm_timeout_s <= 0:
+        raise ConfigError("--llm-timeout must be positive")
+    if not 0 <= c.llm_retries <= 10:
+        raise ConfigError("--llm-retries must be between 0 and 10")
 
 
 class Control:
@@ -128,14 +162,15 @@ def _target_shapes(row: dict) -> tuple[str, list[dict]]:
 
 
 def execute(cfg: RunConfig, control: Control | None = None, resume_run_id: str | None = None,
-            log=print, proposer=None) -> str:
+            log=print, proposer=None, api_key: str | None = None) -> str:
     """Run (or resume) one optimization run to its end. Returns the run id.
 
-    ``proposer`` replaces the one ``cfg.proposer`` names (any object with ``propose``)."""
+    ``proposer`` replaces the one ``cfg.proposer`` names (any object with ``propose``).
+    ``api_key``: the LLM proposer's key (e.g. from the dashboard's secrets); held in memory only."""
     control = control or Control()
     store = Store(cfg.db)
     try:
-        return _execute(cfg, control, store, resume_run_id, log, proposer)
+        return _execute(cfg, control, store, resume_run_id, log, proposer, api_key)
     finally:
         store.close()
 
@@ -188,7 +223,7 @@ def _prepare(cfg: RunConfig, store: Store, control: Control, log) -> str:
     return run_id
 
 
-def _execute(cfg, control, store, resume_run_id, log, proposer=None) -> str:
+def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=None) -> str:
     control.stop_event.clear()
     control.set(state="starting", error=None)
     if resume_run_id:
@@ -238,7 +273,7 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None) -> str:
             store.event(run_id, "the profile found no family with a kernel: nothing to optimize",
                         "warn")
             log("nothing to optimize: no profiled family has a kernel")
-        proposer = proposer or proposers.make(cfg.proposer, cfg.seed)
+        proposer = proposer or proposers.make(cfg.proposer, cfg.seed, cfg=cfg, api_key=api_key)
         started = time.monotonic()
         previous = run["current_target"]
         while True:
@@ -275,7 +310,16 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None) -> str:
                 previous = target["family"]
             store.update_run(run_id, current_target=target["family"], current_reason=why)
             control.set(current_target=target["family"])
-            exp = _one_experiment(cfg, store, worker, proposer, run_id, target, timing_mode)
+            try:
+                exp = _one_experiment(cfg, store, worker, proposer, run_id, target, timing_mode,
+                                      control.stop_event)
+            except proposers.ProposerStopped as e:
+                if control.stop_event.is_set():   # Stop pressed while it waited on a model
+                    status = "stopped"
+                    break
+                store.event(run_id, f"finished: the proposer stopped: {e}", "warn")
+                log(f"proposer stopped: {e}")
+                break
             if exp is None:
                 continue
             control.set(experiments=exp["seq"])
@@ -289,6 +333,8 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None) -> str:
             control.set(state="failed", error=f"{type(e).__name__}: {e}")
         raise
     finally:
+        if hasattr(proposer, "close"):
+            proposer.close()
         worker.close()
         if status != "failed":
             store.update_run(run_id, status=status, current_target=None)
@@ -300,12 +346,19 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None) -> str:
     return run_id
 
 
-def _one_experiment(cfg, store, worker, proposer, run_id, target, timing_mode) -> dict | None:
+def _one_experiment(cfg, store, worker, proposer, run_id, target, timing_mode,
+                    stop=None) -> dict | None:
     fam = kernels.get(target["family"])
-    history = [e for e in store.experiments(run_id) if e["target_id"] == target["id"]]
+    run_exps = store.experiments(run_id)
+    history = [e for e in run_exps if e["target_id"] == target["id"]]
     best = store.experiment(target["best_experiment_id"]) if target["best_experiment_id"] else None
     try:
-        prop = proposer.propose(fam, history, best)
+        if getattr(proposer, "takes_context", False):
+            ctx = proposers.ProposalContext(run=store.get_run(run_id), target=target,
+                                            experiments=run_exps, stop=stop)
+            prop = proposer.propose(fam, history, best, ctx)
+        else:
+            prop = proposer.propose(fam, history, best)
     except proposers.SpaceExhausted as e:
         store.update_target(target["id"], state="done")
         store.event(run_id, f"{fam.name}: search space exhausted ({e})")
@@ -315,7 +368,8 @@ def _one_experiment(cfg, store, worker, proposer, run_id, target, timing_mode) -
                proposer=prop.proposer, hypothesis=prop.hypothesis, params=prop.params,
                source=prop.source, source_hash=verify.source_hash(prop.source),
                timing_mode=timing_mode, worker=worker.name, tokens_in=prop.tokens_in,
-               tokens_out=prop.tokens_out, cost_usd=prop.cost_usd)
+               tokens_out=prop.tokens_out, cost_usd=prop.cost_usd,
+               proposal_latency_s=prop.latency_s)
     stages: list[dict] = []
     reason = None if prop.error else verify.static_check(prop.source, fam.arg_names)
     if prop.error:
@@ -428,7 +482,8 @@ class Engine:
         self.log_lines.append(line)
         del self.log_lines[:-500]
 
-    def start(self, cfg: RunConfig, resume_run_id: str | None = None) -> str:
+    def start(self, cfg: RunConfig, resume_run_id: str | None = None,
+              api_key: str | None = None) -> str:
         cfg.validate()
         with self._lock:
             if self._thread is not None and self._thread.is_alive():
@@ -439,7 +494,7 @@ class Engine:
 
             def target():
                 try:
-                    execute(cfg, self.control, resume_run_id, log=self._log)
+                    execute(cfg, self.control, resume_run_id, log=self._log, api_key=api_key)
                 except BaseException as e:  # recorded in the store and in status by execute
                     self.control.set(state="failed", error=f"{type(e).__name__}: {e}")
                 finally:

@@ -7,7 +7,7 @@ current best by one or two parameters at a time, never proposing the same source
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.verify import source_hash
 
@@ -71,7 +71,29 @@ class SpaceExhausted(RuntimeError):
     pass
 
 
-def make(name: str, seed: int = 0, **options):
+class ProposerStopped(RuntimeError):
+    """The proposer will propose nothing more in this run (an LLM token or cost cap was reached,
+    or the model rejected the key): the loop ends the run cleanly with an event saying why."""
+
+
+@dataclass
+class ProposalContext:
+    """What a proposer with ``takes_context = True`` gets besides the target's history."""
+    run: dict | None = None            # the run row: device, ceilings, timing_mode
+    target: dict | None = None         # the target row: dtype, shapes, reference and SOL times
+    experiments: list = field(default_factory=list)   # the whole run's experiments, no sources
+    stop: object = None                # the run's stop Event: a proposer waiting on a model checks it
+
+
+NAMES = ("search", "llm", "hybrid")
+
+
+def make(name: str, seed: int = 0, cfg=None, api_key: str | None = None):
+    """The proposer ``name``. "llm" and "hybrid" read their settings from ``cfg`` (a RunConfig);
+    ``api_key`` (e.g. from the dashboard's secrets) overrides litellm's environment variables."""
     if name == "search":
         return SearchProposer(seed)
-    raise ValueError(f"unknown proposer {name!r}; known: search")
+    if name in ("llm", "hybrid"):
+        from engine import llm   # litellm itself is imported only when a request is sent
+        return llm.make(cfg, api_key=api_key, hybrid=name == "hybrid")
+    raise ValueError(f"unknown proposer {name!r}; known: {', '.join(NAMES)}")

@@ -57,6 +57,13 @@ def run_markdown(store: Store, run_id: str) -> str:
             speedup = f"{ref / row['us']:.3g}x" if ref else "-"
             out.append(f"| {t['family']} | {'x'.join(map(str, row['shape']))} | {t['dtype']} | "
                        f"{row['count']} | {_us(ref)} | {row['us']:.1f} | {speedup} | {pct} |")
+    asked = [e for e in exps if e.get("tokens_in") is not None or e.get("proposal_latency_s")]
+    if asked:   # the LLM proposer's bill
+        tin = sum(e["tokens_in"] or 0 for e in asked)
+        tout = sum(e["tokens_out"] or 0 for e in asked)
+        cost = [e["cost_usd"] for e in asked if e["cost_usd"] is not None]
+        out += ["", f"Model: {len(asked)} proposals, {tin} tokens in, {tout} tokens out, "
+                + (f"${sum(cost):.4f}" if cost else "cost unknown") + "."]
     states = Counter(e["state"] for e in exps)
     fails = Counter(e["failed_stage"] for e in exps if e["state"] == "failed")
     out += ["", f"Outcomes: {states['kept']} kept, {states['reverted']} reverted, "
@@ -74,6 +81,8 @@ def _us(v) -> str:
 def _cfg(cfg: dict) -> str:
     keys = ("model", "dtype", "input_shape", "families", "budget_experiments", "budget_minutes",
             "seed", "patience", "model_overrides")
+    if cfg.get("proposer", "search") != "search":
+        keys += ("proposer", "llm_model", "api_base", "max_in_flight")
     return ", ".join(f"{k}={cfg[k]}" for k in keys if cfg.get(k) not in (None, {}, []))
 
 

@@ -138,6 +138,11 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("0002_reference_per_shape", """
     ALTER TABLE targets ADD COLUMN ref_shape_times TEXT
     """),
+    # experiments.proposal_latency_s: seconds the model took to answer (LLM proposers), retries
+    # included; NULL for the search
+    ("0003_proposal_latency", """
+    ALTER TABLE experiments ADD COLUMN proposal_latency_s REAL
+    """),
     # The run's kept kernels in the whole model (engine/integrate.py). e2e_checks: the optimized
     # model's outputs against the original's on fresh inputs; family_flags names a kernel found
     # responsible for a mismatch (it is left out of the optimized model and of exports).
@@ -302,8 +307,10 @@ class Store:
         return exp_id
 
     def experiments(self, run_id: str, since_id: int = 0, with_source: bool = False) -> list[dict]:
+        # only columns the file has: a read-only reader may open a database of an older schema
+        have = {r[1] for r in self.db.conn.execute("PRAGMA table_info(experiments)")}
         cols = "*" if with_source else ", ".join(
-            c for c in EXPERIMENT_COLUMNS if c != "source")
+            c for c in EXPERIMENT_COLUMNS if c != "source" and c in have)
         return [_decode(r, ("params", "shape_times")) for r in self.db.query(
             f"SELECT {cols} FROM experiments WHERE run_id = ? AND id > ? ORDER BY id",
             [run_id, since_id])]
@@ -373,7 +380,7 @@ EXPERIMENT_COLUMNS = (
     "id", "run_id", "target_id", "family", "seq", "created_at", "parent_id", "proposer",
     "hypothesis", "params", "source", "source_hash", "state", "failed_stage", "error", "latency_us",
     "noise", "shape_times", "speedup", "pct_sol", "timing_mode", "worker", "duration_s",
-    "tokens_in", "tokens_out", "cost_usd")
+    "tokens_in", "tokens_out", "cost_usd", "proposal_latency_s")
 
 
 def _decode(row: dict, json_cols: tuple) -> dict:
