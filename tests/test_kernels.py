@@ -8,8 +8,6 @@ and rows few. With a GPU the same tests run the compiled kernels on it.
 from __future__ import annotations
 
 import ast
-import hashlib
-import importlib.util
 import math
 import random
 import sys
@@ -18,12 +16,12 @@ import pytest
 import torch
 
 import kernels
+from tests.kernel_helpers import DEVICE, as_f64, gen, inputs_for, load_candidate  # noqa: F401
 from kernels import cross_entropy, layernorm, rmsnorm, softmax
 
 # the interpreter computes masked-off lanes too (inf - inf, log(0), ...): numpy warns, harmlessly
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MODULES = {"rmsnorm": rmsnorm, "softmax": softmax, "layernorm": layernorm,
            "cross_entropy": cross_entropy}
@@ -38,39 +36,9 @@ SHAPES = ((3, 37), (2, 3, 20), (2, 2100))
 # helpers
 # ---------------------------------------------------------------------------------------------
 
-_LOADED: dict[str, object] = {}
-
-
-def load_candidate(src: str, tmp_dir):
-    """kernel_fn of a rendered source, imported from a file (triton.jit reads the source)."""
-    key = hashlib.sha1(src.encode()).hexdigest()[:16]
-    if key not in _LOADED:
-        path = tmp_dir / f"cand_{key}.py"
-        path.write_text(src)
-        spec = importlib.util.spec_from_file_location(f"cand_{key}", path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = mod
-        spec.loader.exec_module(mod)
-        _LOADED[key] = mod.kernel_fn
-    return _LOADED[key]
-
-
 @pytest.fixture(scope="session")
 def cand_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("candidates")
-
-
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator(device="cpu").manual_seed(seed)
-
-
-def inputs_for(fam, shape, dtype, seed, kind="normal"):
-    return fam.make_inputs(shape, dtype, DEVICE, gen(seed), kind)
-
-
-def as_f64(inputs: dict) -> dict:
-    return {k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v
-            for k, v in inputs.items()}
 
 
 def main_dtype(fam, inputs):
