@@ -1,6 +1,8 @@
 """Helpers shared by the kernel family tests: load a rendered candidate, make seeded inputs."""
 from __future__ import annotations
 
+import random
+
 import torch
 
 from engine import verify
@@ -29,3 +31,22 @@ def inputs_for(fam, shape, dtype, seed, kind="normal"):
 def as_f64(inputs: dict) -> dict:
     return {k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v
             for k, v in inputs.items()}
+
+
+def sample_points(fam, k: int | None = None) -> list[dict]:
+    """The default plus k points in which every value of every parameter appears at least once:
+    each parameter gets its own shuffled sequence of its values, repeated to length k (default:
+    the largest number of values), so parameters with equally many values do not move in lockstep."""
+    rng = random.Random(f"points-{fam.name}")
+    k = k or max(len(v) for v in fam.space.values())
+    assert k >= max(len(v) for v in fam.space.values())
+    seqs = {}
+    for name, values in fam.space.items():
+        seq = (list(values) * k)[:k]
+        rng.shuffle(seq)
+        seqs[name] = seq
+    return [dict(fam.default)] + [{name: seq[i] for name, seq in seqs.items()} for i in range(k)]
+
+
+def point_id(p: dict) -> str:
+    return ",".join(f"{v}" for v in p.values())

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import kernels
-from tests.kernel_helpers import DEVICE, as_f64, gen, inputs_for, load_candidate  # noqa: F401
+from tests.kernel_helpers import (  # noqa: F401
+    DEVICE, as_f64, gen, inputs_for, load_candidate, point_id, sample_points)
 from kernels import cross_entropy, layernorm, rmsnorm, softmax
 
 # the interpreter computes masked-off lanes too (inf - inf, log(0), ...): numpy warns, harmlessly
@@ -86,24 +87,6 @@ def poison_empty(monkeypatch):
 
     monkeypatch.setattr(torch, "empty", lambda *a, **k: fill(real_empty(*a, **k)))
     monkeypatch.setattr(torch, "empty_like", lambda *a, **k: fill(real_like(*a, **k)))
-
-
-def sample_points(fam, k: int = 8) -> list[dict]:
-    """The default plus k points in which every value of every parameter appears at least once:
-    each parameter gets its own shuffled sequence of k values (all of its values, repeated to
-    length k), so parameters with equally many values do not move in lockstep."""
-    rng = random.Random(f"points-{fam.name}")
-    assert k >= max(len(v) for v in fam.space.values())
-    seqs = {}
-    for name, values in fam.space.items():
-        seq = (list(values) * k)[:k]
-        rng.shuffle(seq)
-        seqs[name] = seq
-    return [dict(fam.default)] + [{name: seq[i] for name, seq in seqs.items()} for i in range(k)]
-
-
-def point_id(p: dict) -> str:
-    return ",".join(f"{v}" for v in p.values())
 
 
 def non_contiguous(fam, dtype, seed):
@@ -199,7 +182,7 @@ def test_render_every_value(name):
 # candidates against the reference
 # ---------------------------------------------------------------------------------------------
 
-POINTS = [(name, p) for name, fam in FAMILIES.items() for p in sample_points(fam)]
+POINTS = [(name, p) for name, fam in FAMILIES.items() for p in sample_points(fam, 8)]
 
 
 @pytest.mark.parametrize("name,point", POINTS, ids=[f"{n}-{point_id(p)}" for n, p in POINTS])

@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 
 import kernels
-from tests.kernel_helpers import DEVICE, as_f64, gen, inputs_for, load_candidate  # noqa: F401
+from tests.kernel_helpers import (  # noqa: F401
+    DEVICE, as_f64, gen, inputs_for, load_candidate, point_id, sample_points)
 from engine import verify
 from kernels import attention, fused_mlp, matmul, reduce, rotary
 
@@ -102,23 +103,6 @@ def poison_empty(monkeypatch):
 
     monkeypatch.setattr(torch, "empty", lambda *a, **k: fill(real_empty(*a, **k)))
     monkeypatch.setattr(torch, "empty_like", lambda *a, **k: fill(real_like(*a, **k)))
-
-
-def sample_points(fam, k: int | None = None) -> list[dict]:
-    """The default plus k points in which every value of every parameter appears at least once
-    (each parameter its own shuffled sequence of its values, repeated to length k)."""
-    rng = random.Random(f"points-{fam.name}")
-    k = k or max(len(v) for v in fam.space.values())
-    seqs = {}
-    for name, values in fam.space.items():
-        seq = (list(values) * k)[:k]
-        rng.shuffle(seq)
-        seqs[name] = seq
-    return [dict(fam.default)] + [{name: seq[i] for name, seq in seqs.items()} for i in range(k)]
-
-
-def point_id(p: dict) -> str:
-    return ",".join(f"{v}" for v in p.values())
 
 
 def module_of(fn):
