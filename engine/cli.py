@@ -42,6 +42,13 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--patience", type=int, default=5)
     r.add_argument("--worker-timeout", type=float, default=300.0, help="seconds per candidate")
     r.add_argument("--n-layer", type=int, default=None, help="override the model's layer count")
+    w = r.add_argument_group("scale-out (docs/scaling.md); default: one local worker")
+    w.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="evaluate on N workers: a local pool, one per GPU (GPUs 0..N-1); with "
+                        "--ray, N Ray actors (default there: one per GPU in the cluster)")
+    w.add_argument("--ray", default=None, metavar="ADDRESS", dest="ray_address",
+                   help="evaluate on a Ray cluster: auto, HOST:PORT, ray://HOST:10001, or "
+                        "local to start one on this machine (needs the ray package)")
     g = r.add_argument_group("LLM proposer (--proposer llm | hybrid); the key comes from the "
                              "provider's environment variable, e.g. OPENAI_API_KEY")
     g.add_argument("--llm-model", default=None, help="litellm model, e.g. openai/gpt-4o, "
@@ -138,7 +145,8 @@ def cmd_run(a) -> int:
                     llm_model=a.llm_model, api_base=a.api_base, max_in_flight=a.in_flight,
                     max_tokens_total=a.max_tokens, max_cost_usd=a.max_cost,
                     price_in_per_mtok=a.price_in, price_out_per_mtok=a.price_out,
-                    llm_timeout_s=a.llm_timeout, llm_retries=a.llm_retries)
+                    llm_timeout_s=a.llm_timeout, llm_retries=a.llm_retries,
+                    workers=a.workers, ray_address=a.ray_address)
     try:
         cfg.validate()
         Store(a.db).close()   # a database that cannot be opened fails here, before any work

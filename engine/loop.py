@@ -7,16 +7,17 @@ committed whole, so a run killed at any point resumes from the database with not
 """
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import traceback
 from collections import Counter
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 
 import kernels
-from engine import plan, proposers, verify
+from engine import backends, plan, proposers, verify
 from engine.store import Store, StoreError
-from engine.worker import Worker, WorkerDied
+from engine.worker import WorkerDied
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 MIN_MARGIN = 0.01   # never keep a change smaller than 1%, however quiet the measurement
@@ -55,6 +56,11 @@ class RunConfig:
     price_out_per_mtok: float | None = None  # local models cost 0); and per million reply tokens
     llm_timeout_s: float = 180.0             # per request
     llm_retries: int = 3                     # retries after a timeout, 429, 5xx or lost connection
+    # Where candidates are evaluated (engine/backends.py): None/None is the single local worker;
+    # workers=N a local pool of N (one per GPU); ray_address a Ray cluster ("local" starts one
+    # here), with workers=N actors (None: one per GPU in the cluster).
+    workers: int | None = None
+    ray_address: str | None = None
 
     def validate(self) -> None:
         from engine import sources
@@ -83,6 +89,18 @@ class RunConfig:
                               f"{', '.join(proposers.NAMES)}")
         if self.proposer in ("llm", "hybrid"):
             _validate_llm(self)
+        if self.workers is not None and not 1 <= self.workers <= backends.MAX_WORKERS:
+            raise ConfigError(f"--workers must be between 1 and {backends.MAX_WORKERS}")
+        if self.ray_address is not None:
+            why = backends.check_ray(self.ray_address)
+            if why:
+                raise ConfigError(why)
+        elif self.workers:
+            import torch
+            n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            if n and self.workers > n:
+                raise ConfigError(f"--workers {self.workers}: this machine has {n} GPU(s); a "
+                                  f"local pool runs one worker per GPU (use --ray for more)")
 
     @classmethod
     def from_dict(cls, d: dict) -> "RunConfig":
@@ -232,7 +250,8 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=Non
             raise ConfigError(f"no run {resume_run_id!r} in {store.path}")
         saved = RunConfig.from_dict(run["config"])
         # a resumed run keeps its model, shapes and seed; budgets may be extended by the caller
-        for k in ("budget_experiments", "budget_minutes", "worker_timeout_s", "patience"):
+        for k in ("budget_experiments", "budget_minutes", "worker_timeout_s", "patience",
+                  "workers", "ray_address"):
             if getattr(cfg, k) is not None and getattr(cfg, k) != getattr(RunConfig(), k):
                 setattr(saved, k, getattr(cfg, k))
         saved.db = cfg.db
@@ -247,11 +266,21 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=Non
     run = store.get_run(run_id)
     timing_mode = run["timing_mode"]
     interpret = timing_mode == "interpreter"
-    worker = Worker(interpret=interpret)
     status = "done"
+    pool = None
     try:
         control.set(state="running")
-        hello = worker.start()
+        pool = backends.make(cfg.workers, cfg.ray_address, interpret)
+        hello = pool.start()
+        store.save_workers(run_id, pool.snapshot())
+        for name, err in pool.start_errors.items():
+            store.event(run_id, f"worker {name} did not start and is left out: {err}", "warn")
+        if pool.backend != "single":
+            desc = ", ".join(f"{w['name']} {w['device']} on {w['host']}" for w in pool.snapshot()
+                             if w["state"] == "idle")
+            store.event(run_id, f"{len(pool.live())} workers ({pool.backend}): {desc}; "
+                                f"reference {pool.reference}")
+            log(f"{len(pool.live())} workers ({pool.backend}), reference {pool.reference}: {desc}")
         ceilings = hello.get("ceilings") or {}
         store.update_run(run_id, ceilings=ceilings)
         if ceilings:
@@ -259,9 +288,10 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=Non
                 f"bf16 matmul {ceilings['matmul_tflops']:.0f} TFLOP/s")
         for t in store.targets(run_id):
             if t["ref_latency_us"] is None:
-                r = worker.request({"op": "time_reference", "family": t["family"],
-                                    "dtype": t["dtype"], "shapes": t["shapes"], "seed": cfg.seed},
-                                   timeout_s=cfg.worker_timeout_s)
+                r = pool.call(pool.reference,
+                              {"op": "time_reference", "family": t["family"], "dtype": t["dtype"],
+                               "shapes": t["shapes"], "seed": cfg.seed},
+                              timeout_s=cfg.worker_timeout_s)
                 if "error" in r:
                     raise RuntimeError(f"timing the {t['family']} reference failed: {r['error']}")
                 store.update_target(t["id"], ref_latency_us=r["latency_us"], ref_noise=r["noise"],
@@ -274,56 +304,8 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=Non
                         "warn")
             log("nothing to optimize: no profiled family has a kernel")
         proposer = proposer or proposers.make(cfg.proposer, cfg.seed, cfg=cfg, api_key=api_key)
-        started = time.monotonic()
-        previous = run["current_target"]
-        while True:
-            if control.stop_event.is_set():
-                status = "stopped"
-                break
-            if not control.resume_event.is_set():
-                store.update_run(run_id, status="paused")
-                control.set(state="paused")
-                while not control.resume_event.wait(0.2):
-                    if control.stop_event.is_set():
-                        break
-                if control.stop_event.is_set():
-                    status = "stopped"
-                    break
-                store.update_run(run_id, status="running")
-                control.set(state="running")
-            done = store.get_run(run_id)["experiments_done"]
-            if cfg.budget_experiments is not None and done >= cfg.budget_experiments:
-                break
-            if cfg.budget_minutes is not None and time.monotonic() - started >= cfg.budget_minutes * 60:
-                break
-            targets = store.targets(run_id)
-            target, why, new_round = plan.choose_next(targets, cfg.patience)
-            if target is None:
-                store.event(run_id, f"finished: {why}")
-                break
-            if new_round:
-                for t in targets:
-                    store.update_target(t["id"], no_improve=0)
-                target["no_improve"] = 0
-            if target["family"] != previous:
-                store.event(run_id, f"target -> {why}")
-                previous = target["family"]
-            store.update_run(run_id, current_target=target["family"], current_reason=why)
-            control.set(current_target=target["family"])
-            try:
-                exp = _one_experiment(cfg, store, worker, proposer, run_id, target, timing_mode,
-                                      control.stop_event)
-            except proposers.ProposerStopped as e:
-                if control.stop_event.is_set():   # Stop pressed while it waited on a model
-                    status = "stopped"
-                    break
-                store.event(run_id, f"finished: the proposer stopped: {e}", "warn")
-                log(f"proposer stopped: {e}")
-                break
-            if exp is None:
-                continue
-            control.set(experiments=exp["seq"])
-            log(_log_line(exp, timing_mode))
+        status = _Dispatch(cfg, store, pool, proposer, run_id, timing_mode, control, log).run(
+            run["current_target"])
     except BaseException as e:
         status = "stopped" if isinstance(e, KeyboardInterrupt) else "failed"
         if status == "failed":
@@ -335,7 +317,9 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=Non
     finally:
         if hasattr(proposer, "close"):
             proposer.close()
-        worker.close()
+        if pool is not None:
+            pool.close()
+            store.save_workers(run_id, pool.snapshot())
         if status != "failed":
             store.update_run(run_id, status=status, current_target=None)
             control.set(state=status, current_target=None)
@@ -346,82 +330,247 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=Non
     return run_id
 
 
-def _one_experiment(cfg, store, worker, proposer, run_id, target, timing_mode,
-                    stop=None) -> dict | None:
-    fam = kernels.get(target["family"])
-    run_exps = store.experiments(run_id)
-    history = [e for e in run_exps if e["target_id"] == target["id"]]
-    best = store.experiment(target["best_experiment_id"]) if target["best_experiment_id"] else None
-    try:
-        if getattr(proposer, "takes_context", False):
-            ctx = proposers.ProposalContext(run=store.get_run(run_id), target=target,
-                                            experiments=run_exps, stop=stop)
-            prop = proposer.propose(fam, history, best, ctx)
-        else:
-            prop = proposer.propose(fam, history, best)
-    except proposers.SpaceExhausted as e:
-        store.update_target(target["id"], state="done")
-        store.event(run_id, f"{fam.name}: search space exhausted ({e})")
-        return None
-    t0 = time.monotonic()
-    exp = dict(run_id=run_id, target_id=target["id"], family=fam.name, parent_id=prop.parent_id,
-               proposer=prop.proposer, hypothesis=prop.hypothesis, params=prop.params,
-               source=prop.source, source_hash=verify.source_hash(prop.source),
-               timing_mode=timing_mode, worker=worker.name, tokens_in=prop.tokens_in,
-               tokens_out=prop.tokens_out, cost_usd=prop.cost_usd,
-               proposal_latency_s=prop.latency_s)
-    stages: list[dict] = []
-    reason = None if prop.error else verify.static_check(prop.source, fam.arg_names)
-    if prop.error:
-        exp.update(state="failed", failed_stage="proposal", error=prop.error)
-        stages = [dict(stage=s, status="skipped", detail="no candidate: " + prop.error[:300])
-                  for s in verify.STAGES]
-    elif reason:
-        exp.update(state="failed", failed_stage="static", error=reason)
-        stages = [dict(stage=s, status="skipped", detail="static check failed: " + reason)
-                  for s in verify.STAGES]
-    else:
+class _Dispatch:
+    """Keeps every worker busy: proposes while a worker is free, decides as results come in.
+
+    Results may arrive in any order: each is judged against the target's best at the moment it
+    arrives (read fresh from the store), so a slow candidate proposed from an older best is still
+    kept only if it beats the current one. A candidate measured on a worker other than the
+    reference that would become the new best (or one from a different GPU model, whose time
+    compares with nothing) is re-timed on the reference worker first, and that time decides: the
+    best is never the product of a faster card or a quieter neighbour. A target's first experiment
+    (the starter) runs alone: there is no best to judge or mutate before it. With one worker this
+    is exactly the sequential loop: propose, evaluate, decide."""
+
+    def __init__(self, cfg, store, pool, proposer, run_id, timing_mode, control, log):
+        self.cfg, self.store, self.pool, self.proposer = cfg, store, pool, proposer
+        self.run_id, self.timing_mode, self.control, self.log = run_id, timing_mode, control, log
+        self.inflight: dict[int, dict] = {}    # job key -> {"exp", "t0", "first", "req", ...}
+        self.keys = itertools.count(1)
+        self.previous = None
+        self.finished = False                  # nothing more to propose: drain, then end
+
+    def run(self, previous) -> str:
+        cfg, store, control = self.cfg, self.store, self.control
+        self.previous = previous
+        started = time.monotonic()
+        paused = False
+        flushed = 0.0
+        while True:
+            now = time.monotonic()
+            if now - flushed >= 1.0:
+                store.save_workers(self.run_id, self.pool.snapshot())
+                flushed = now
+            if control.stop_event.is_set():
+                return "stopped"   # what is in flight is dropped: nothing of it was committed
+            if control.resume_event.is_set() == paused:    # pause / resume pressed
+                paused = not paused
+                store.update_run(self.run_id, status="paused" if paused else "running")
+                control.set(state="paused" if paused else "running")
+            if not self.pool.live():
+                raise RuntimeError("every worker died and none could be restarted")
+            done = store.get_run(self.run_id)["experiments_done"]
+            over = ((cfg.budget_experiments is not None
+                     and done + len(self.inflight) >= cfg.budget_experiments)
+                    or (cfg.budget_minutes is not None and now - started >= cfg.budget_minutes * 60))
+            while not (paused or over or self.finished) and self.pool.free() > 0:
+                try:
+                    outcome = self._next()
+                except proposers.ProposerStopped as e:
+                    if control.stop_event.is_set():   # Stop pressed while it waited on a model
+                        return "stopped"
+                    store.event(self.run_id, f"finished: the proposer stopped: {e}", "warn")
+                    self.log(f"proposer stopped: {e}")
+                    self.finished = True
+                    break
+                if outcome == "wait":
+                    break
+                if outcome == "recorded":     # failed without a worker: counts against the budget
+                    break
+            if not self.inflight and (over or self.finished):
+                return "done"
+            for d in self.pool.results(timeout=0.2 if self.inflight else 0.02):
+                self._handle(d)
+
+    # -- proposing --------------------------------------------------------------------------------
+    def _next(self) -> str:
+        """Propose one candidate and submit it: "submitted", "recorded" (failed before a worker),
+        "again" (a target's space ran out: choose again), "wait" (nothing to do until a result
+        comes in) or "finished"."""
+        store = self.store
+        targets = store.targets(self.run_id)
+        starting = {x["exp"]["target_id"] for x in self.inflight.values() if x["first"]}
+        eligible = [t for t in targets if t["id"] not in starting]
+        target, why, new_round = plan.choose_next(eligible, self.cfg.patience)
+        if target is None:
+            if starting:
+                return "wait"     # a starter in flight may open its target again
+            store.event(self.run_id, f"finished: {why}")
+            self.finished = True
+            return "finished"
+        if new_round:
+            for t in eligible:
+                store.update_target(t["id"], no_improve=0)
+            target["no_improve"] = 0
+        if target["family"] != self.previous:
+            store.event(self.run_id, f"target -> {why}")
+            self.previous = target["family"]
+        store.update_run(self.run_id, current_target=target["family"], current_reason=why)
+        self.control.set(current_target=target["family"])
+
+        fam = kernels.get(target["family"])
+        run_exps = store.experiments(self.run_id)
+        history = [e for e in run_exps if e["target_id"] == target["id"]]
+        pending = [x["pending"] for x in self.inflight.values()
+                   if x["exp"]["target_id"] == target["id"]]
+        seen = history + pending   # in-flight candidates count as tried: a batch never repeats
+        best = store.experiment(target["best_experiment_id"]) if target["best_experiment_id"] else None
+        try:
+            if getattr(self.proposer, "takes_context", False):
+                ctx = proposers.ProposalContext(run=store.get_run(self.run_id), target=target,
+                                                experiments=run_exps, stop=self.control.stop_event)
+                prop = self.proposer.propose(fam, seen, best, ctx)
+            else:
+                prop = self.proposer.propose(fam, seen, best)
+        except proposers.SpaceExhausted as e:
+            store.update_target(target["id"], state="done")
+            store.event(self.run_id, f"{fam.name}: search space exhausted ({e})")
+            return "again"
+        exp = dict(run_id=self.run_id, target_id=target["id"], family=fam.name,
+                   parent_id=prop.parent_id, proposer=prop.proposer, hypothesis=prop.hypothesis,
+                   params=prop.params, source=prop.source,
+                   source_hash=verify.source_hash(prop.source), timing_mode=self.timing_mode,
+                   tokens_in=prop.tokens_in, tokens_out=prop.tokens_out, cost_usd=prop.cost_usd,
+                   proposal_latency_s=prop.latency_s)
+        t0 = time.monotonic()
+        reason = None if prop.error else verify.static_check(prop.source, fam.arg_names)
+        if prop.error or reason:
+            stage, msg = ("proposal", prop.error) if prop.error else ("static", reason)
+            what = "no candidate: " if prop.error else "static check failed: "
+            exp.update(state="failed", failed_stage=stage, error=msg)
+            stages = [dict(stage=s, status="skipped", detail=what + msg[:300]) for s in verify.STAGES]
+            self._commit({"exp": exp, "t0": t0}, stages)
+            return "recorded"
         req = {"op": "evaluate", "family": fam.name, "source": prop.source,
                "dtype": target["dtype"], "shapes": target["shapes"],
-               "seed": cfg.seed * 1_000_003 + len(history) + 1}
-        try:
-            r = worker.request(req, timeout_s=cfg.worker_timeout_s)
-        except WorkerDied as e:
-            r = _died(e)
-            worker.restart()
+               "seed": self.cfg.seed * 1_000_003 + len(seen) + 1}
+        key = next(self.keys)
+        self.inflight[key] = {
+            "exp": exp, "t0": t0, "first": not seen, "req": req,
+            "pending": dict(id=None, seq="in flight", state="in flight", proposer=prop.proposer,
+                            hypothesis=prop.hypothesis, params=prop.params,
+                            source_hash=exp["source_hash"], failed_stage=None, latency_us=None,
+                            error=None)}
+        self.pool.submit(backends.Job(key=key, req=req, timeout_s=self.cfg.worker_timeout_s,
+                                      meta={"kind": "evaluate"}))
+        return "submitted"
+
+    # -- results ----------------------------------------------------------------------------------
+    def _handle(self, d: backends.Done) -> None:
+        item = self.inflight.get(d.job.key)
+        if item is None:
+            return
+        if d.job.meta.get("kind") == "retime":
+            return self._handle_retime(d, item)
+        exp = item["exp"]
+        if d.died is not None:
+            avoid = set(d.job.avoid) | {d.slot}
+            if d.job.attempt == 1 and self.pool.backend != "single" and self.pool.retry_possible(avoid):
+                what = "hung" if d.died.timed_out else "died"
+                self.store.event(self.run_id, f"worker {d.slot} {what} evaluating a {exp['family']} "
+                                 f"candidate; retrying it once on another worker", "warn")
+                self.pool.submit(replace(d.job, avoid=frozenset(avoid), attempt=2))
+                return
+            r = _died(d.died)
         else:
-            if r.get("restart"):
-                worker.restart()
-        if "error" in r and "stages" not in r:
-            raise RuntimeError(f"worker rejected the request: {r['error']}")
+            r = d.reply
+            if "error" in r and "stages" not in r:
+                raise RuntimeError(f"worker rejected the request: {r['error']}")
+        w = self._worker(d.slot)
+        exp.update(worker=d.slot, gpu=w, attempts=d.job.attempt)
         stages = r["stages"]
         if r["failed_stage"]:
             exp.update(state="failed", failed_stage=r["failed_stage"], error=r["error"])
         timing = r.get("timing")
         if timing:
-            lat = timing["latency_us"]
-            exp.update(latency_us=lat, noise=timing["noise"], shape_times=timing["shape_times"],
-                       speedup=(target["ref_latency_us"] / lat) if target["ref_latency_us"] else None,
-                       pct_sol=(100 * timing["sol_us"] / lat) if timing.get("sol_us") else None)
-    exp["duration_s"] = time.monotonic() - t0
-    update = {"experiments": target["experiments"] + 1, "state": "active"}
-    if exp.get("state") != "failed":
-        lat = exp["latency_us"]
-        best_lat = target["best_latency_us"]
-        margin = max(MIN_MARGIN, exp["noise"] or 0, target["best_noise"] or 0)
-        if best_lat is None or lat < best_lat * (1 - margin):
-            exp["state"] = "kept"
-            update.update(best_is_this=True, best_latency_us=lat, best_noise=exp["noise"],
-                          speedup=exp["speedup"], no_improve=0)
+            self._set_timing(exp, timing)
+        if timing and not r["failed_stage"] and d.slot != self.pool.reference:
+            target = self._target(exp["target_id"])
+            best = target["best_latency_us"]
+            margin = max(MIN_MARGIN, exp["noise"] or 0, target["best_noise"] or 0)
+            if (best is None or not self.pool.same_model(d.slot)
+                    or exp["latency_us"] < best * (1 - margin)):
+                item["stages"] = stages
+                exp["first_latency_us"] = exp["latency_us"]
+                self.pool.submit(backends.Job(
+                    key=d.job.key, req=dict(item["req"], verify=False),
+                    timeout_s=self.cfg.worker_timeout_s, only=self.pool.reference,
+                    meta={"kind": "retime"}))
+                return
+        self._commit(item, stages)
+        del self.inflight[d.job.key]
+
+    def _handle_retime(self, d: backends.Done, item: dict) -> None:
+        exp = item["exp"]
+        ref = self.pool.reference
+        if d.died is not None and d.job.attempt == 1:
+            self.store.event(self.run_id, f"the reference worker {ref} died re-timing a "
+                             f"{exp['family']} candidate; re-timing it once more", "warn")
+            self.pool.submit(replace(d.job, attempt=2))
+            return
+        r = _died(d.died) if d.died is not None else d.reply
+        if d.died is not None or r.get("failed_stage") or not r.get("timing"):
+            err = r.get("error") or "no timing"
+            exp.update(state="failed", failed_stage=r.get("failed_stage") or "benchmark",
+                       error=f"on the reference worker {ref}: {err}")
         else:
-            exp["state"] = "reverted"
-            exp["error"] = (f"{lat:.1f} us is not faster than the best {best_lat:.1f} us by more "
-                            f"than the noise ({margin:.1%})")
+            self._set_timing(exp, r["timing"])
+            exp["retimed_on"] = ref
+        self._commit(item, item["stages"])
+        del self.inflight[d.job.key]
+
+    def _set_timing(self, exp: dict, timing: dict) -> None:
+        ref = self._target(exp["target_id"])["ref_latency_us"]
+        lat = timing["latency_us"]
+        exp.update(latency_us=lat, noise=timing["noise"], shape_times=timing["shape_times"],
+                   speedup=(ref / lat) if ref else None,
+                   pct_sol=(100 * timing["sol_us"] / lat) if timing.get("sol_us") else None)
+
+    def _worker(self, name: str) -> str:
+        for w in self.pool.snapshot():
+            if w["name"] == name:
+                return f"{w['device']} {w['gpu_name']}" + (f" @{w['host']}"
+                                                           if self.pool.backend == "ray" else "")
+        return name
+
+    def _target(self, target_id: int) -> dict:
+        return next(t for t in self.store.targets(self.run_id) if t["id"] == target_id)
+
+    def _commit(self, item: dict, stages: list[dict]) -> None:
+        """Keep or revert against the target's best now, and record it with its stages."""
+        exp = item["exp"]
+        target = self._target(exp["target_id"])
+        exp["duration_s"] = time.monotonic() - item["t0"]
+        update = {"experiments": target["experiments"] + 1, "state": "active"}
+        if exp.get("state") != "failed":
+            lat = exp["latency_us"]
+            best_lat = target["best_latency_us"]
+            margin = max(MIN_MARGIN, exp["noise"] or 0, target["best_noise"] or 0)
+            if best_lat is None or lat < best_lat * (1 - margin):
+                exp["state"] = "kept"
+                update.update(best_is_this=True, best_latency_us=lat, best_noise=exp["noise"],
+                              speedup=exp["speedup"], no_improve=0)
+            else:
+                exp["state"] = "reverted"
+                exp["error"] = (f"{lat:.1f} us is not faster than the best {best_lat:.1f} us by "
+                                f"more than the noise ({margin:.1%})")
+                update["no_improve"] = target["no_improve"] + 1
+        else:
             update["no_improve"] = target["no_improve"] + 1
-    else:
-        update["no_improve"] = target["no_improve"] + 1
-    exp_id = store.record_experiment(exp, stages, update)
-    return store.experiment(exp_id)
+        exp_id = self.store.record_experiment(exp, stages, update)
+        row = self.store.experiment(exp_id)
+        self.control.set(experiments=row["seq"])
+        self.log(_log_line(row, self.timing_mode))
 
 
 def _died(e: WorkerDied) -> dict:

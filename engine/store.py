@@ -7,7 +7,7 @@ Contract:
   records which ran. Opening a database runs the missing ones in one transaction each.
 - Every experiment is committed together with its verification rows in one transaction, so a kill
   at any moment loses at most the experiment that was in flight, never half of one.
-- Tables: runs, profile_ops, targets, experiments, verifications, events, and e2e_checks /
+- Tables: runs, profile_ops, targets, experiments, verifications, events, workers, and e2e_checks /
   e2e_timings (the kept kernels in the real model, engine/integrate.py). The family name is the
   join key between profile_ops, targets and experiments.
 """
@@ -174,6 +174,36 @@ MIGRATIONS: list[tuple[str, str]] = [
     );
     CREATE INDEX e2e_timings_run ON e2e_timings(run_id, id)
     """),
+    # Scale-out (engine/backends.py). experiments: which device verified and first timed it, that
+    # worker's latency when a re-time on the reference worker replaced it, the reference worker
+    # that re-timed it, and 2 attempts when its first worker died under it. workers: each
+    # evaluation worker's state and counters, rewritten by the engine about once a second.
+    ("0005_workers", """
+    ALTER TABLE experiments ADD COLUMN gpu TEXT;
+    ALTER TABLE experiments ADD COLUMN first_latency_us REAL;
+    ALTER TABLE experiments ADD COLUMN retimed_on TEXT;
+    ALTER TABLE experiments ADD COLUMN attempts INTEGER;
+    CREATE TABLE workers (
+        run_id TEXT NOT NULL REFERENCES runs(id),
+        name TEXT NOT NULL,              -- w0, w1, ... (the join key with experiments.worker)
+        backend TEXT NOT NULL,           -- single | local | ray
+        reference INTEGER NOT NULL,      -- 1: the worker every new best is re-timed on
+        host TEXT,
+        device TEXT,                     -- cuda:0 (index on its host) | cpu
+        gpu_name TEXT,
+        pid INTEGER,                     -- the worker process (the one candidate code runs in)
+        state TEXT NOT NULL,             -- starting | idle | busy | restarting | dead | closed
+        family TEXT,                     -- what it is evaluating now
+        since REAL,                      -- when it entered this state
+        jobs INTEGER NOT NULL,           -- evaluations and re-timings answered
+        died INTEGER NOT NULL,           -- of those, how many its process died or hung in
+        restarts INTEGER NOT NULL,
+        busy_s REAL NOT NULL,            -- seconds spent on jobs
+        started_at REAL,
+        updated_at REAL NOT NULL,
+        PRIMARY KEY (run_id, name)
+    )
+    """),
 ]
 
 STAGES = ("smoke", "shape_sweep", "stability", "determinism", "edge_cases")
@@ -330,6 +360,20 @@ class Store:
                JOIN experiments e ON e.id = v.experiment_id
                WHERE e.run_id = ? GROUP BY v.stage, v.status""", [run_id]))
 
+    # ---- workers ------------------------------------------------------------------------------
+    def save_workers(self, run_id: str, rows: list[dict]) -> None:
+        """Replace the run's worker rows (the engine's snapshot of its evaluation workers)."""
+        with self.db.conn:
+            for r in rows:
+                self.db["workers"].upsert(dict(r, run_id=run_id, updated_at=_now()),
+                                          pk=("run_id", "name"))
+
+    def workers(self, run_id: str) -> list[dict]:
+        if not self._has_table("workers"):
+            return []
+        return list(self.db.query(
+            "SELECT * FROM workers WHERE run_id = ? ORDER BY reference DESC, name", [run_id]))
+
     # ---- events -------------------------------------------------------------------------------
     def event(self, run_id: str, message: str, level: str = "info") -> None:
         with self.db.conn:
@@ -380,7 +424,8 @@ EXPERIMENT_COLUMNS = (
     "id", "run_id", "target_id", "family", "seq", "created_at", "parent_id", "proposer",
     "hypothesis", "params", "source", "source_hash", "state", "failed_stage", "error", "latency_us",
     "noise", "shape_times", "speedup", "pct_sol", "timing_mode", "worker", "duration_s",
-    "tokens_in", "tokens_out", "cost_usd", "proposal_latency_s")
+    "tokens_in", "tokens_out", "cost_usd", "proposal_latency_s", "gpu", "first_latency_us",
+    "retimed_on", "attempts")
 
 
 def _decode(row: dict, json_cols: tuple) -> dict:

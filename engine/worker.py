@@ -315,7 +315,9 @@ def _evaluate(req, state, snapshot, workdir, send) -> dict:
         _skip_rest(stages)
         return fail("smoke", tampered)
 
-    for stage in verify.STAGES:
+    # verify=False: a re-time on the reference worker of a candidate that passed all five stages on
+    # another worker; it is still loaded, tamper-checked, timed and re-checked after timing here
+    for stage in (verify.STAGES if req.get("verify", True) else ()):
         send({"progress": stage})
         r = v.run_stage(fn, stage)
         tampered = verify.tamper_check(snapshot)
