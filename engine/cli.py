@@ -86,6 +86,10 @@ def _parser() -> argparse.ArgumentParser:
     lb.add_argument("--experiments", type=int, default=6, help="experiments per loop run")
     lb.add_argument("--out", default=None, help="also write the Markdown table to this file")
 
+    sc = sub.add_parser("scaling", help="experiments per hour with 1..N workers (local pool, "
+                        "Ray) and the loop's serial costs, as Markdown")
+    from engine.scalebench import add_arguments as scaling_arguments
+    scaling_arguments(sc)
     from engine.benchfamilies import add_arguments as bench_arguments
     bench_arguments(sub.add_parser("bench", help="every family against PyTorch eager and "
                                    "torch.compile, with the loop's best kernels: Markdown"))
@@ -263,6 +267,14 @@ def cmd_kernelbench(a) -> int:
         raise UsageError(str(e)) from None
 
 
+def cmd_scaling(a) -> int:
+    from engine.scalebench import ScalingError, main as scaling_main
+    try:
+        return scaling_main(a, log=lambda s: print(s, flush=True))
+    except ScalingError as e:
+        raise UsageError(str(e)) from None
+
+
 def main(argv=None) -> int:
     try:
         a = _parser().parse_args(argv)
@@ -272,7 +284,7 @@ def main(argv=None) -> int:
             from engine.llmbench import cmd_llm_bench
             return cmd_llm_bench(a)
         return {"run": cmd_run, "verify": cmd_verify, "report": cmd_report, "export": cmd_export,
-                "kernelbench": cmd_kernelbench}[a.cmd](a)
+                "kernelbench": cmd_kernelbench, "scaling": cmd_scaling}[a.cmd](a)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
