@@ -33,6 +33,10 @@ ROOT = Path(__file__).resolve().parent.parent
 BACKENDS = ("single", "local", "ray")
 MAX_WORKERS = 256
 RESTART_TRIES = 3            # a slot whose worker fails to start this many times in a row is dead
+# From this many live workers on, the reference worker only re-times would-be bests: with N workers
+# sending it a share p of their results, a reference that also evaluates saturates near
+# N = t_eval / (p x t_retime) (docs/scaling.md); dedicated, it costs one worker of N.
+DEDICATED_REFERENCE_FROM = 5
 # What a Ray job uploads to the cluster: the engine and the kernels, not runs or docs.
 RAY_EXCLUDES = ["data/", "docs/", "tests/", ".git/", "*.db", "*.db-wal", "*.db-shm", "__pycache__/",
                 ".whl/", ".ci/"]
@@ -281,11 +285,18 @@ class Pool:
         with self._cond:
             return [n for n, st in self._state.items() if st.state not in ("dead", "closed")]
 
+    def _dedicated(self) -> bool:
+        live = sum(1 for st in self._state.values() if st.state not in ("dead", "closed"))
+        return live >= DEDICATED_REFERENCE_FROM
+
     def free(self) -> int:
         """Live workers not busy, minus jobs already waiting: how many more jobs to submit now."""
         with self._cond:
-            idle = sum(1 for st in self._state.values() if st.state == "idle")
-            return max(0, idle - len(self._jobs))
+            skip = {j.only for j in self._jobs if j.only}   # spoken for by a queued re-time
+            if self._dedicated():
+                skip.add(self.reference)
+            idle = sum(1 for n, st in self._state.items() if st.state == "idle" and n not in skip)
+            return max(0, idle - sum(1 for j in self._jobs if j.only is None))
 
     def submit(self, job: Job) -> None:
         with self._cond:
@@ -350,6 +361,8 @@ class Pool:
                     for i, job in enumerate(self._jobs):
                         if job.only is not None:
                             ok = job.only == name
+                        elif name == self.reference and self._dedicated():
+                            ok = False
                         else:   # avoid what it may; a job nobody else can take runs anywhere
                             ok = name not in job.avoid or all(n in job.avoid for n in live)
                         if ok:

@@ -152,3 +152,32 @@ def test_bad_scale_out_settings_are_one_clear_message(tmp_path):
     assert r.returncode != 0 and "--workers must be between" in r.stderr
     assert r.stderr.count("\n") <= 2 and "Traceback" not in r.stderr
     assert not (tmp_path / "x.db").exists() or not Store(tmp_path / "x.db").list_runs()
+
+
+def test_pool_routing_dedicated_reference_and_avoid():
+    """The pool's routing with real worker processes and cheap requests: from five workers on the
+    reference takes only jobs pinned to it (re-times); a retry avoids the worker it died on."""
+    from engine import backends
+    pool = backends.Pool([backends.LocalSlot(f"w{i}", True, None) for i in range(5)], "local")
+    try:
+        pool.start()
+        assert pool.free() == 4                      # the reference is held back for re-times
+        for k in range(8):
+            pool.submit(backends.Job(key=k, req={"op": "hello"}, timeout_s=120))
+        pool.submit(backends.Job(key=100, req={"op": "hello"}, timeout_s=120, only="w0"))
+        pool.submit(backends.Job(key=101, req={"op": "hello"}, timeout_s=120,
+                                 avoid=frozenset({"w1", "w2", "w3"})))
+        got = {}
+        deadline = time.time() + 300
+        while len(got) < 10 and time.time() < deadline:
+            for d in pool.results(timeout=0.5):
+                assert d.died is None and d.reply["pid"]
+                got[d.job.key] = d.slot
+        assert len(got) == 10
+        assert got[100] == "w0"
+        assert got[101] == "w4"
+        assert all(got[k] != "w0" for k in range(8))
+        assert {w["name"]: w["jobs"] for w in pool.snapshot()}["w0"] == 1
+    finally:
+        pool.close()
+    assert all(w["state"] == "closed" for w in pool.snapshot())
