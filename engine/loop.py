@@ -150,12 +150,16 @@ class Control:
             return dict(self._status)
 
 
-def _log_line(exp: dict, timing_mode: str) -> str:
+def _log_line(exp: dict, timing_mode: str, show_worker: bool = False) -> str:
     lat = f"{exp['latency_us']:10.1f} us" if exp.get("latency_us") else " " * 13
     spd = f"{exp['speedup']:7.3g}x" if exp.get("speedup") else " " * 8
     sol = f"{exp['pct_sol']:4.0f}% SOL" if exp.get("pct_sol") else " " * 8
     state = exp["state"] + (f"@{exp['failed_stage']}" if exp.get("failed_stage") else "")
     tag = " [interpreter timing]" if timing_mode == "interpreter" and exp.get("latency_us") else ""
+    if show_worker and exp.get("worker"):
+        tag += (f" [{exp['worker']}" + (f", re-timed on {exp['retimed_on']}" if exp.get("retimed_on")
+                                       else "") + (", retried" if exp.get("attempts") == 2 else "")
+                + "]")
     return (f"exp {exp['seq']:4d} {exp['family']:<13} {state:<22} {lat} {spd} {sol}  "
             f"{exp['hypothesis'][:70]}{tag}")
 
@@ -525,7 +529,7 @@ class _Dispatch:
                        error=f"on the reference worker {ref}: {err}")
         else:
             self._set_timing(exp, r["timing"])
-            exp["retimed_on"] = ref
+            exp.update(retimed_on=ref, retime_s=d.elapsed_s)
         self._commit(item, item["stages"])
         del self.inflight[d.job.key]
 
@@ -570,7 +574,7 @@ class _Dispatch:
         exp_id = self.store.record_experiment(exp, stages, update)
         row = self.store.experiment(exp_id)
         self.control.set(experiments=row["seq"])
-        self.log(_log_line(row, self.timing_mode))
+        self.log(_log_line(row, self.timing_mode, self.pool.backend != "single"))
 
 
 def _died(e: WorkerDied) -> dict:

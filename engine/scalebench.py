@@ -147,10 +147,13 @@ def main(a, log=print) -> int:
             workers = s.workers(run_id)
             s.close()
             rate, wall = loop_rate(exps)
-            evals = [e["duration_s"] for e in exps if e.get("worker") and e.get("duration_s")]
+            evals = [e["duration_s"] for e in exps
+                     if e.get("worker") and e.get("duration_s") and not e.get("retimed_on")]
+            retimes = [e["retime_s"] for e in exps if e.get("retime_s")]
             rows.append(dict(label=label, run_id=run_id, n=len(exps), wall=wall, total=total,
                              rate=rate, t_eval=statistics.median(evals) if evals else None,
-                             retimed=sum(1 for e in exps if e.get("retimed_on")),
+                             retimed=len(retimes),
+                             t_retime=statistics.median(retimes) if retimes else None,
                              kept=sum(1 for e in exps if e["state"] == "kept"),
                              jobs=" / ".join(f"{w['name']} {w['jobs']}" for w in workers)))
             log(f"   {rate:.0f} experiments/hour over {wall:.0f} s of loop ({total:.0f} s in all)")
@@ -160,13 +163,15 @@ def main(a, log=print) -> int:
                   f"--budget {a.budget} --workers {a.workers}"
                   + (f" --ray {a.ray_address}" if a.ray_address else "") + "`", "",
                   "| backend | experiments | loop wall (s) | experiments / hour | vs first | "
-                  "median s per experiment | re-timed on reference | kept | jobs per worker |",
+                  "median s per experiment | re-timed on reference (median s) | kept | "
+                  "jobs per worker |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
         for r in rows:
             rel = f"{r['rate'] / base:.2f}x" if base else "-"
             te = f"{r['t_eval']:.1f}" if r["t_eval"] else "-"
+            rt = f"{r['retimed']} ({r['t_retime']:.1f})" if r["t_retime"] else "0"
             lines.append(f"| {r['label']} | {r['n']} | {r['wall']:.0f} | {r['rate']:.0f} | {rel} | "
-                         f"{te} | {r['retimed']} | {r['kept']} | {r['jobs']} |")
+                         f"{te} | {rt} | {r['kept']} | {r['jobs']} |")
         lines.append("")
     c = serial_costs()
     lines += ["## The loop's serial costs", "",

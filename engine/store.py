@@ -176,13 +176,15 @@ MIGRATIONS: list[tuple[str, str]] = [
     """),
     # Scale-out (engine/backends.py). experiments: which device verified and first timed it, that
     # worker's latency when a re-time on the reference worker replaced it, the reference worker
-    # that re-timed it, and 2 attempts when its first worker died under it. workers: each
+    # that re-timed it and the seconds that took, and 2 attempts when its first worker died under
+    # it. workers: each
     # evaluation worker's state and counters, rewritten by the engine about once a second.
     ("0005_workers", """
     ALTER TABLE experiments ADD COLUMN gpu TEXT;
     ALTER TABLE experiments ADD COLUMN first_latency_us REAL;
     ALTER TABLE experiments ADD COLUMN retimed_on TEXT;
     ALTER TABLE experiments ADD COLUMN attempts INTEGER;
+    ALTER TABLE experiments ADD COLUMN retime_s REAL;
     CREATE TABLE workers (
         run_id TEXT NOT NULL REFERENCES runs(id),
         name TEXT NOT NULL,              -- w0, w1, ... (the join key with experiments.worker)
@@ -425,7 +427,7 @@ EXPERIMENT_COLUMNS = (
     "hypothesis", "params", "source", "source_hash", "state", "failed_stage", "error", "latency_us",
     "noise", "shape_times", "speedup", "pct_sol", "timing_mode", "worker", "duration_s",
     "tokens_in", "tokens_out", "cost_usd", "proposal_latency_s", "gpu", "first_latency_us",
-    "retimed_on", "attempts")
+    "retimed_on", "attempts", "retime_s")
 
 
 def _decode(row: dict, json_cols: tuple) -> dict:
