@@ -393,7 +393,7 @@ class _Dispatch:
                     break
             if not self.inflight and (over or self.finished):
                 return "done"
-            for d in self.pool.results(timeout=0.2 if self.inflight else 0.02):
+            for d in self.pool.results(timeout=0.2 if self.inflight or paused else 0.02):
                 self._handle(d)
 
     # -- proposing --------------------------------------------------------------------------------
