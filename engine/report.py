@@ -64,6 +64,17 @@ def run_markdown(store: Store, run_id: str) -> str:
         cost = [e["cost_usd"] for e in asked if e["cost_usd"] is not None]
         out += ["", f"Model: {len(asked)} proposals, {tin} tokens in, {tout} tokens out, "
                 + (f"${sum(cost):.4f}" if cost else "cost unknown") + "."]
+    workers = store.workers(run_id)
+    if len(workers) > 1:   # a pool or Ray run: who measured what
+        out += ["", f"Workers ({workers[0]['backend']}; every new best re-timed on the reference):",
+                "", "| worker | host | device | experiments | re-timings | died | restarts |",
+                "|---|---|---|---|---|---|---|"]
+        for w in workers:
+            n = sum(1 for e in exps if e.get("worker") == w["name"])
+            rt = sum(1 for e in exps if e.get("retimed_on") == w["name"])
+            out.append(f"| {w['name']}{' (reference)' if w['reference'] else ''} | {w['host']} | "
+                       f"{w['device']} {w['gpu_name'] or ''} | {n} | {rt} | {w['died']} | "
+                       f"{w['restarts']} |")
     states = Counter(e["state"] for e in exps)
     fails = Counter(e["failed_stage"] for e in exps if e["state"] == "failed")
     out += ["", f"Outcomes: {states['kept']} kept, {states['reverted']} reverted, "
@@ -80,7 +91,7 @@ def _us(v) -> str:
 
 def _cfg(cfg: dict) -> str:
     keys = ("model", "dtype", "input_shape", "families", "budget_experiments", "budget_minutes",
-            "seed", "patience", "model_overrides")
+            "seed", "patience", "model_overrides", "workers", "ray_address")
     if cfg.get("proposer", "search") != "search":
         keys += ("proposer", "llm_model", "api_base", "max_in_flight")
     return ", ".join(f"{k}={cfg[k]}" for k in keys if cfg.get(k) not in (None, {}, []))
