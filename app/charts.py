@@ -355,3 +355,29 @@ def compare_projection_figure(curves: dict[str, pd.DataFrame]) -> go.Figure:
                       uirevision="compare_projection")
     fig.update_yaxes(range=_ratio_range([p["projected"] for p in curves.values()]))
     return fig
+
+
+# ---- evaluation workers -----------------------------------------------------------------------
+def workers_figure(exps: pd.DataFrame, workers: list[str],
+                   reference: str | None = None) -> go.Figure:
+    """Experiments per evaluation worker, stacked by outcome (kept / reverted / failed).
+
+    exps: experiments with worker and state; workers: the run's worker names in display order
+    (a worker with no experiment yet, such as a reference kept busy re-timing, gets an empty
+    bar rather than vanishing). Counts, not timings: no interpreter label is needed."""
+    fig = go.Figure()
+    if exps.empty or "worker" not in exps:
+        counts = pd.Series(dtype=int)
+    else:
+        counts = exps.groupby(["worker", "state"]).size()
+    names = [f"{w} (ref)" if w == reference else w for w in workers]
+    for state, (colour, _) in STATE_STYLE.items():
+        fig.add_trace(go.Bar(
+            x=names, y=[int(counts.get((w, state), 0)) for w in workers], name=state,
+            marker_color=colour, hovertemplate="%{x}: %{y} " + state + "<extra></extra>"))
+    fig.update_layout(barmode="stack", title=dict(text="Experiments per worker", x=0),
+                      yaxis_title="experiments", height=300, margin=dict(t=50, b=70, l=60, r=20),
+                      legend=dict(orientation="h", yref="container", y=0, yanchor="bottom"),
+                      uirevision="workers")
+    fig.update_yaxes(rangemode="tozero", tickformat="d")
+    return fig

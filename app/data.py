@@ -30,9 +30,13 @@ TABLE_COLUMNS = ["seq", "family", "state", "failed_stage", "hypothesis", "latenc
 EXPERIMENT_FIELDS = ["id", "seq", "family", "target_id", "created_at", "state", "failed_stage",
                      "error", "hypothesis", "latency_us", "noise", "speedup", "pct_sol",
                      "timing_mode", "duration_s", "proposer", "parent_id", "tokens_in",
-                     "tokens_out", "cost_usd"]
+                     "tokens_out", "cost_usd", "worker", "gpu", "first_latency_us", "retimed_on",
+                     "attempts"]
 # Added to the table when the run used an LLM proposer (the search proposer has no tokens).
 LLM_COLUMNS = ["proposer", "tokens_in", "tokens_out", "cost_usd"]
+# Added to the table when the run evaluated on more than one worker: who evaluated each
+# experiment (and whether the reference worker re-timed it) and on which device.
+WORKER_COLUMNS = ["worker", "gpu"]
 
 INTERPRETER_LABEL = "interpreter timing — not GPU performance"
 
@@ -107,14 +111,18 @@ def experiments_frame(store: Store, run_id: str, cache: dict | None = None) -> p
     frame, since = None, 0
     if cache is not None and cache.get("key") == key:
         frame, since = cache["frame"], cache["last_id"]
+    # Only the columns the file has: a database written before scale-out (the recorded one)
+    # has no gpu / retimed_on / ... columns; they come back empty rather than failing the read.
+    have = {r[1] for r in store.db.conn.execute("PRAGMA table_info(experiments)")}
+    cols = [c for c in EXPERIMENT_FIELDS if c in have]
     new = list(store.db.query(
-        f"SELECT {', '.join(EXPERIMENT_FIELDS)} FROM experiments "
+        f"SELECT {', '.join(cols)} FROM experiments "
         "WHERE run_id = ? AND id > ? ORDER BY id", [run_id, since]))
     if frame is None or new:
         # The cached frame is never changed in place (callers only filter it): a refresh with
         # new rows makes a new frame, and one without returns the same object, so the page can
         # tell "nothing new" by identity and keep its figures.
-        add = pd.DataFrame(new, columns=EXPERIMENT_FIELDS)
+        add = pd.DataFrame(new, columns=cols).reindex(columns=EXPERIMENT_FIELDS)
         frame = add if frame is None or frame.empty else pd.concat([frame, add], ignore_index=True)
     if cache is not None:
         cache.update(key=key, frame=frame,
@@ -140,12 +148,45 @@ def events_frame(store: Store, run_id: str, limit: int = 200) -> pd.DataFrame:
     return df
 
 
-def experiment_table(exps: pd.DataFrame, llm: bool = False) -> pd.DataFrame:
+def experiment_table(exps: pd.DataFrame, llm: bool = False, workers: bool = False) -> pd.DataFrame:
     """The page's experiment table: newest first, so a live run's latest result is on top.
 
-    llm: add the proposer, tokens and cost columns (only meaningful for an LLM proposer)."""
-    cols = TABLE_COLUMNS + (LLM_COLUMNS if llm else [])
-    return exps[cols].sort_values("seq", ascending=False).reset_index(drop=True)
+    llm: add the proposer, tokens and cost columns (only meaningful for an LLM proposer);
+    workers: add the worker (see worker_labels) and device columns (for a run on several)."""
+    cols = TABLE_COLUMNS + (LLM_COLUMNS if llm else []) + (WORKER_COLUMNS if workers else [])
+    table = exps[cols].copy() if workers else exps[cols]
+    if workers:
+        table["worker"] = worker_labels(exps)
+    return table.sort_values("seq", ascending=False).reset_index(drop=True)
+
+
+def worker_labels(exps: pd.DataFrame) -> pd.Series:
+    """Per experiment, the worker that evaluated it, e.g. "w2", with "re-timed on w0" when the
+    reference worker's timing replaced that worker's (its latency and speedup are then the
+    reference's), and "retried" when its first worker died under it. Whole columns at once:
+    the live page makes this for every experiment of a long run."""
+    out = exps["worker"].fillna("").astype(str)
+    retimed = exps["retimed_on"]
+    out = out.where(retimed.isna(), out + " · re-timed on " + retimed.fillna("").astype(str))
+    retried = pd.to_numeric(exps["attempts"], errors="coerce") > 1
+    return out.where(~retried, out + " · retried")
+
+
+def worker_note(exp: dict) -> str | None:
+    """Where one experiment was evaluated, for its detail: "evaluated on w2 (cuda:2 NVIDIA H200);
+    re-timed on the reference worker w0 (w2 measured 12.3 µs)"; None for an experiment recorded
+    before the engine said (no worker or device)."""
+    if not exp.get("worker") or not (exp.get("gpu") or exp.get("retimed_on")):
+        return None
+    parts = [f"evaluated on {exp['worker']}" + (f" ({exp['gpu']})" if exp.get("gpu") else "")]
+    if exp.get("retimed_on"):
+        first = exp.get("first_latency_us")
+        parts.append(f"re-timed on the reference worker {exp['retimed_on']}"
+                     + (f" ({exp['worker']} measured {first:,.1f} µs)" if first else "")
+                     + ": its time is the reference's, so it compares with the other kept ones")
+    if (exp.get("attempts") or 1) > 1:
+        parts.append("its first worker died under it, so it was run again on another")
+    return "; ".join(parts)
 
 
 def filter_experiments(exps: pd.DataFrame, families=None, states=None,
@@ -177,6 +218,90 @@ def llm_usage(exps: pd.DataFrame) -> dict:
     """Tokens in / out and cost summed over a run's experiments (0 where nothing was recorded)."""
     return {k: float(pd.to_numeric(exps[k], errors="coerce").fillna(0).sum()) if not exps.empty
             else 0.0 for k in ("tokens_in", "tokens_out", "cost_usd")}
+
+
+# ---- evaluation workers (engine/backends.py; absent in older databases) -------------------------
+WORKER_FIELDS = ["name", "backend", "reference", "host", "device", "gpu_name", "pid", "state",
+                 "family", "since", "jobs", "died", "restarts", "busy_s", "started_at",
+                 "updated_at"]
+WORKER_SUMMARY = ["name", "label", "host", "device", "state", "family", "jobs", "died",
+                  "restarts", "busy_share", "experiments", "per_hour"]
+GONE_STATES = ("dead", "closed")   # a worker in these does no more work: its clock stopped
+MIN_RATE_WALL_S = 60.0             # a rate over less than a minute of work says little
+
+
+def workers_frame(store: Store, run_id: str) -> pd.DataFrame:
+    """The run's evaluation workers as the engine last wrote them (about once a second while the
+    run goes), reference first. Empty for a run from before the engine had workers."""
+    return pd.DataFrame(store.workers(run_id), columns=WORKER_FIELDS)
+
+
+def worker_summary(workers: pd.DataFrame, exps: pd.DataFrame, run: dict,
+                   now: float | None = None) -> pd.DataFrame:
+    """One row per worker, for the Live run page: label (the reference marked), host, device,
+    state with how long it has been in it, current family, jobs, died, restarts, busy share,
+    experiments (the run's experiments it evaluated) and experiments per hour.
+
+    The clock: up to now while the run is active, else up to the worker's last update; a dead or
+    closed worker's stops when it entered that state. It starts when the pool started (the
+    earliest started_at of the run's workers): a worker's own started_at moves on when it is
+    restarted, while its jobs and busy seconds keep counting, so measured from there a
+    restarted worker would look busier than it was. The rate counts the experiments since that
+    start, so a resumed run (a new pool, counters from zero) is not credited with the old ones."""
+    if workers.empty:
+        return pd.DataFrame(columns=WORKER_SUMMARY)
+    active = run.get("status") in ACTIVE_STATUSES
+    now = time.time() if now is None else now
+    started = pd.to_numeric(workers["started_at"], errors="coerce")
+    pool_start = float(started.min()) if started.notna().any() else None
+    if exps.empty or "worker" not in exps:
+        mine = pd.DataFrame(columns=["worker", "created_at"])
+    else:
+        mine = exps[["worker", "created_at"]]
+    total = mine["worker"].value_counts()
+    recent = (mine[pd.to_numeric(mine["created_at"], errors="coerce") >= pool_start]["worker"]
+              .value_counts() if pool_start is not None else pd.Series(dtype=int))
+    rows = []
+    for w in workers.to_dict("records"):
+        end = now if active else float(w["updated_at"])
+        if w["state"] in GONE_STATES and pd.notna(w["since"]):
+            end = min(end, float(w["since"]))
+        wall = end - pool_start if pool_start is not None else 0.0
+        in_state = end - float(w["since"]) if pd.notna(w["since"]) else None
+        # how long in the state, while that still changes; a finished run's "closed" needs none
+        state = w["state"] + (f" {format_duration(in_state)}" if active and in_state is not None
+                              and w["state"] not in GONE_STATES else "")
+        device = w["device"] or "?"
+        if w["gpu_name"] and w["gpu_name"] != device:
+            device = f"{device} {w['gpu_name']}"
+        rows.append(dict(
+            name=w["name"], label=w["name"] + (" · reference" if w["reference"] else ""),
+            host=w["host"], device=device, state=state,
+            family=w["family"] if w["state"] == "busy" else None,
+            jobs=int(w["jobs"]), died=int(w["died"]), restarts=int(w["restarts"]),
+            # busy seconds can exceed the wall by the overlap of a restart: at most all of it
+            busy_share=min(1.0, float(w["busy_s"]) / wall) if wall > 0 else None,
+            experiments=int(total.get(w["name"], 0)),
+            per_hour=(int(recent.get(w["name"], 0)) * 3600.0 / wall
+                      if wall >= MIN_RATE_WALL_S else None)))
+    return pd.DataFrame(rows, columns=WORKER_SUMMARY)
+
+
+def workers_caption(workers: pd.DataFrame) -> str:
+    """One line over the workers table: how many, which backend, how many busy, the reference."""
+    n = len(workers)
+    backend = {"single": "one local worker", "local": "local pool", "ray": "Ray cluster"}.get(
+        str(workers["backend"].iloc[0]), str(workers["backend"].iloc[0]))
+    busy = int((workers["state"] == "busy").sum())
+    dead = int((workers["state"] == "dead").sum())
+    ref = workers.loc[workers["reference"].astype(bool), "name"]
+    hosts = workers["host"].dropna().unique()
+    where = f", {len(hosts)} hosts" if len(hosts) > 1 else (f" on {hosts[0]}" if len(hosts) else "")
+    parts = [f"{n} workers ({backend}{where})", f"{busy} busy"] + ([f"{dead} dead"] if dead else [])
+    if len(ref):
+        parts.append(f"reference {ref.iloc[0]}: a would-be new best from another worker is "
+                     "re-timed there, so every kept timing comes from one device")
+    return " · ".join(parts)
 
 
 # ---- the recorded run and labels ----------------------------------------------------------------

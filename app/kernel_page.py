@@ -209,6 +209,9 @@ def _verifier(a, b, ver) -> None:
         with tab:
             state = exp["state"] + (f" at {exp['failed_stage']}" if exp.get("failed_stage") else "")
             st.markdown(f"**#{exp['seq']} {state}** · {exp['hypothesis']}")
+            where = data.worker_note(exp)
+            if where:
+                st.caption(where[0].upper() + where[1:] + ".")
             if exp.get("error"):
                 st.code(exp["error"], language="text")
             st.dataframe(ver[label], hide_index=True, key=f"k_ver_{label}", placeholder="—",

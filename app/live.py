@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pandas as pd
 import streamlit as st
 
 from app import charts, data, livechart
@@ -18,6 +19,9 @@ from app.shared import BUSY_STATES, engine_handle, engine_owns, run_header, view
 REFRESH_S = 1.0
 RESUMABLE = ("stopped", "interrupted")  # runs.status values the engine can pick up again
 STATES = ("kept", "reverted", "failed")
+# The workers table's columns, most telling first (it sits beside a chart: the last may scroll)
+WORKER_TABLE_ORDER = ("label", "host", "device", "state", "busy_share", "per_hour", "experiments",
+                      "jobs", "died", "restarts")
 
 
 def page() -> None:
@@ -111,19 +115,29 @@ def live_view(db_path: str, run_id: str) -> None:
         outcomes = cache["outcomes"]
         events = data.events_frame(store, run_id, limit=200)
         measured = data.e2e_frame(store, run_id)
+        # a few rows, rewritten by the engine every second: read every refresh
+        workers = data.workers_frame(store, run_id)
     finally:
         store.close()
-    _render(run, owned, exps, targets, outcomes, events, measured, db_path)
+    _render(run, owned, exps, targets, outcomes, events, measured, workers, db_path)
 
 
-def _derived(run, exps, targets, outcomes, measured, interpreter) -> dict:
-    """The projection and the three figures, remade only when what they show changed.
+def _derived(run, exps, targets, outcomes, measured, workers, interpreter) -> dict:
+    """The projection and the three figures (four with several workers), remade only when what
+    they show changed.
 
     Most refreshes of a live run find nothing new (an experiment takes seconds to minutes), so
     they reuse the figures of the previous refresh: the experiments frame is the same object
-    when no row was added (data.experiments_frame), and the rest is small enough to compare."""
+    when no row was added (data.experiments_frame), and the rest is small enough to compare.
+    The workers' rows change every second, but their chart only counts experiments per worker:
+    it depends on their names, not on their states."""
+    names, ref = (), None
+    if len(workers) > 1:
+        names = tuple(workers["name"])
+        refs = workers.loc[workers["reference"].astype(bool), "name"]
+        ref = refs.iloc[0] if len(refs) else None
     key = (run["id"], id(exps), len(exps), interpreter, outcomes.to_json(), targets.to_json(),
-           measured.to_json())
+           measured.to_json(), names, ref)
     memo = st.session_state.get("live_memo")
     if memo and memo["key"] == key:
         return memo
@@ -132,6 +146,8 @@ def _derived(run, exps, targets, outcomes, measured, interpreter) -> dict:
                 amdahl=charts.amdahl_figure(proj, data.amdahl_limit(targets), interpreter,
                                             measured=measured),
                 stages=charts.stage_figure(outcomes))
+    if names:
+        figs["workers"] = charts.workers_figure(exps, list(names), ref)
     # kept as JSON with their heights: a refresh with nothing new sends the same strings again
     memo = dict(key=key, proj=proj, **{name: (livechart.spec(fig), int(fig.layout.height or 450))
                                        for name, fig in figs.items()})
@@ -139,9 +155,9 @@ def _derived(run, exps, targets, outcomes, measured, interpreter) -> dict:
     return memo
 
 
-def _render(run, owned, exps, targets, outcomes, events, measured, db_path) -> None:
+def _render(run, owned, exps, targets, outcomes, events, measured, workers, db_path) -> None:
     interpreter = run_header(run, exps)
-    figs = _derived(run, exps, targets, outcomes, measured, interpreter)
+    figs = _derived(run, exps, targets, outcomes, measured, workers, interpreter)
     proj = figs["proj"]
     llm = data.uses_llm(exps)
     # the engine's own state is fresher while it works (starting, stopping, ...); once it is done
@@ -172,6 +188,10 @@ def _render(run, owned, exps, targets, outcomes, events, measured, db_path) -> N
         with cols[5].container(key="cost"):
             st.metric("LLM cost", f"${use['cost_usd']:,.2f}")
     st.caption(f"Run {run['id']} · model {run['model']} · {data.device_label(run)}")
+    summary = data.worker_summary(workers, exps, run)
+    with st.container(key="worker_line"):
+        if len(summary) == 1:   # the usual run: one line, not a section
+            st.caption(_one_worker(summary.iloc[0]))
     # The parts that come and go (notices, buttons, the target line) each sit in a container
     # that is always there: the charts below then keep their place in the page, and the
     # browser keeps their plots (and the user's zoom) when a run ends and the buttons go.
@@ -206,7 +226,10 @@ def _render(run, owned, exps, targets, outcomes, events, measured, db_path) -> N
         livechart.live_chart(*figs["amdahl"], key="chart_amdahl")
         livechart.live_chart(*figs["stages"], key="chart_stages")
 
-    _experiment_table(exps, targets, interpreter, llm)
+    with st.container():
+        if len(summary) > 1:
+            _workers(workers, summary, figs)
+    _experiment_table(exps, targets, interpreter, llm, pool=len(summary) > 1)
     if not targets.empty:
         with st.expander("Targets (ranked by share of model time)"):
             st.dataframe(targets.drop(columns=["id"]), hide_index=True, key="targets_table")
@@ -218,9 +241,70 @@ def _render(run, owned, exps, targets, outcomes, events, measured, db_path) -> N
                                 "message": st.column_config.TextColumn("message", width="large")})
 
 
-def _experiment_table(exps, targets, interpreter: bool, llm: bool) -> None:
+def _one_worker(w) -> str:
+    """The single worker of a run as one caption line."""
+    parts = [f"Evaluated on one worker, {w['name']}"
+             + (f" on {w['host']}" if pd.notna(w["host"]) and w["host"] else "")
+             + f" ({w['device']})",
+             w["state"] + (f" on {w['family']}" if pd.notna(w["family"]) and w["family"] else ""),
+             f"{w['jobs']} jobs"]
+    if w["died"] or w["restarts"]:
+        parts.append(f"died in {w['died']} job(s), restarted {w['restarts']}×")
+    if pd.notna(w["busy_share"]):
+        parts.append(f"busy {w['busy_share']:.0%} of the time")
+    if pd.notna(w["per_hour"]):
+        parts.append(f"{w['per_hour']:,.0f} experiments/h")
+    return " · ".join(parts)
+
+
+def _workers(workers, summary, figs) -> None:
+    """The run's evaluation workers: who is doing what, how much each has done and how well.
+
+    A table (the engine rewrites the rows every second, so it is always current) and a bar
+    chart of experiments per worker that changes only when an experiment lands."""
+    st.subheader("Workers")
+    st.caption(data.workers_caption(workers))
+    table = summary.drop(columns=["name"])
+    # what it evaluates now goes with its state; one host (a local pool) is said in the caption
+    table["state"] = table["state"] + table["family"].map(
+        lambda f: f" · {f}" if isinstance(f, str) and f else "")
+    table = table.drop(columns=["family"])
+    if table["host"].nunique(dropna=True) <= 1:
+        table = table.drop(columns=["host"])
+    table = table[[c for c in WORKER_TABLE_ORDER if c in table.columns]]
+    left, right = st.columns([3, 2])
+    with left:
+        st.dataframe(
+            table, hide_index=True, key="workers_table", placeholder="—",
+            column_config={
+                "label": st.column_config.TextColumn("worker"),
+                "device": st.column_config.TextColumn("device"),
+                "state": st.column_config.TextColumn(
+                    "state", help="How long it has been in it, and the family it evaluates."),
+                "busy_share": st.column_config.ProgressColumn(
+                    "busy", format="percent", min_value=0.0, max_value=1.0, width="small",
+                    help="Time spent on jobs since the pool started."),
+                "per_hour": st.column_config.NumberColumn(
+                    "exp / h", format="%.1f",
+                    help="Experiments it evaluated per hour since the pool started."),
+                "experiments": st.column_config.NumberColumn("exp", format="%d",
+                                                             help="Experiments it evaluated."),
+                "jobs": st.column_config.NumberColumn(
+                    "jobs", format="%d", help="Evaluations and re-timings answered."),
+                "died": st.column_config.NumberColumn(
+                    "died", format="%d", help="Jobs its process died or hung in."),
+                "restarts": st.column_config.NumberColumn("restarts", format="%d"),
+            })
+    with right:
+        livechart.live_chart(*figs["workers"], key="chart_workers")
+
+
+def _experiment_table(exps, targets, interpreter: bool, llm: bool, pool: bool = False) -> None:
     """The experiments, newest first, with filters (family, state, text) that survive refreshes:
-    they are widgets with keys inside the fragment, so their state lives in the session."""
+    they are widgets with keys inside the fragment, so their state lives in the session.
+
+    pool: the run evaluated on several workers; the table then says which worker evaluated each
+    experiment, on which device, and which were re-timed on the reference worker."""
     st.subheader("Experiments")
     c1, c2, c3 = st.columns([2, 2, 3])
     # the targets' families, known before the first experiment: the options stay put as it runs
@@ -234,7 +318,8 @@ def _experiment_table(exps, targets, interpreter: bool, llm: bool) -> None:
     lat = "latency µs (interpreter)" if interpreter else "latency µs"
     spd = "speedup (interpreter)" if interpreter else "speedup"
     st.dataframe(
-        data.experiment_table(shown, llm=llm), hide_index=True, key="exp_table", placeholder="—",
+        data.experiment_table(shown, llm=llm, workers=pool), hide_index=True, key="exp_table",
+        placeholder="—",
         column_config={
             "seq": st.column_config.NumberColumn("seq", width="small"),
             "failed_stage": st.column_config.TextColumn("failed stage"),
@@ -247,6 +332,10 @@ def _experiment_table(exps, targets, interpreter: bool, llm: bool) -> None:
             "tokens_in": st.column_config.NumberColumn("tokens in", format="%d"),
             "tokens_out": st.column_config.NumberColumn("tokens out", format="%d"),
             "cost_usd": st.column_config.NumberColumn("cost", format="$%.4f"),
+            "worker": st.column_config.TextColumn(
+                "worker", help="The worker that evaluated it; re-timed on: the reference worker "
+                               "timed it again and its time is the one shown."),
+            "gpu": st.column_config.TextColumn("device"),
         })
 
 

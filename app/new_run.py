@@ -5,8 +5,9 @@ when there is none, so a typo never leaves a failed run behind. The engine (one 
 app/shared.py) runs the run in its own thread; the page then switches to Live run.
 
 Optional engine parts are looked up at run time, so this page works with whatever engine the
-checkout has: a loader for models defined in files (``engine.models.load_source``) and the LLM
-proposer (``engine.llm.check_reachable`` and the RunConfig fields ``llm_model``, ``api_base``...).
+checkout has: a loader for models defined in files (``engine.models.load_source``), the LLM
+proposer (``engine.llm.check_reachable`` and the RunConfig fields ``llm_model``, ``api_base``...)
+and evaluation on several workers (the RunConfig fields ``workers`` and ``ray_address``).
 Where one is missing its inputs stay visible, with a note, and cannot start a run.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ import hashlib
 import inspect
 import os
 import re
+import socket
 import tempfile
 from pathlib import Path
 
@@ -32,6 +34,16 @@ FILE_MODELS_MISSING = "loading models from files is not available yet"
 # Where a key for the LLM provider may be: st.secrets or the environment. It is passed to the
 # reachability check only; it is never shown, logged or written to the run's config.
 KEY_NAMES = ("NIGHTSHIFT_LLM_API_KEY", "LLM_API_KEY")
+# Where candidates are evaluated: the CLI's default, --workers N and --ray ADDRESS.
+EVAL_ONE, EVAL_LOCAL, EVAL_RAY = "one worker (default)", "local pool", "Ray cluster"
+EVAL_CHOICES = (EVAL_ONE, EVAL_LOCAL, EVAL_RAY)
+# Without a GPU a local pool runs interpreter workers side by side; more than this on one CPU
+# only splits the same cores finer.
+MAX_CPU_WORKERS = 8
+RAY_DEFAULT = "auto"
+# A Ray address with an explicit host and port: HOST:PORT (the cluster's GCS) or ray://HOST:PORT
+_RAY_HOST_PORT = re.compile(r"^(?:ray://)?\[?(?P<host>[^\s/\[\]]+?)\]?:(?P<port>\d{1,5})/?$")
+RAY_PROBE_S = 3.0
 # path/to/file.py:ClassName, or path/to/file.py alone (a KernelBench-style problem file)
 _SPEC = re.compile(r"^(?P<path>.+\.py)(?::(?P<name>[A-Za-z_]\w*))?$")
 
@@ -71,6 +83,54 @@ def api_key() -> tuple[str | None, str | None]:
         if os.environ.get(name):
             return os.environ[name], f"${name}"
     return None, None
+
+
+def scale_out_support() -> str | None:
+    """None when RunConfig takes ``workers`` and ``ray_address``, else why not."""
+    try:
+        from engine.loop import RunConfig
+    except Exception as e:
+        return f"the engine cannot be loaded ({type(e).__name__}: {e})"
+    names = {f.name for f in dataclasses.fields(RunConfig)}
+    if not {"workers", "ray_address"} <= names:
+        return "evaluation on several workers is not in this engine yet"
+    return None
+
+
+def ray_unreachable(address: str, timeout_s: float = RAY_PROBE_S) -> str | None:
+    """Why nothing answers at a Ray address given with a host and port, else None.
+
+    The engine creates the run before it connects to the cluster, so a mistyped host would
+    leave a failed run behind; a TCP connection to the address finds that out first, as the
+    LLM check does for a model server. "auto" (found by Ray: RAY_ADDRESS or the cluster last
+    started on this machine), "local" (started by the run) and any other form are the engine's
+    to judge."""
+    m = _RAY_HOST_PORT.match(address or "")
+    if not m:
+        return None
+    host, port = m["host"], int(m["port"])
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return None
+    except OSError as e:
+        return (f"nothing answers at {host}:{port} ({e.strerror or e}); check the address, "
+                "or start the cluster there (ray start --head).")
+
+
+@st.cache_resource(show_spinner=False)
+def gpu_count() -> int:
+    """GPUs this process sees (0 without one): a local pool runs one worker per GPU."""
+    import torch
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def max_workers() -> int:
+    """The most workers RunConfig accepts (engine.backends.MAX_WORKERS)."""
+    try:
+        from engine import backends
+        return int(backends.MAX_WORKERS)
+    except Exception:
+        return 256
 
 
 @st.cache_data(show_spinner=False)
@@ -146,6 +206,9 @@ def page() -> None:
     if proposer != "search":
         _llm_inputs()
 
+    st.subheader("Evaluation")
+    _evaluation_inputs()
+
     st.subheader("Budget")
     c1, c2, c3 = st.columns(3)
     c1.number_input("Experiments", min_value=0, value=40, step=1, key="nr_budget_exp",
@@ -180,6 +243,40 @@ def _llm_inputs() -> None:
     st.caption(f"API key: found in {where} (not shown)." if where else
                "API key: none in st.secrets or the environment "
                f"({' / '.join(KEY_NAMES)}); a local server may not need one.")
+
+
+def _evaluation_inputs() -> None:
+    """Where candidates are verified and timed: one worker, a local pool (one worker per GPU, or
+    interpreter workers on a CPU) or a Ray cluster; the CLI's --workers / --ray."""
+    why = scale_out_support()
+    choice = st.radio(
+        "Evaluate on", EVAL_CHOICES, key="nr_eval", horizontal=True, disabled=why is not None,
+        help="Several workers evaluate candidates side by side. A would-be new best found on "
+             "another worker is timed again on the first one (the reference), so kept timings "
+             "always compare on one device.")
+    if why:
+        st.caption(f"Only one worker: {why}.")
+        return
+    if choice == EVAL_LOCAL:
+        gpus = gpu_count()
+        top = gpus or MAX_CPU_WORKERS
+        c1, _ = st.columns(2)
+        c1.number_input("Workers", min_value=1, max_value=top, value=gpus or 2, step=1,
+                        key="nr_workers",
+                        help="One worker per GPU, each pinned to its own (GPUs 0..N-1)." if gpus
+                        else "No GPU here: each worker runs candidates under Triton's CPU "
+                             "interpreter, side by side.")
+        st.caption(f"{gpus} GPU(s) on this machine: one worker each." if gpus else
+                   f"No GPU on this machine: up to {MAX_CPU_WORKERS} interpreter workers.")
+    elif choice == EVAL_RAY:
+        c1, c2 = st.columns(2)
+        c1.text_input("Ray address", value=RAY_DEFAULT, key="nr_ray_address",
+                      help="auto: the cluster this machine belongs to; HOST:PORT or "
+                           "ray://HOST:10001 for another; local: start a throwaway cluster on "
+                           "this machine for the run.")
+        c2.number_input("Workers", min_value=1, max_value=max_workers(), value=None, step=1,
+                        key="nr_ray_workers", placeholder="one per GPU in the cluster",
+                        help="Ray actors, one GPU each; blank: one per GPU in the cluster.")
 
 
 # ---- checking the inputs -----------------------------------------------------------------------
@@ -222,7 +319,8 @@ def config_from_inputs(ss, db_path: str):
     """(RunConfig, []) from the page's inputs, or (None, [every problem found]).
 
     Checks what the engine would only find out after creating the run (a sequence longer than
-    the model's context, an unreachable LLM), then the engine's own RunConfig.validate()."""
+    the model's context, an unreachable LLM), then the engine's own RunConfig.validate(), then
+    whether a Ray cluster given by host and port answers."""
     from engine import models
     from engine.loop import ConfigError, RunConfig
     names = {f.name for f in dataclasses.fields(RunConfig)}
@@ -254,6 +352,7 @@ def config_from_inputs(ss, db_path: str):
         else:
             kw.update(_llm_config(ss, names, llm, errors))
         kw["proposer"] = proposer
+    kw.update(_evaluation_config(ss, errors))
     if errors:
         return None, errors
     if spec not in models.MODEL_NAMES and "model_source" in names:
@@ -263,7 +362,36 @@ def config_from_inputs(ss, db_path: str):
         cfg.validate()
     except ConfigError as e:
         return None, [f"Not started: {e}"]
+    why = ray_unreachable(getattr(cfg, "ray_address", None) or "")
+    if why:
+        return None, [f"Ray address: {why}"]
     return cfg, []
+
+
+def _evaluation_config(ss, errors: list[str]) -> dict:
+    """RunConfig's workers / ray_address from the "Evaluate on" inputs ({} for one worker).
+
+    A Ray address goes to RunConfig as typed (stripped), blank included: RunConfig.validate
+    says what is wrong with it, or that ray is not installed, as the CLI does."""
+    choice = ss.get("nr_eval") or EVAL_ONE
+    if choice == EVAL_ONE:
+        return {}
+    if choice not in EVAL_CHOICES:
+        errors.append(f"Evaluate on: choose one of {', '.join(EVAL_CHOICES)}.")
+        return {}
+    why = scale_out_support()
+    if why:
+        errors.append(f"Evaluate on {choice}: {why}.")
+        return {}
+    if choice == EVAL_LOCAL:
+        n = ss.get("nr_workers")
+        if n is None:
+            errors.append("Workers: give the number of local workers (one per GPU).")
+            return {}
+        return {"workers": int(n)}
+    n = ss.get("nr_ray_workers")
+    return {"ray_address": str(ss.get("nr_ray_address", RAY_DEFAULT) or "").strip(),
+            "workers": int(n) if n else None}
 
 
 def _llm_config(ss, names: set[str], llm, errors: list[str]) -> dict:

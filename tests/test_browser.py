@@ -5,7 +5,9 @@ Starts the app with the README command (`streamlit run streamlit_app.py --server
 
 1. a fresh machine: the dashboard opens on the run recorded on an H200 (data/), labelled as
    recorded; the Kernels, Compare and Report pages show it; the report downloads as CSV and PNG;
-2. a CPU run started from the New run page (llama-tiny, rmsnorm, 3 experiments): the experiment
+2. a run evaluated on three workers, from a prepared database the sidebar is pointed at (the
+   pool itself runs in the engine's tests): the Live run page's Workers section and its chart;
+3. a CPU run started from the New run page (llama-tiny, rmsnorm, 3 experiments): the experiment
    count rises, each new experiment shows within 3 s of its row landing in SQLite, a zoom on a
    chart survives the refreshes, the charts render; then the Kernels page and the Report, whose
    HTML download is self-contained (plotly.js inline, no remote script) and renders offline.
@@ -259,7 +261,41 @@ def test_fresh_machine_opens_the_recorded_run(app, browser):
     page.close()
 
 
-# ---- 2. a CPU run from the New run page -------------------------------------------------------
+# ---- 2. a run on three workers ----------------------------------------------------------------
+WORKER_BARS_JS = """() => {
+  const gd = document.querySelector('.js-plotly-plot');
+  return gd && gd.data ? gd.data.map(t => [t.name, Array.from(t.x), Array.from(t.y)]) : null;
+}"""
+
+
+def test_workers_section_of_a_pool_run(app, browser):
+    from test_app_workers import fill_pool_run
+    db = app["tmp"] / "pool.db"
+    fill_pool_run(db, status="done")
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    page.goto(app["url"])
+    page.get_by_text(RECORDED_BADGE).first.wait_for(timeout=30_000)
+    path = page.locator("[data-testid='stSidebar']").get_by_role("textbox", name="Database")
+    path.fill(str(db))
+    path.press("Enter")
+    page.get_by_role("heading", name="Workers").wait_for(timeout=30_000)
+    page.get_by_text(re.compile(r"^3 workers \(local pool on node-a\) · 0 busy · 1 dead · "
+                                "reference w0")).wait_for(timeout=10_000)
+    _charts(page, 4)
+    bars = None
+    deadline = time.monotonic() + 10
+    while not bars and time.monotonic() < deadline:  # the frame draws after it is on the page
+        bars = _chart_frame(page, "chart_workers").evaluate(WORKER_BARS_JS)
+        page.wait_for_timeout(100)
+    assert {name: dict(zip(x, y)) for name, x, y in bars} == {
+        "kept": {"w0 (ref)": 1, "w1": 2, "w2": 0},
+        "reverted": {"w0 (ref)": 1, "w1": 1, "w2": 0},
+        "failed": {"w0 (ref)": 0, "w1": 0, "w2": 1}}
+    _no_error(page)
+    page.close()
+
+
+# ---- 3. a CPU run from the New run page -------------------------------------------------------
 def test_start_a_run_and_watch_it(app, browser):
     from engine.store import Store
     page = browser.new_page(viewport={"width": 1440, "height": 1000})
