@@ -262,8 +262,9 @@ class Pool:
         where = (f"cuda:{slot.device_index}" if slot.device_index is not None
                  else ("cuda" if hello.get("timing_mode") == "gpu" else "cpu"))
         self.hellos[name] = hello
+        # started_at stays the first start: busy share and rate are per slot, across restarts
         self._set(name, state="idle", pid=hello.get("pid"), gpu_name=dev, device=where,
-                  started_at=time.time(), failed_starts=0)
+                  started_at=self._state[name].started_at or time.time(), failed_starts=0)
 
     def close(self) -> None:
         with self._cond:
@@ -471,6 +472,14 @@ def ray_connect(address: str, workers: int | None = None):
         ray.init(address=address, **kw)
         ray._nightshift_owns = False
     return ray
+
+
+def ray_disconnect() -> None:
+    """Shut down a cluster this process started (--ray local); leave a shared one alone."""
+    import sys
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized() and getattr(ray, "_nightshift_owns", False):
+        ray.shutdown()
 
 
 def check_ray(address: str) -> str | None:

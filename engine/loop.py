@@ -266,7 +266,19 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=Non
         store.event(run_id, f"resumed with {run['experiments_done']} experiment(s) on record")
         log(f"resuming run {run_id} at experiment {run['experiments_done']}")
     else:
-        run_id = _prepare(cfg, store, control, log)
+        # Reach the Ray cluster before the run exists: a wrong or unreachable address is a usage
+        # error (one message, nothing written), not a failed run.
+        if cfg.ray_address:
+            try:
+                backends.ray_connect(cfg.ray_address, cfg.workers)
+            except Exception as e:
+                raise ConfigError(f"cannot connect to the Ray cluster at {cfg.ray_address}: "
+                                  f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        try:
+            run_id = _prepare(cfg, store, control, log)
+        except BaseException:
+            backends.ray_disconnect()
+            raise
     run = store.get_run(run_id)
     timing_mode = run["timing_mode"]
     interpret = timing_mode == "interpreter"
