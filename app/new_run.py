@@ -100,9 +100,9 @@ def scale_out_support() -> str | None:
 def ray_unreachable(address: str, timeout_s: float = RAY_PROBE_S) -> str | None:
     """Why nothing answers at a Ray address given with a host and port, else None.
 
-    The engine creates the run before it connects to the cluster, so a mistyped host would
-    leave a failed run behind; a TCP connection to the address finds that out first, as the
-    LLM check does for a model server. "auto" (found by Ray: RAY_ADDRESS or the cluster last
+    The engine connects in its own thread, after this page has moved on to Live run; a TCP
+    connection to the address finds a mistyped host here, as one st.error, as the LLM check
+    does for a model server. "auto" (found by Ray: RAY_ADDRESS or the cluster last
     started on this machine), "local" (started by the run) and any other form are the engine's
     to judge."""
     m = _RAY_HOST_PORT.match(address or "")
