@@ -181,3 +181,23 @@ def test_pool_routing_dedicated_reference_and_avoid():
     finally:
         pool.close()
     assert all(w["state"] == "closed" for w in pool.snapshot())
+
+
+def test_scaling_command_measures_each_worker_count(tmp_path):
+    out = tmp_path / "scaling.md"
+    r = cli("scaling", "--budget", "3", "--workers", "1,2",
+            "--db", str(tmp_path / "s.db"), "--out", str(out), timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    text = out.read_text()
+    assert "interpreter" in text                      # never presented as GPU figures
+    rows = [l for l in text.splitlines() if l.startswith("| local x")]
+    assert [l.split("|")[1].strip() for l in rows] == ["local x1", "local x2"]
+    for l in rows:
+        cells = [c.strip() for c in l.split("|")]
+        assert cells[2] == "3" and float(cells[4]) > 0   # 3 experiments, a positive rate
+    assert "1.00x" in rows[0]
+    assert "The loop's serial costs" in text and "**total**" in text
+    s = Store(tmp_path / "s.db", readonly=True)
+    assert [len(s.workers(run["id"])) for run in reversed(s.list_runs())] == [1, 2]
+    bad = cli("scaling", "--workers", "two")
+    assert bad.returncode == 2 and "comma-separated counts" in bad.stderr
