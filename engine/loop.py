@@ -385,11 +385,15 @@ class _Dispatch:
                 control.set(state="paused" if paused else "running")
             if not self.pool.live():
                 raise RuntimeError("every worker died and none could be restarted")
-            done = store.get_run(self.run_id)["experiments_done"]
-            over = ((cfg.budget_experiments is not None
-                     and done + len(self.inflight) >= cfg.budget_experiments)
-                    or (cfg.budget_minutes is not None and now - started >= cfg.budget_minutes * 60))
-            while not (paused or over or self.finished) and self.pool.free() > 0:
+
+            def over() -> bool:   # what is in flight counts against the budget already
+                done = store.get_run(self.run_id)["experiments_done"]
+                return ((cfg.budget_experiments is not None
+                         and done + len(self.inflight) >= cfg.budget_experiments)
+                        or (cfg.budget_minutes is not None
+                            and time.monotonic() - started >= cfg.budget_minutes * 60))
+
+            while not (paused or self.finished or over()) and self.pool.free() > 0:
                 try:
                     outcome = self._next()
                 except proposers.ProposerStopped as e:
@@ -403,7 +407,7 @@ class _Dispatch:
                     break
                 if outcome == "recorded":     # failed without a worker: counts against the budget
                     break
-            if not self.inflight and (over or self.finished):
+            if not self.inflight and (self.finished or over()):
                 return "done"
             for d in self.pool.results(timeout=0.2 if self.inflight or paused else 0.02):
                 self._handle(d)
