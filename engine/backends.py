@@ -282,6 +282,10 @@ class Pool:
             self._on_close()
 
     # -- the loop's side --------------------------------------------------------------------------
+    def reference_alive(self) -> bool:
+        with self._cond:
+            return self._state[self.reference].state not in ("dead", "closed")
+
     def live(self) -> list[str]:
         with self._cond:
             return [n for n, st in self._state.items() if st.state not in ("dead", "closed")]
@@ -320,7 +324,15 @@ class Pool:
         Done results of other jobs that arrive meanwhile stay queued for ``results``."""
         box: queue.Queue = queue.Queue()
         self.submit(Job(key=-1, req=req, timeout_s=timeout_s, only=slot, meta={"reply_to": box}))
-        done: Done = box.get()
+        while True:
+            try:
+                done: Done = box.get(timeout=1.0)
+                break
+            except queue.Empty:
+                with self._cond:
+                    gone = self._state[slot].state in ("dead", "closed")
+                if gone:
+                    raise WorkerDied(f"worker {slot} is dead: it could not be restarted", None)
         if done.died:
             raise done.died
         return done.reply

@@ -385,6 +385,11 @@ class _Dispatch:
                 control.set(state="paused" if paused else "running")
             if not self.pool.live():
                 raise RuntimeError("every worker died and none could be restarted")
+            if not self.pool.reference_alive():
+                # every kept time was measured on the reference: another card cannot take over
+                # its comparisons mid-run. Committed experiments stay; --resume starts a fresh pool.
+                raise RuntimeError(f"the reference worker {self.pool.reference} died and could not "
+                                   f"be restarted; resume the run (--resume) to go on")
 
             def over() -> bool:   # what is in flight counts against the budget already
                 done = store.get_run(self.run_id)["experiments_done"]
