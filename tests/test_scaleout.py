@@ -234,3 +234,54 @@ def test_llm_proposer_keeps_a_pool_busy_with_parallel_requests(tmp_path, monkeyp
     assert len({e["source_hash"] for e in exps}) == 5          # a batch never repeats a candidate
     assert {e["worker"] for e in exps} == {"w0", "w1"}          # both workers evaluated
     assert server.max_concurrent >= 2                           # the requests overlapped
+
+
+def test_a_ray_node_lost_mid_run_is_replaced_and_the_run_finishes(tmp_path):
+    """A Ray cluster of several nodes on this machine (ray.cluster_utils: a head with no CPUs and
+    three one-CPU nodes, so two actors and one spare place): the node of a busy worker is removed
+    mid-run; its actor is re-created on the spare node, its candidate retried on the other."""
+    from ray.cluster_utils import Cluster
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    nodes = [cluster.add_node(num_cpus=1) for _ in range(3)]
+    cluster.wait_for_nodes()
+    db = tmp_path / "runs.db"
+    cfg = RunConfig(model="llama-tiny", families=["rmsnorm"], budget_experiments=6, db=str(db),
+                    patience=100, e2e_check=False, worker_timeout_s=120, workers=2,
+                    ray_address=cluster.address)
+    eng = Engine()
+    removed = None
+    try:
+        eng.start(cfg)
+        deadline = time.time() + 300
+        while removed is None and time.time() < deadline:
+            time.sleep(0.3)
+            try:
+                s = Store(db, readonly=True)
+                run = s.list_runs()[0]
+                busy = [w for w in s.workers(run["id"]) if w["state"] == "busy" and w["pid"]]
+                s.close()
+            except Exception:
+                continue
+            if run["experiments_done"] >= 1 and busy:
+                raylet = _parent(_parent(busy[0]["pid"]))     # worker -> its actor -> the node
+                for n in nodes:
+                    if raylet in [p.process.pid for p in n.all_processes["raylet"]]:
+                        cluster.remove_node(n, allow_graceful=False)
+                        removed = busy[0]["name"]
+        assert removed, "no busy worker's node found"
+        eng.join(timeout=600)
+    finally:
+        eng.stop()
+        eng.join(timeout=60)
+        ray.shutdown()          # the engine joined a cluster it did not start: it left it up
+        cluster.shutdown()
+    s = Store(db, readonly=True)
+    run = s.list_runs()[0]
+    assert run["status"] == "done", (run["status"], run["error"])
+    exps = s.experiments(run["id"])
+    assert [e["seq"] for e in exps] == list(range(1, 7))
+    assert all(e["state"] in ("kept", "reverted") for e in exps)
+    w = {w["name"]: w for w in s.workers(run["id"])}[removed]
+    assert w["died"] >= 1 and w["restarts"] >= 1           # re-created on the spare node
+    assert any(e["attempts"] == 2 for e in exps)
+    assert any("retrying it once on another worker" in e["message"] for e in s.events(run["id"]))
