@@ -125,12 +125,9 @@ def gpu_count() -> int:
 
 
 def max_workers() -> int:
-    """The most workers RunConfig accepts (engine.backends.MAX_WORKERS)."""
-    try:
-        from engine import backends
-        return int(backends.MAX_WORKERS)
-    except Exception:
-        return 256
+    """The most workers RunConfig accepts."""
+    from engine import backends
+    return backends.MAX_WORKERS
 
 
 @st.cache_data(show_spinner=False)

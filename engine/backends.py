@@ -109,10 +109,10 @@ class RayWorkerActor:
         except WorkerDied as e:
             return {"died": str(e), "stage": e.stage, "timed_out": e.timed_out}
 
-    def restart(self, timeout_s: float) -> dict:
-        self.worker.kill()
-        self.worker.restarts += 1
-        return self.start(timeout_s)
+    def restart(self) -> dict:
+        hello = self.worker.restart()
+        hello["host"] = socket.gethostname()
+        return hello
 
     def close(self) -> None:
         self.worker.close()
@@ -168,7 +168,7 @@ class RaySlot:
         if self.actor is None:               # lost with its node: a new actor, anywhere it fits
             return self.start()
         try:
-            return self._get(self.actor.restart.remote(300.0), 420.0)
+            return self._get(self.actor.restart.remote(), 420.0)
         except WorkerDied:
             return self.start()
 
@@ -223,6 +223,7 @@ class Pool:
         self._cond = threading.Condition()
         self._results: queue.Queue = queue.Queue()
         self._closed = False
+        self.start_errors: dict[str, str] = {}    # workers that did not start, and why
         self._threads: list[threading.Thread] = []
         self._on_close = on_close
 
@@ -230,7 +231,7 @@ class Pool:
     def start(self, timeout_s: float = 600.0) -> dict:
         """Start every worker (in parallel); returns the reference worker's hello. A worker other
         than the reference that cannot start is marked dead and the run goes on without it."""
-        errors: dict[str, str] = {}
+        errors = self.start_errors
 
         def boot(slot):
             try:
@@ -253,7 +254,6 @@ class Pool:
                                  daemon=True)
             t.start()
             self._threads.append(t)
-        self.start_errors = errors
         return self.hellos[self.reference]
 
     def _started(self, name: str, hello: dict) -> None:

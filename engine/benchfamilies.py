@@ -30,9 +30,7 @@ loop's verifier accepted; each passes the engine's static check before it is imp
 from __future__ import annotations
 
 import datetime as _dt
-import importlib.util
 import os
-import sys
 import tempfile
 import time
 import traceback
@@ -138,15 +136,7 @@ class _Loader:
             why = verify.static_check(source, tuple(arg_names))
             if why:
                 raise RuntimeError(f"static check failed: {why}")
-            path = os.path.join(self.dir, f"bench_{h}.py")
-            with open(path, "w") as f:
-                f.write(source)
-            name = f"nightshift_bench_{h}"
-            spec = importlib.util.spec_from_file_location(name, path)
-            mod = importlib.util.module_from_spec(spec)
-            sys.modules[name] = mod
-            spec.loader.exec_module(mod)
-            self.cache[h] = mod.kernel_fn
+            self.cache[h] = verify.load_candidate(source, self.dir)
         return self.cache[h]
 
 

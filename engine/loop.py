@@ -367,7 +367,7 @@ class _Dispatch:
         self.finished = False                  # nothing more to propose: drain, then end
 
     def run(self, previous) -> str:
-        cfg, store, control = self.cfg, self.store, self.control
+        store, control = self.store, self.control
         self.previous = previous
         started = time.monotonic()
         paused = False
@@ -390,15 +390,7 @@ class _Dispatch:
                 # its comparisons mid-run. Committed experiments stay; --resume starts a fresh pool.
                 raise RuntimeError(f"the reference worker {self.pool.reference} died and could not "
                                    f"be restarted; resume the run (--resume) to go on")
-
-            def over() -> bool:   # what is in flight counts against the budget already
-                done = store.get_run(self.run_id)["experiments_done"]
-                return ((cfg.budget_experiments is not None
-                         and done + len(self.inflight) >= cfg.budget_experiments)
-                        or (cfg.budget_minutes is not None
-                            and time.monotonic() - started >= cfg.budget_minutes * 60))
-
-            while not (paused or self.finished or over()) and self.pool.free() > 0:
+            while not (paused or self.finished or self._over(started)) and self.pool.free() > 0:
                 try:
                     outcome = self._next()
                 except proposers.ProposerStopped as e:
@@ -412,10 +404,19 @@ class _Dispatch:
                     break
                 if outcome == "recorded":     # failed without a worker: counts against the budget
                     break
-            if not self.inflight and (self.finished or over()):
+            if not self.inflight and (self.finished or self._over(started)):
                 return "done"
             for d in self.pool.results(timeout=0.2 if self.inflight or paused else 0.02):
                 self._handle(d)
+
+    def _over(self, started: float) -> bool:
+        """The budget is spent; what is in flight counts against it already."""
+        cfg = self.cfg
+        done = self.store.get_run(self.run_id)["experiments_done"]
+        return ((cfg.budget_experiments is not None
+                 and done + len(self.inflight) >= cfg.budget_experiments)
+                or (cfg.budget_minutes is not None
+                    and time.monotonic() - started >= cfg.budget_minutes * 60))
 
     # -- proposing --------------------------------------------------------------------------------
     def _next(self) -> str:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib.util
-import math
 import os
 import re
 import sys
@@ -149,15 +148,8 @@ def _top_level_names(tree: ast.Module) -> set[str]:
 def validate(spec: str, input_shape=None) -> Source:
     """Check ``spec`` (and ``input_shape``) without building anything. Raises SourceError."""
     src = parse(spec)
-    if src.kind == "zoo":
-        if input_shape:
-            try:
-                models.parse_input_shape(input_shape)
-            except ValueError as e:
-                raise SourceError(str(e)) from None
-        return src
-    if src.kind == "hf":
-        if importlib.util.find_spec("transformers") is None:
+    if src.kind in ("zoo", "hf"):
+        if src.kind == "hf" and importlib.util.find_spec("transformers") is None:
             raise SourceError(f"{spec} needs the transformers package: pip install transformers")
         if input_shape:
             try:
