@@ -287,7 +287,15 @@ def _call_shape(evt, fam: str, fallback_dtype: str) -> tuple | None:
         k = shapes[1]
         kv_heads = k[-2] if evt.name in ("aten::_flash_attention_forward",
                                          "aten::_efficient_attention_forward") else k[-3]
-        return tuple(shapes[0]), dtype, (("kv_heads", kv_heads),)
+        extras = (("kv_heads", kv_heads),)
+        # is_causal is SDPA's 6th argument (q, k, v, attn_mask, dropout_p, is_causal, ...); the
+        # profiler keeps scalar arguments. Without a mask it says whether the call is causal;
+        # with one (a model's own mask), the family's default stands (kernels/attention.py).
+        ci = getattr(evt, "concrete_inputs", None) or []
+        if (evt.name == "aten::scaled_dot_product_attention" and len(ci) > 5
+                and isinstance(ci[5], bool) and len(shapes) > 3 and not shapes[3]):
+            extras += (("causal", int(ci[5])),)
+        return tuple(shapes[0]), dtype, extras
     return tuple(shapes[0]), dtype, ()
 
 

@@ -12,7 +12,14 @@ A spec is one string, the same in ``--model`` and in the dashboard:
   module. Inputs come from the file's ``get_inputs()``, or, with ``--input-shape``, are one random
   tensor of that shape in the run's dtype;
 - ``path/to/file.py``: a KernelBench-style problem file: class ``Model``, ``get_inputs()``,
-  ``get_init_inputs()``.
+  ``get_init_inputs()``;
+- ``op:FAMILY[:SHAPE][,FAMILY[:SHAPE]...]``: one call of each named family's operator at a shape
+  in the family's own convention (``op:softmax:8192x8192``, ``op:matmul:4096x4096x4096``,
+  ``op:attention:4x32x4096x128x8x1``), as models call it (torch.softmax, F.rms_norm's formula in
+  an RMSNorm module, F.scaled_dot_product_attention, a gated MLP module...), so the profiler finds
+  it like any model's op. It is how the loop optimizes an operator at a given shape, e.g. for
+  ``python -m engine bench``. A family without a shape takes ``--input-shape`` (one family only)
+  or its first benchmark shape (GPU) / a small sweep shape (CPU).
 
 ``validate`` checks a spec without running it (the file exists and parses, the name is defined
 at its top level, the input shape is well formed); ``load`` builds the model and its inputs and
@@ -67,7 +74,7 @@ class SourceError(ValueError):
 @dataclass
 class Source:
     spec: str
-    kind: str                    # "zoo" | "hf" | "file"
+    kind: str                    # "zoo" | "hf" | "op" | "file"
     name: str                    # zoo or preset name, or the attribute in the file
     path: str | None = None      # the file, for kind "file"
     default_name: bool = False   # "file.py" without ":Name" (KernelBench: Model)
@@ -99,10 +106,14 @@ class Loaded:
 
 def parse(spec: str) -> Source:
     if not isinstance(spec, str) or not spec.strip():
-        raise SourceError("empty model spec: give a built-in name, hf:NAME or path/to/file.py[:Name]")
+        raise SourceError("empty model spec: give a built-in name, hf:NAME, op:FAMILY or "
+                          "path/to/file.py[:Name]")
     spec = spec.strip()
     if spec in models.MODEL_NAMES:
         return Source(spec, "zoo", spec)
+    if spec.startswith("op:"):
+        op_calls(spec)            # raises SourceError on an unknown family or a bad shape
+        return Source(spec, "op", spec[3:])
     if spec.startswith("hf:"):
         name = spec[3:]
         if name not in HF_PRESETS:
@@ -115,8 +126,8 @@ def parse(spec: str) -> Source:
         path, name, default = m.group(1), m.group(2), False
     if not path.endswith(".py"):
         raise SourceError(f"unknown model {spec!r}: not a built-in model ({', '.join(models.MODEL_NAMES)}), "
-                          f"an hf: preset ({', '.join('hf:' + n for n in HF_PRESETS)}) or a "
-                          f"path/to/file.py[:Name]")
+                          f"an hf: preset ({', '.join('hf:' + n for n in HF_PRESETS)}), op:FAMILY[:SHAPE] "
+                          f"or a path/to/file.py[:Name]")
     return Source(spec, "file", name, os.path.abspath(os.path.expanduser(path)), default)
 
 
@@ -148,6 +159,14 @@ def _top_level_names(tree: ast.Module) -> set[str]:
 def validate(spec: str, input_shape=None) -> Source:
     """Check ``spec`` (and ``input_shape``) without building anything. Raises SourceError."""
     src = parse(spec)
+    if src.kind == "op":
+        calls = op_calls(spec)
+        if input_shape:
+            parse_dims(input_shape)
+            if len(calls) > 1 or calls[0][1] is not None:
+                raise SourceError(f"--input-shape applies to op: with one family and no shape in "
+                                  f"the spec; write the shapes in it, e.g. op:softmax:8192x8192")
+        return src
     if src.kind in ("zoo", "hf"):
         if src.kind == "hf" and importlib.util.find_spec("transformers") is None:
             raise SourceError(f"{spec} needs the transformers package: pip install transformers")
@@ -198,8 +217,13 @@ def load(spec: str, dtype=torch.float32, device="cpu", input_shape=None, seed: i
     src = validate(spec, input_shape)
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     device = torch.device(device)
+    if src.kind == "op" and overrides:
+        raise SourceError(f"model overrides ({', '.join(overrides)}) apply to built-in and hf: "
+                          f"models only, not to {spec}")
     if src.kind == "zoo":
         loaded = _load_zoo(src, dtype, device, input_shape, seed, overrides)
+    elif src.kind == "op":
+        loaded = _load_op(src, dtype, device, input_shape, seed)
     elif src.kind == "hf":
         loaded = _load_hf(src, dtype, device, input_shape, seed, overrides)
     else:
@@ -246,6 +270,139 @@ def _load_zoo(src, dtype, device, input_shape, seed, overrides) -> Loaded:
     def make(s):
         return models.example_inputs(src.name, shape, seed=s, device=device, **overrides)
     return Loaded(model, tuple(inputs), src, dtype, device, make)
+
+
+# ---- one operator at a shape ------------------------------------------------------------------
+
+def op_calls(spec: str) -> list[tuple[str, tuple | None]]:
+    """"op:softmax:8192x8192,matmul" -> [("softmax", (8192, 8192)), ("matmul", None)]."""
+    import kernels
+    body = spec.strip()[3:]
+    calls = []
+    for part in body.split(","):
+        name, _, shape = part.strip().partition(":")
+        if name not in kernels.FAMILY_NAMES:
+            raise SourceError(f"unknown family {name!r} in {spec!r}; write op:FAMILY[:SHAPE] with "
+                              f"a family of {', '.join(kernels.FAMILY_NAMES)}")
+        if any(n == name for n, _ in calls):
+            raise SourceError(f"{spec!r} names {name} twice: one shape per family")
+        calls.append((name, _op_shape(name, shape) if shape else None))
+    return calls
+
+
+def _op_shape(family: str, text: str) -> tuple[int, ...]:
+    # attention's sixth entry is its causal flag, 0 or 1 (kernels/attention.py); all else >= 1
+    if family == "attention" and re.fullmatch(r"(\d+x){5}[01]", text.strip().lower()):
+        head = parse_dims(text.strip().lower().rsplit("x", 1)[0])
+        return head + (int(text.strip()[-1]),)
+    return parse_dims(text)
+
+
+class OpModel(nn.Module):
+    """One call of each family's operator, in the family's shape convention, with the family's
+    own inputs (kernels/<family>.py make_inputs): forward(*tensors) -> the outputs.
+
+    Each call is written the way model code writes it, so profiling finds it by the usual rules
+    (engine/profile.py): rmsnorm and the gated MLP are modules (their weights are parameters, as
+    in a model), rotary is engine/models.py's apply_rotary, the rest are the functional ops. The
+    per-call constants (eps, causal, scale) are attributes; the other inputs are forward's
+    arguments, in the family's argument order."""
+
+    def __init__(self, calls: list[dict]):
+        super().__init__()
+        self.calls = calls          # [{"family", "shape", "tensors": [names], "consts": {...}}]
+        self.norms = nn.ModuleDict()
+        self.mlps = nn.ModuleDict()
+
+    def forward(self, *tensors):
+        import torch.nn.functional as F
+        from kernels import attention, cross_entropy
+        outs, i = [], 0
+        for c in self.calls:
+            kw = dict(c["consts"])
+            for n in c["tensors"]:
+                kw[n], i = tensors[i], i + 1
+            fam = c["family"]
+            if fam == "rmsnorm":
+                out = self.norms["rmsnorm"](kw["x"])
+            elif fam == "fused_mlp":
+                out = self.mlps["fused_mlp"](kw["x"])
+            elif fam == "rotary":
+                out = models.apply_rotary(kw["x"], kw["cos"], kw["sin"])
+            elif fam == "softmax":
+                out = torch.softmax(kw["x"], dim=-1)
+            elif fam == "layernorm":
+                out = F.layer_norm(kw["x"], (kw["x"].shape[-1],), kw["weight"], kw["bias"], kw["eps"])
+            elif fam == "cross_entropy":
+                logits = kw["logits"]
+                out = F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                      kw["targets"].reshape(-1).long(),
+                                      ignore_index=cross_entropy.IGNORE_INDEX)
+            elif fam == "matmul":
+                out = torch.matmul(kw["a"], kw["b"])
+            elif fam == "attention":
+                out = attention.reference(**kw)
+            elif fam == "reduce":
+                out = kw["x"].sum(dim=-1)
+            else:                                     # a family added without an op form
+                raise SourceError(f"op:{fam} has no operator form")
+            outs.append(out)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _load_op(src, dtype, device, input_shape, seed) -> Loaded:
+    import kernels
+    calls = []
+    for name, shape in op_calls(src.spec):
+        fam = kernels.get(name)
+        if shape is None:
+            shape = (parse_dims(input_shape) if input_shape else
+                     tuple(fam.bench_shapes[0]) if device.type == "cuda" else tuple(fam.sweep_shapes[4]))
+        if dtype.__str__().removeprefix("torch.") not in fam.dtypes:
+            raise SourceError(f"op:{name} does not run in {dtype}; its dtypes: {', '.join(fam.dtypes)}")
+        calls.append((fam, shape))
+
+    def draw(s):
+        gen = torch.Generator(device=device).manual_seed(s)
+        out = []
+        for fam, shape in calls:
+            try:
+                kw = fam.make_inputs(shape, dtype, device, gen)
+            except Exception as e:
+                raise SourceError(f"op:{fam.name}: shape {'x'.join(map(str, shape))} does not fit "
+                                  f"its convention ({fam.signature}): {type(e).__name__}: "
+                                  f"{_one_line(e)}") from None
+            out.append(kw)
+        return out
+
+    first = draw(seed)
+    specs, params = [], {}
+    for (fam, shape), kw in zip(calls, first):
+        module_args = {"rmsnorm": ("weight",), "fused_mlp": ("w_gate", "w_up", "w_down")}.get(fam.name, ())
+        specs.append({"family": fam.name, "shape": shape,
+                      "tensors": [n for n in fam.arg_names
+                                  if isinstance(kw[n], torch.Tensor) and n not in module_args],
+                      "consts": {n: kw[n] for n in fam.arg_names if not isinstance(kw[n], torch.Tensor)}})
+        params[fam.name] = kw
+    model = OpModel(specs)
+    if "rmsnorm" in params:
+        kw = params["rmsnorm"]
+        norm = models.RMSNorm(kw["weight"].shape[0], eps=kw["eps"])
+        norm.weight = nn.Parameter(kw["weight"].detach().clone(), requires_grad=False)
+        model.norms["rmsnorm"] = norm
+    if "fused_mlp" in params:
+        kw = params["fused_mlp"]
+        f, d = kw["w_gate"].shape
+        mlp = models.SwiGLUMLP(d, f)
+        for part, w in (("gate", kw["w_gate"]), ("up", kw["w_up"]), ("down", kw["w_down"])):
+            getattr(mlp, part).weight = nn.Parameter(w.detach().contiguous().clone(), requires_grad=False)
+        model.mlps["fused_mlp"] = mlp
+    model = model.to(device).eval()
+
+    def make(s):
+        return tuple(kw[n] for c, kw in zip(specs, draw(s) if s != seed else first)
+                     for n in c["tensors"])
+    return Loaded(model, make(seed), src, dtype, device, make)
 
 
 # ---- Hugging Face transformers ----------------------------------------------------------------
