@@ -8,7 +8,8 @@ engine needs to optimize it, and nothing that runs the optimization:
 - ``make_inputs(shape, dtype, device, gen, kind)``: fresh random inputs for one call, as a dict of
   keyword arguments for ``kernel_fn``. ``shape`` is the shape of the main (first) input, with any
   number of leading dims; ``kind`` is "normal" or one of ``adversarial`` (numerical stability).
-- ``bench_shapes``: shapes the benchmark times, including the large LLM shapes; ``sweep_shapes``:
+- ``bench_shapes``: shapes the benchmark times, including the large LLM shapes, the headline one
+  first (the shape its targets name; ``op:FAMILY``'s default on a GPU); ``sweep_shapes``:
   odd, tiny and large extras the verifier checks beside the model's real shapes.
 - ``tolerance[dtype] = (atol, rtol)``: |out - expected| <= atol + rtol * |expected|, elementwise.
   Families whose outputs are sums of many terms (matmul, attention, ...) cancel: an output near 0

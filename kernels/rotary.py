@@ -129,7 +129,7 @@ def cost(shape, dtype):
 
 # q and k of Llama-2-7B (32 heads), Mistral/Llama-3 (8 kv heads) at 2k/4k/8k tokens, GPT-NeoX-ish
 # head widths, and odd sizes.
-BENCH_SHAPES = ((1, 32, 2048, 128), (1, 8, 2048, 128), (4, 32, 4096, 128), (4, 8, 4096, 128),
+BENCH_SHAPES = ((4, 32, 4096, 128), (1, 32, 2048, 128), (1, 8, 2048, 128), (4, 8, 4096, 128),
                 (1, 32, 8192, 128), (8, 12, 1024, 64), (3, 5, 1000, 64), (2, 3, 37, 96))
 # Under the interpreter the verifier keeps numel <= 2^15 (one program per row or few: keep the
 # row counts small); the last two are for GPUs.
