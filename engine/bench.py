@@ -3,7 +3,10 @@
 GPU: device events around each call, warm-up first, L2 flushed before every repetition by writing a
 buffer larger than the cache, inputs rotated among several fresh sets (so no repetition finds its
 inputs in cache), median of many repetitions, repeated in independent rounds so that the spread of
-the round medians gives the measurement's noise.
+the round medians gives the measurement's noise. Between the flush and the start event the GPU
+spins for about 100 us (torch.cuda._sleep): the host meanwhile queues the call, so the events
+bracket the kernels' device time and not the Python launch path (tens of us per call, which
+varies from process to process and would otherwise show up whenever it outlasts the flush).
 
 CPU: kernels run under Triton's interpreter; the same protocol runs with a host clock and few
 repetitions, and every figure it produces is labelled an interpreter timing, never GPU performance.
@@ -21,6 +24,8 @@ import torch
 _perf_counter = time.perf_counter          # bound before any candidate code runs
 _Event = torch.cuda.Event
 _synchronize = torch.cuda.synchronize
+_sleep = getattr(torch.cuda, "_sleep", None)     # spins the GPU for a number of clock cycles
+SPIN_CYCLES = 200_000                             # ~100 us at ~2 GHz: longer than a Python launch
 
 _flush_buf: torch.Tensor | None = None
 
@@ -31,6 +36,8 @@ def _flush_l2() -> None:
     if _flush_buf is None:
         _flush_buf = torch.empty(64 * 2**20, dtype=torch.int32, device="cuda")
     _flush_buf.zero_()
+    if _sleep is not None:
+        _sleep(SPIN_CYCLES)
 
 
 def device_time_ms(fn, reps: int = 20, warmup: int = 3) -> float:
