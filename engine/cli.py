@@ -29,7 +29,8 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="profile a model and optimize its kernels")
     r.add_argument("--model", default="llama-tiny", help="built-in name (llama-tiny, gpt2, ...), "
                    "hf:NAME (transformers, small config, random weights), path/to/file.py:Name "
-                   "(a module class or function) or a KernelBench problem path/to/problem.py")
+                   "(a module class or function), a KernelBench problem path/to/problem.py, or "
+                   "op:FAMILY[:SHAPE][,...] (one operator at a shape, e.g. op:softmax:8192x8192)")
     r.add_argument("--dtype", default="auto", help="auto | float32 | float16 | bfloat16")
     r.add_argument("--input-shape", default=None, help="BATCHxSEQ, e.g. 2x32")
     r.add_argument("--families", default=None, help="comma-separated family names (default: all found)")

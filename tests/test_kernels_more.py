@@ -655,3 +655,20 @@ def test_compare_with_error_bound():
     # a "contiguous" tensor with a strided size-1 dim (b = w^T for N = 1) compares bytewise
     w = torch.randn(1, 17)
     assert verify._bytes_equal(w.t(), w.t().clone()) and w.t().stride() == (1, 17)
+
+
+def test_matmul_bound_holds_the_error_of_a_sequential_fp32_sum():
+    """A GPU's fp32 dot rounds its running sum at every step. With equal-sign terms the error
+    drifts like K (seen on the H200: 560 ulps at K = 4096 with constant inputs, where a flat 64
+    ulps rejected a correct kernel): the bound must hold a plain sequential fp32 sum, with random
+    signs and with constant and all-positive inputs, while TF32 stays rejected at small K."""
+    fam = FAMILIES["matmul"]
+    for kind in ("normal", "constant", "huge"):
+        inp = inputs_for(fam, (3, 4096, 2), torch.float32, seed=4, kind=kind)
+        a, b = inp["a"], inp["b"]
+        acc = torch.zeros(3, 2, dtype=torch.float32)
+        for k in range(0, 4096, 4):              # fp32 running sum, four products per step
+            acc = acc + a[:, k:k + 4] @ b[k:k + 4]
+        assert ratio(fam, acc, inp) <= 1, kind
+    inp = inputs_for(fam, (32, 16, 24), torch.float32, seed=1)
+    assert ratio(fam, (_tf32(inp["a"]).double() @ _tf32(inp["b"]).double()).float(), inp) > 1

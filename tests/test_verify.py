@@ -4,6 +4,7 @@ and hangs replace it, and the next candidate is judged by a fresh one."""
 from pathlib import Path
 
 import pytest
+import torch
 
 import kernels
 from engine import verify
@@ -134,3 +135,14 @@ def test_worker_environment_holds_no_secrets(monkeypatch):
         assert "MY_SERVICE_TOKEN" not in hello["env_names"]
     finally:
         w.close()
+
+
+def test_compare_lets_float32_subnormals_flush_to_zero_but_not_fp16():
+    """GPUs flush float32 subnormals (Triton's exp): an output of 0 where the fp64 reference is
+    3e-43 is right. fp16's subnormals are values its "tiny" inputs really produce: not floored."""
+    e = torch.tensor([1.0, 2.97e-43], dtype=torch.float64).float()
+    o = torch.tensor([1.0, 0.0])
+    assert verify.compare(o, e, 0.0, 1e-6)[0]
+    assert not verify.compare(torch.tensor([1.0, 1e-30]), e, 0.0, 1e-6)[0]
+    h = torch.tensor([1.0, 3e-6], dtype=torch.float16)
+    assert not verify.compare(torch.tensor([1.0, 0.0], dtype=torch.float16), h, 0.0, 1e-3)[0]
