@@ -28,7 +28,9 @@ from app.shared import BUSY_STATES, engine_handle, select_run
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 BUILTIN, PATH, UPLOAD = "Built-in model", "Python file (path)", "Python file (upload)"
-SOURCES = (BUILTIN, PATH, UPLOAD)
+SPEC = "hf: or op: spec"
+SOURCES = (BUILTIN, PATH, UPLOAD, SPEC)
+SPEC_PREFIXES = ("hf:", "op:")
 PROPOSERS = ("search", "llm", "hybrid")
 FILE_MODELS_MISSING = "loading models from files is not available yet"
 # Where a key for the LLM provider may be: st.secrets or the environment. It is passed to the
@@ -172,11 +174,17 @@ def page() -> None:
                       help="A .py file defining an nn.Module class (or a KernelBench-style "
                            "problem file, without :ClassName); relative paths are from the "
                            "repository root.")
+    elif source == SPEC:
+        st.text_input("Model spec", key="nr_spec", placeholder="hf:llama  or  op:softmax:8192x8192",
+                      help="hf:NAME: a Hugging Face transformers model from a small config with "
+                           "random weights (needs transformers). op:FAMILY[:SHAPE][,...]: one "
+                           "call of each family's operator at a shape in its convention, e.g. "
+                           "op:matmul:4096x4096x4096,attention:4x32x4096x128x8x1.")
     else:
         st.file_uploader("Model file", type=["py"], key="nr_upload")
         st.text_input("Class name", key="nr_upload_class", placeholder="MyModel",
                       help="Empty for a KernelBench-style problem file (Model, get_inputs).")
-    if source != BUILTIN and loader is None:
+    if source in (PATH, UPLOAD) and loader is None:
         st.error(FILE_MODELS_MISSING.capitalize() + ": this engine has no loader for them "
                  "(engine.models.load_source). Choose a built-in model.")
 
@@ -278,10 +286,17 @@ def _evaluation_inputs() -> None:
 
 # ---- checking the inputs -----------------------------------------------------------------------
 def _model_spec(ss, errors: list[str]) -> str | None:
-    """The model to run: a built-in name, or "file.py:Class" for a file model (None if invalid)."""
+    """The model to run: a built-in name, "file.py:Class" for a file model, or an hf:/op: spec
+    (None if invalid)."""
     source = ss.get("nr_source", BUILTIN)
     if source == BUILTIN:
         return ss.get("nr_model")
+    if source == SPEC:
+        spec = (ss.get("nr_spec") or "").strip()
+        if not spec.startswith(SPEC_PREFIXES):
+            errors.append(f"Model spec: expected hf:NAME or op:FAMILY[:SHAPE], got {spec!r}.")
+            return None
+        return spec          # the engine's own check (RunConfig.validate) judges the rest
     if file_loader() is None:
         errors.append(FILE_MODELS_MISSING.capitalize() + ".")
         return None

@@ -364,3 +364,23 @@ def test_no_page_writes_to_the_database(db):
                  "app/new_run.py"):
         _page(path)
     assert _sha(db["path"]) == before
+
+
+def test_new_run_hf_and_op_specs(db):
+    """hf: and op: specs are typed in; the engine's own check judges them before anything runs."""
+    from app import new_run
+    at = _page("app/new_run.py")
+    at.radio(key="nr_source").set_value(new_run.SPEC).run()
+    assert not at.error
+    at.text_input(key="nr_spec").input("softmax:64x64").run()
+    at.button(key="nr_start").click().run()
+    assert [e.value for e in at.error] == ["Model spec: expected hf:NAME or op:FAMILY[:SHAPE], "
+                                           "got 'softmax:64x64'."]
+    at.text_input(key="nr_spec").input("op:nosuch:64x64").run()
+    at.button(key="nr_start").click().run()
+    assert len(at.error) == 1 and "unknown family 'nosuch'" in at.error[0].value
+    assert len(Store(db["path"], readonly=True).list_runs()) == 2  # nothing started
+    cfg, errors = new_run.config_from_inputs(
+        {"nr_source": new_run.SPEC, "nr_spec": "op:softmax:7x1000,reduce:3x50",
+         "nr_budget_exp": 2}, str(db["path"]))
+    assert errors == [] and cfg.model == "op:softmax:7x1000,reduce:3x50"
