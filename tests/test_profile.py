@@ -89,7 +89,9 @@ def test_llama_sdpa_is_attention():
     fams = _fams(r)
     att = fams["attention"]
     assert att.calls == 2 and "softmax" not in fams
-    assert att.shapes == [{"shape": [2, 4, 32, 16], "dtype": "float32", "count": 2, "kv_heads": 2}]
+    # is_causal=True and no mask: the call's causal flag is recorded
+    assert att.shapes == [{"shape": [2, 4, 32, 16], "dtype": "float32", "count": 2, "kv_heads": 2,
+                           "causal": 1}]
     assert fams["matmul"].calls == 15                                    # no q@k^T, p@v any more
 
 
