@@ -467,8 +467,13 @@ def _watch(page, db: Path, wait_s: float):
             # created_at is stamped just before the row is committed: an upper bound on the lag
             latencies.append(shown_at - row[0])
             if zoom["before"] is not None and not zoom["checked"]:
-                page.wait_for_timeout(300)  # the charts redraw right after the metrics
+                # the charts redraw right after the metrics: within a few hundred ms, longer
+                # on a loaded machine; wait (up to 15 s) for the new point, then read the zoom
                 frame = _chart_frame(page, "chart_speedup")
-                zoom.update(after=_zoom_range(page), checked=True,
-                            points_after=frame.evaluate(POINTS_JS))
+                points, until = frame.evaluate(POINTS_JS), time.monotonic() + 15
+                while points <= zoom["points_before"] and time.monotonic() < until:
+                    page.wait_for_timeout(100)
+                    frame = _chart_frame(page, "chart_speedup")
+                    points = frame.evaluate(POINTS_JS)
+                zoom.update(after=_zoom_range(page), checked=True, points_after=points)
     return seen, latencies, status, zoom
