@@ -473,7 +473,9 @@ def _watch(page, db: Path, wait_s: float):
                 points, until = frame.evaluate(POINTS_JS), time.monotonic() + 15
                 while points <= zoom["points_before"] and time.monotonic() < until:
                     page.wait_for_timeout(100)
-                    frame = _chart_frame(page, "chart_speedup")
-                    points = frame.evaluate(POINTS_JS)
+                    try:   # the chart's frame is replaced while it redraws
+                        points = _chart_frame(page, "chart_speedup").evaluate(POINTS_JS)
+                    except sync_api.Error:
+                        continue
                 zoom.update(after=_zoom_range(page), checked=True, points_after=points)
     return seen, latencies, status, zoom
