@@ -5,8 +5,9 @@ For each family and each of its benchmark shapes (``Family.bench_shapes``; tiny 
 
 - PyTorch eager: the family's reference, the op models run;
 - torch.compile of that reference, modes "default", "max-autotune" and
-  "max-autotune-no-cudagraphs" (the ratio to max-autotune takes the faster of the two; skipped, with the reason in
-  the table, where torch.compile is unavailable or fails, e.g. without a C compiler on a CPU);
+  "max-autotune-no-cudagraphs" (the ratio to max-autotune takes the faster of the two; skipped,
+  with the reason in the table, where torch.compile is unavailable or fails, e.g. without a C
+  compiler on a CPU);
 - the family's starter kernel (its search space's default point);
 - the best kernel the loop found, from a run in the database (``--db``, ``--run``; by default the
   latest run with a kept experiment for the family): the kept experiment with the lowest time at

@@ -40,8 +40,11 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
+import kernels
 from engine import models
+from kernels import attention as _attention, cross_entropy as _cross_entropy
 
 # Small configs: hidden 64 keeps a forward pass to milliseconds on CPU and a kernel under the
 # interpreter to seconds. "llama-large" has the built-in llama's widths (hidden 4096, FFN 14336,
@@ -276,7 +279,6 @@ def _load_zoo(src, dtype, device, input_shape, seed, overrides) -> Loaded:
 
 def op_calls(spec: str) -> list[tuple[str, tuple | None]]:
     """"op:softmax:8192x8192,matmul" -> [("softmax", (8192, 8192)), ("matmul", None)]."""
-    import kernels
     body = spec.strip()[3:]
     calls = []
     for part in body.split(","):
@@ -311,22 +313,17 @@ class OpModel(nn.Module):
     def __init__(self, calls: list[dict]):
         super().__init__()
         self.calls = calls          # [{"family", "shape", "tensors": [names], "consts": {...}}]
-        self.norms = nn.ModuleDict()
-        self.mlps = nn.ModuleDict()
+        self.layers = nn.ModuleDict()    # family -> its module (rmsnorm, fused_mlp)
 
     def forward(self, *tensors):
-        import torch.nn.functional as F
-        from kernels import attention, cross_entropy
         outs, i = [], 0
         for c in self.calls:
             kw = dict(c["consts"])
             for n in c["tensors"]:
                 kw[n], i = tensors[i], i + 1
             fam = c["family"]
-            if fam == "rmsnorm":
-                out = self.norms["rmsnorm"](kw["x"])
-            elif fam == "fused_mlp":
-                out = self.mlps["fused_mlp"](kw["x"])
+            if fam in self.layers:
+                out = self.layers[fam](kw["x"])
             elif fam == "rotary":
                 out = models.apply_rotary(kw["x"], kw["cos"], kw["sin"])
             elif fam == "softmax":
@@ -337,11 +334,11 @@ class OpModel(nn.Module):
                 logits = kw["logits"]
                 out = F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                       kw["targets"].reshape(-1).long(),
-                                      ignore_index=cross_entropy.IGNORE_INDEX)
+                                      ignore_index=_cross_entropy.IGNORE_INDEX)
             elif fam == "matmul":
                 out = torch.matmul(kw["a"], kw["b"])
             elif fam == "attention":
-                out = attention.reference(**kw)
+                out = _attention.reference(**kw)
             elif fam == "reduce":
                 out = kw["x"].sum(dim=-1)
             else:                                     # a family added without an op form
@@ -351,14 +348,13 @@ class OpModel(nn.Module):
 
 
 def _load_op(src, dtype, device, input_shape, seed) -> Loaded:
-    import kernels
     calls = []
     for name, shape in op_calls(src.spec):
         fam = kernels.get(name)
         if shape is None:
             shape = (parse_dims(input_shape) if input_shape else
                      tuple(fam.bench_shapes[0]) if device.type == "cuda" else tuple(fam.sweep_shapes[4]))
-        if dtype.__str__().removeprefix("torch.") not in fam.dtypes:
+        if str(dtype).removeprefix("torch.") not in fam.dtypes:
             raise SourceError(f"op:{name} does not run in {dtype}; its dtypes: {', '.join(fam.dtypes)}")
         calls.append((fam, shape))
 
@@ -389,14 +385,14 @@ def _load_op(src, dtype, device, input_shape, seed) -> Loaded:
         kw = params["rmsnorm"]
         norm = models.RMSNorm(kw["weight"].shape[0], eps=kw["eps"])
         norm.weight = nn.Parameter(kw["weight"].detach().clone(), requires_grad=False)
-        model.norms["rmsnorm"] = norm
+        model.layers["rmsnorm"] = norm
     if "fused_mlp" in params:
         kw = params["fused_mlp"]
         f, d = kw["w_gate"].shape
         mlp = models.SwiGLUMLP(d, f)
         for part, w in (("gate", kw["w_gate"]), ("up", kw["w_up"]), ("down", kw["w_down"])):
             getattr(mlp, part).weight = nn.Parameter(w.detach().contiguous().clone(), requires_grad=False)
-        model.mlps["fused_mlp"] = mlp
+        model.layers["fused_mlp"] = mlp
     model = model.to(device).eval()
 
     def make(s):
