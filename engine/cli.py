@@ -100,6 +100,14 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("--db", default=None)
     rp.add_argument("--out", default=None, help="write to this file instead of stdout")
 
+    e2 = sub.add_parser("e2e", help="check and time a run's optimized model end to end again "
+                        "(eager, optimized, torch.compile, compile of the optimized model)")
+    e2.add_argument("run", help="run id, or 'latest'")
+    e2.add_argument("--db", default=None)
+    e2.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
+                    help="time torch.compile too (auto: on a GPU, not under the interpreter; "
+                         "the mode comes from NIGHTSHIFT_COMPILE_MODE, default max-autotune)")
+
     ex = sub.add_parser("export", help="a run's kept kernels as an importable package with "
                         "apply(model) (needs torch and triton only)")
     ex.add_argument("run", help="run id, or 'latest'")
@@ -244,6 +252,37 @@ def cmd_report(a) -> int:
     return 0
 
 
+def cmd_e2e(a) -> int:
+    """finish_run again on a stored run: a new check and timing row set, the older ones kept."""
+    from engine import integrate
+    from engine.report import end_to_end_markdown
+    from engine.store import Store, StoreError
+    try:
+        store = Store(a.db)
+    except StoreError as e:
+        raise UsageError(str(e)) from None
+    runs = store.list_runs()
+    run_id = runs[0]["id"] if a.run == "latest" and runs else a.run
+    run = store.get_run(run_id)
+    if run is None:
+        raise UsageError(f"no run {a.run!r} in {store.path}")
+    if run["timing_mode"] == "gpu" and not _cuda():
+        raise UsageError(f"run {run_id} was timed on a GPU and this machine has none")
+    do_compile = {"auto": None, "on": True, "off": False}[a.compile]
+    result = integrate.finish_run(store, run_id, log=lambda s: print(s, flush=True),
+                                  do_compile=do_compile)
+    if result is None:
+        print(f"run {run_id} kept no kernel: nothing to integrate")
+        return 0
+    print(end_to_end_markdown(store, run_id), end="")
+    return 0 if result.status != "error" else 1
+
+
+def _cuda() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
 def cmd_bench(a) -> int:
     from engine.benchfamilies import BenchError, main as bench_main
     try:
@@ -285,7 +324,8 @@ def main(argv=None) -> int:
             from engine.llmbench import cmd_llm_bench
             return cmd_llm_bench(a)
         return {"run": cmd_run, "verify": cmd_verify, "report": cmd_report, "export": cmd_export,
-                "kernelbench": cmd_kernelbench, "scaling": cmd_scaling}[a.cmd](a)
+                "kernelbench": cmd_kernelbench, "scaling": cmd_scaling,
+                "e2e": cmd_e2e}[a.cmd](a)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -11,9 +11,10 @@ DIR/<name>/ (default name ``nightshift_kernels``) holds:
   experiment id, source hash and timings; the run's end-to-end check and timings;
 - ``README.md``: usage and the measured figures of the run.
 
-Kernels the latest end-to-end check flagged responsible for a mismatch are left out, as are
-families the runtime has no way to place (rotary: no functional op to intercept). The package is
-written to a temporary folder and renamed into place: an export that fails writes nothing.
+Kernels the latest end-to-end check flagged (responsible for a mismatch, or the model ran slower
+with them) are left out, as are families the runtime has no way to place (none today: PLACEABLE
+lists them all). The package is written to a temporary folder and renamed into place: an export
+that fails writes nothing.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from engine.store import Store
 
 RUNTIME_SRC = Path(__file__).with_name("kernel_runtime.py")
 PLACEABLE = ("rmsnorm", "layernorm", "softmax", "cross_entropy", "reduce", "matmul", "attention",
-             "fused_mlp")
+             "fused_mlp", "rotary")
 
 
 class ExportError(ValueError):
@@ -88,7 +89,7 @@ def export_run(store: Store, run_id: str, out: str, name: str = "nightshift_kern
     run = store.get_run(run_id)
     if run is None:
         raise ExportError(f"no run {run_id!r} in {store.path}")
-    records = integrate.kept_kernels(store, run_id)        # without kernels flagged responsible
+    records = integrate.kept_kernels(store, run_id)        # without kernels flagged responsible/slower
     all_kept = {r.family for r in integrate.kept_kernels(store, run_id, skip_flagged=False)}
     placed = [r for r in records if r.family in PLACEABLE]
     skipped = sorted(all_kept - {r.family for r in placed})

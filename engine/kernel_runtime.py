@@ -6,7 +6,13 @@ OP_NAMESPACE) into the exported package, so an exported package applies its kern
 Nightshift is not installed.
 
 How a kernel gets used
-- Functional ops are intercepted by a TorchFunctionMode entered around the model's forward:
+- Functional ops are intercepted around the model's forward: in eager mode by replacing the
+  functions themselves for the duration of the forward (on the calling thread only: another
+  thread meanwhile gets PyTorch's), under torch.compile by a TorchFunctionMode, which dynamo
+  traces. Eager avoids the mode because a mode is a Python call on every op of the model (2-4 us
+  each: a launch-bound model such as BERT-base at 8x512 ran 2x slower under it). Code that bound
+  a function before the forward (``from torch.nn.functional import softmax``) is not intercepted
+  in eager; it runs PyTorch's op. The functions:
   torch.softmax / F.softmax / Tensor.softmax, F.layer_norm (nn.LayerNorm), F.rms_norm
   (nn.RMSNorm), F.cross_entropy, F.scaled_dot_product_attention, F.linear, torch.matmul and @,
   torch.sum / Tensor.sum over the last dim. Each handler checks that the call computes exactly the
@@ -17,6 +23,12 @@ How a kernel gets used
   class, a gated MLP) have their forward replaced, per instance, but only after a probe: the module
   and the family's reference run on fresh random inputs of the kernel's verified shapes (and, for
   RMSNorm, tiny inputs where eps dominates), and must agree within the family's tolerance.
+- Rotary embeddings are usually a plain function (``apply_rotary(x, cos, sin)``), neither an op
+  nor a module. Functions named like one (rotary/rope) that take (x, cos, sin) in the modules that
+  define the model's classes are probed like modules (x [B, H, S, Dh], cos/sin [S, Dh] tables,
+  against the rotate-half reference) and, if they pass, replaced in their module while the kernels
+  are applied; the replacement serves only the forwards of the optimized model on its thread
+  (and torch.compile traces), and calls the original for everything else.
 - A kernel runs only on what it was verified on: its family shapes (compared as the family sees
   them, e.g. [2, 16, 64] and [32, 64] are both 32 rows of 64 for a row-wise family), its dtype and
   its device type. Everything else falls through to PyTorch. No kernel has a backward: calls that
@@ -34,6 +46,7 @@ import importlib.util
 import math
 import os
 import sys
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -216,10 +229,28 @@ def _custom_op(k: Kernel):
         @op.register_fake
         def _(x, w_gate, w_up, w_down):
             return x.new_empty(x.shape)
+    elif k.family == "rotary":
+        @lib.custom_op(name, mutates_args=())
+        def op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+            return fn(x, cos, sin).contiguous()
+
+        @op.register_fake
+        def _(x, cos, sin):
+            return x.new_empty(x.shape)
     else:
-        return None          # a family this runtime cannot place (rotary: no functional op)
-    _OPS[name] = op
-    return op
+        return None          # a family this runtime cannot place
+
+    def call(*args):
+        # Eager calls go straight to the kernel: a custom op's dispatch costs ~10-20 us of CPU
+        # per call, which a launch-bound model (BERT-base at 8x512) pays on every layer. Under
+        # torch.compile the op is what the graph records.
+        if torch.compiler.is_compiling():
+            return op(*args)
+        return fn(*args).contiguous()
+
+    call.custom_op = op
+    _OPS[name] = call
+    return call
 
 
 # ---- the runtime: which kernel serves which call ----------------------------------------------
@@ -408,6 +439,96 @@ if hasattr(F, "rms_norm"):
     HANDLERS[F.rms_norm] = ("rmsnorm", _rms_norm)
 
 
+# Where each intercepted function lives, so eager forwards can replace it there.
+PATCH_POINTS = [(F, "softmax"), (torch, "softmax"), (torch.Tensor, "softmax"), (F, "layer_norm"),
+                (F, "cross_entropy"), (F, "scaled_dot_product_attention"), (F, "linear"),
+                (torch, "matmul"), (torch.Tensor, "matmul"), (torch.Tensor, "__matmul__"),
+                (torch, "sum"), (torch.Tensor, "sum")] + ([(F, "rms_norm")] if hasattr(F, "rms_norm") else [])
+
+
+class _Routing(threading.local):
+    """Per thread: the runtimes of the optimized forwards running now (innermost last), and
+    whether a handler or its fall-through is running (then nested calls go straight to PyTorch:
+    F.softmax itself calls Tensor.softmax)."""
+    stack: list
+    busy: bool
+
+    def __init__(self):
+        self.stack, self.busy = [], False
+
+
+_routing = _Routing()
+_patch_lock = threading.Lock()
+_patch_users: dict = {}        # (owner, attribute) -> forwards running with it replaced
+_originals: dict = {}          # (owner, attribute) -> PyTorch's function
+
+
+def _wrapper(orig, family, handler):
+    def routed(*args, **kwargs):
+        st = _routing
+        if not st.stack or st.busy or family not in st.stack[-1].kernels:
+            return orig(*args, **kwargs)
+        st.busy = True
+        try:
+            out = handler(st.stack[-1], orig, args, kwargs)
+            return orig(*args, **kwargs) if out is NotImplemented else out
+        finally:
+            st.busy = False
+    routed.__name__ = getattr(orig, "__name__", "routed")
+    routed.__doc__ = getattr(orig, "__doc__", None)
+    routed._nightshift_original = orig
+    return routed
+
+
+def _points(families) -> list:
+    """The patch points whose function belongs to one of ``families``: only those are replaced
+    (a model with a softmax kernel keeps PyTorch's own @ and F.linear untouched)."""
+    out = []
+    for owner, attr in PATCH_POINTS:
+        fn = getattr(owner, attr)
+        if HANDLERS[getattr(fn, "_nightshift_original", fn)][0] in families:
+            out.append((owner, attr))
+    return out
+
+
+def _install(points) -> None:
+    with _patch_lock:
+        for owner, attr in points:
+            key = (owner, attr)
+            if _patch_users.get(key, 0) == 0:
+                orig = getattr(owner, attr)
+                orig = getattr(orig, "_nightshift_original", orig)
+                family, handler = HANDLERS[orig]
+                _originals[key] = orig
+                setattr(owner, attr, _wrapper(orig, family, handler))
+            _patch_users[key] = _patch_users.get(key, 0) + 1
+
+
+def _uninstall(points) -> None:
+    with _patch_lock:
+        for key in points:
+            _patch_users[key] -= 1
+            if _patch_users[key] == 0:
+                setattr(key[0], key[1], _originals.pop(key))
+                del _patch_users[key]
+
+
+class routed:
+    """Context: functional calls on this thread go to ``rt``'s kernels (eager path)."""
+
+    def __init__(self, rt: Runtime):
+        self.rt = rt
+        self.points = _points(set(rt.kernels))
+
+    def __enter__(self):
+        _install(self.points)
+        _routing.stack.append(self.rt)
+
+    def __exit__(self, *exc):
+        _routing.stack.pop()
+        _uninstall(self.points)
+
+
 class KernelMode(TorchFunctionMode):
     """Routes the intercepted functional calls to the runtime's kernels. PyTorch leaves the mode
     while a handler runs, so falling through (calling ``func``) does not come back here."""
@@ -567,6 +688,85 @@ def _mlp_forward(rt, module, orig):
     return forward
 
 
+# ---- function swaps (rotary), after a probe -------------------------------------------------------
+
+_ROTARY_NAME = ("rotary", "rope")
+
+
+def rotary_functions(model: nn.Module) -> list:
+    """(python module, attribute name, function) for each module-level function named like a
+    rotary embedding (rotary/rope, not rotate_half) with at least three positional parameters,
+    in the modules that define the model's classes."""
+    import inspect
+    found, seen = [], set()
+    for mod_name in sorted({type(m).__module__ for m in model.modules()}):
+        pymod = sys.modules.get(mod_name)
+        if pymod is None or mod_name.startswith("torch."):
+            continue
+        for attr, fn in sorted(vars(pymod).items()):
+            fn = getattr(fn, "_nightshift_original", fn)
+            if (not inspect.isfunction(fn) or not any(w in attr.lower() for w in _ROTARY_NAME)
+                    or id(fn) in seen):
+                continue
+            try:
+                params = [p for p in inspect.signature(fn).parameters.values()
+                          if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+            except (TypeError, ValueError):
+                continue
+            if len(params) >= 3 and all(p.default is p.empty for p in params[:3]):
+                seen.add(id(fn))
+                found.append((pymod, attr, fn))
+    return found
+
+
+def _rotary_ref64(x, cos, sin):
+    x, cos, sin = x.double(), cos.double(), sin.double()
+    h = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., h:], x[..., :h]), dim=-1) * sin
+
+
+def probe_rotary(fn, shape, dtype, tol, device) -> bool:
+    """Does fn(x, cos, sin) equal the rotate-half rotary embedding on random x [B, H, S, Dh] of
+    ``shape`` and tables of random angles [S, Dh] (frequencies repeated twice), in ``dtype``?"""
+    b, h, sq, dh = (tuple(shape) + (0, 0, 0, 0))[:4]
+    if len(tuple(shape)) != 4 or dh % 2:
+        return False
+    gen = _probe_gen()
+    try:
+        with torch.no_grad():
+            x = torch.randn((b, h, sq, dh), generator=gen).to(device=device, dtype=dtype)
+            ang = torch.rand((sq, dh // 2), generator=gen) * 6.3
+            ang = torch.cat((ang, ang), dim=-1)
+            cos, sin = ang.cos().to(device=device, dtype=dtype), ang.sin().to(device=device, dtype=dtype)
+            # the products' magnitude bounds the rounding of their sum, which cancels where a
+            # rotated value lands near 0; a wrong half, sign or table row is off by O(bound)
+            h = dh // 2
+            bound = (x.abs() * cos.abs() + torch.cat((x[..., h:], x[..., :h]), dim=-1).abs()
+                     * sin.abs()).double()
+            return _within(fn(x, cos, sin), _rotary_ref64(x, cos, sin), (tol[0], tol[1], tol[1]), bound)
+    except Exception:
+        return False
+
+
+def _rotary_function(rt, orig):
+    def rotary(*args, **kwargs):
+        # the optimized model's forward on this thread, or a torch.compile trace of it
+        if (len(args) == 3 and not kwargs and (torch.compiler.is_compiling()
+                                               or (_routing.stack and _routing.stack[-1] is rt))):
+            x, cos, sin = args
+            if (isinstance(x, torch.Tensor) and isinstance(cos, torch.Tensor)
+                    and isinstance(sin, torch.Tensor) and x.dim() == 4
+                    and cos.shape == sin.shape == (x.shape[2], x.shape[3])
+                    and cos.dtype == sin.dtype == x.dtype):
+                k = rt.fits("rotary", shape_key("rotary", x.shape), (x, cos, sin))
+                if k is not None:
+                    return k.op(x, cos, sin)
+        return orig(*args, **kwargs)
+    rotary.__name__ = orig.__name__
+    rotary._nightshift_original = orig
+    return rotary
+
+
 def _set_forward(module, fn, swaps):
     """Replace module.forward on this instance only; remember how to put it back."""
     had = "forward" in module.__dict__
@@ -592,7 +792,9 @@ class Applied:
 
     def remove(self) -> None:
         for module, had, old in reversed(self._swaps):
-            if had:
+            if had == "function":                 # a module-level function swap
+                setattr(module, old[0], old[1])
+            elif had:
                 module.forward = old
             else:
                 module.__dict__.pop("forward", None)
@@ -622,11 +824,23 @@ def apply(model: nn.Module, kernels, probe: bool = True) -> Applied:
                 continue
             _set_forward(mod, make(rt, mod, mod.forward), swaps)
             swapped.setdefault(fam, []).append(name or "<root>")
-    if any(f in rt.kernels for f, _ in HANDLERS.values()):
+    k = rt.kernels.get("rotary")
+    if k is not None:
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        for pymod, attr, fn in rotary_functions(model):
+            if probe and not all(probe_rotary(fn, sh, k.dtype, k.tolerance, device) for sh in k.shapes):
+                continue
+            swaps.append((pymod, "function", (attr, getattr(pymod, attr))))
+            setattr(pymod, attr, _rotary_function(rt, fn))
+            swapped.setdefault("rotary", []).append(f"{pymod.__name__}.{attr}")
+    if any(f in rt.kernels for f, _ in HANDLERS.values()) or "rotary" in swapped:
         inner = model.forward
 
         def forward(*args, **kwargs):
-            with KernelMode(rt):
+            if torch.compiler.is_compiling():
+                with KernelMode(rt):
+                    return inner(*args, **kwargs)
+            with routed(rt):
                 return inner(*args, **kwargs)
         _set_forward(model, forward, swaps)
     return Applied(model, rt, swaps, swapped)

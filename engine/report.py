@@ -97,6 +97,15 @@ def _cfg(cfg: dict) -> str:
     return ", ".join(f"{k}={cfg[k]}" for k in keys if cfg.get(k) not in (None, {}, []))
 
 
+def end_to_end_markdown(store: Store, run_id: str) -> str:
+    """The run's latest end-to-end check and timings beside its Amdahl projection (the tail of
+    run_markdown), for the e2e command."""
+    run = store.get_run(run_id)
+    lines = _end_to_end(store, run_id, plan.projected(store.targets(run_id)),
+                        run["timing_mode"] == "interpreter")
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
 def _end_to_end(store: Store, run_id: str, projected: float, interp: bool) -> list[str]:
     """The latest end-to-end check and its timings (engine/integrate.py), beside the projection."""
     checks = store.e2e_checks(run_id)
@@ -109,6 +118,9 @@ def _end_to_end(store: Store, run_id: str, projected: float, interp: bool) -> li
     flagged = [f for f, v in (c["family_flags"] or {}).items() if v == "responsible"]
     if flagged:
         out.append(f"Left out of the optimized model (responsible for a mismatch): {', '.join(flagged)}.")
+    slower = [f for f, v in (c["family_flags"] or {}).items() if v == "slower"]
+    if slower:
+        out.append(f"Left out of the optimized model (it ran slower with them): {', '.join(slower)}.")
     timings = store.e2e_timings(c["id"])
     if timings:
         eager = next((t["latency_us"] for t in timings if t["variant"] == "eager"), None)

@@ -242,6 +242,113 @@ def test_torch_compile_traces_the_optimized_model_in_one_graph():
     applied.remove()
 
 
+def rope_interleaved(x, cos, sin):
+    """A rotary embedding in the interleaved (GPT-J) convention: named like one, takes (x, cos,
+    sin), but rotates pairs (2i, 2i+1), so the rotate-half probe must reject it."""
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    c, s = cos[..., 0::2], sin[..., 0::2]
+    return torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)
+
+
+class WithDecoy(nn.Module):
+    """A model whose class lives in this test module, so rope_interleaved is a candidate for the
+    rotary function swap beside engine.models.apply_rotary."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, idx):
+        return self.inner(idx)
+
+
+def test_rotary_function_swapped_after_probe_only_inside_the_optimized_forward():
+    from engine import models
+    loaded = sources.load("llama-tiny", dtype="float32", device="cpu", input_shape="2x16", check=False)
+    model = WithDecoy(loaded.model).eval()
+    cfg = loaded.model.cfg
+    dh = cfg.d_model // cfg.n_head
+    idx = loaded.check_inputs(7)[0][0]                       # token ids [2, 16]: logits out
+    q_shape, k_shape = (2, cfg.n_head, 16, dh), (2, cfg.n_kv_head, 16, dh)
+    k = starter("rotary", [q_shape, k_shape])
+    original = models.apply_rotary
+    with torch.no_grad():
+        ref = loaded.model(idx)
+        applied = rt.apply(model, [k])
+        assert applied.swapped == {"rotary": ["engine.models.apply_rotary"]}   # not the decoy
+        assert models.apply_rotary is not original
+        out = model(idx)
+        assert applied.stats()["rotary"]["calls"] == 2 * cfg.n_layer           # q and k per layer
+        assert torch.allclose(out, ref, atol=1e-5, rtol=1e-5)
+        applied.reset_stats()
+        cos, sin = loaded.model.rope_cos[:16], loaded.model.rope_sin[:16]
+        x = torch.randn(q_shape)
+        assert torch.equal(models.apply_rotary(x, cos, sin), original(x, cos, sin))   # outside
+        assert applied.stats()["rotary"] == dict(calls=0, fallthrough=0, kernel=k.name,
+                                                 swapped=["engine.models.apply_rotary"])
+        applied.remove()
+    assert models.apply_rotary is original
+
+
+class DeepNorms(nn.Module):
+    """48 residual layers of a composite bf16 RMSNorm and a linear map: the original's own
+    rounding drifts ~2% from its float32 run, about as far as a correct kernel lands from it."""
+
+    def __init__(self, d=256, n=48):
+        super().__init__()
+        from engine.models import RMSNorm
+        self.norms = nn.ModuleList(RMSNorm(d) for _ in range(n))
+        self.lins = nn.ModuleList(nn.Linear(d, d, bias=False) for _ in range(n))
+
+    def forward(self, x):
+        for norm, lin in zip(self.norms, self.lins):
+            x = x + lin(norm(x))
+        return x
+
+
+def _rms_fp32(x, w, eps):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+
+
+def test_bf16_check_accepts_a_kernel_more_accurate_than_the_original_and_rejects_a_wrong_one():
+    torch.manual_seed(1)
+    model = DeepNorms().eval().to(torch.bfloat16)
+    inputs = [(torch.randn(4, 32, 256, dtype=torch.bfloat16),) for _ in range(2)]
+    tol = tuple(kernels.get("rmsnorm").tolerance[torch.bfloat16])
+
+    def kernel(fn, name):
+        return rt.Kernel("rmsnorm", fn, "bfloat16", "cpu", [[4, 32, 256]], tol, name=name)
+
+    good = integrate.check(model, inputs, [kernel(_rms_fp32, "fp32-accumulating")], "bfloat16")
+    assert good.status == "passed" and good.max_error > integrate.E2E_TOLERANCE["bfloat16"]
+    assert "against a float32 run of the model" in good.detail and "no less accurate" in good.detail
+    wrong = integrate.check(model, inputs, [kernel(lambda x, w, eps: (_rms_fp32(x, w, eps).float()
+                                                                       * 1.05).to(x.dtype), "5% off")],
+                            "bfloat16")
+    assert wrong.status == "failed" and wrong.family_flags == {"rmsnorm": "responsible"}
+
+
+def test_kernels_the_model_runs_slower_with_are_left_out():
+    """drop_slower (the GPU end-to-end stage's keep-or-revert at the model level), here with
+    wall-clock timings on the CPU: a kernel that costs 3 ms a call goes, a free one stays."""
+    import time as _time
+    model = Functional().eval()
+    x, t = torch.randn(2, 4, 16), torch.randint(0, 16, (2, 4))
+
+    def slow_softmax(x):
+        _time.sleep(0.003)
+        return torch.softmax(x, -1)
+
+    slow = rt.Kernel("softmax", slow_softmax, "float32", "cpu", [[8, 16]], (1e-6, 1e-6), name="slow")
+    free = rt.Kernel("layernorm", lambda x, w, b, eps: F.layer_norm(x, (16,), w, b, eps), "float32",
+                     "cpu", [[8, 16]], (1e-6, 1e-6), name="free")
+    kept, dropped = integrate.drop_slower(model, (x, t), [slow, free], reps=5)
+    assert [k.name for k in kept] == ["free"]
+    assert [k.name for k, _ in dropped] == ["slow"] and "without" in dropped[0][1]
+    assert "forward" not in model.__dict__                        # every trial was removed
+
+
 BAD_SOFTMAX = textwrap.dedent('''
     import torch
     import triton
@@ -341,6 +448,11 @@ def test_own_rmsnorm_file_optimized_checked_exported_and_applied_in_a_clean_proc
     assert cli_main(["report", run_id, "--db", str(db), "--out", str(tmp_path / "r.md")]) == 0
     report = (tmp_path / "r.md").read_text()
     assert "End to end (check): **passed**" in report and "Amdahl projection" in report
+    # the e2e command checks and times the same run again, as a new row; the first is kept
+    assert cli_main(["e2e", run_id, "--db", str(db), "--compile", "off"]) == 0
+    checks = Store(db, readonly=True).e2e_checks(run_id)
+    assert [c["status"] for c in checks] == ["passed", "passed"] and checks[1]["id"] == check["id"]
+    assert cli_main(["e2e", "no-such-run", "--db", str(db)]) == 2
 
     out_dir = tmp_path / "export"
     assert cli_main(["export", run_id, "--out", str(out_dir), "--db", str(db)]) == 0
