@@ -36,6 +36,14 @@ Search space (``SPACE``), rendered by ``render`` into one self-contained candida
   Clamped so every slice has at least one BLOCK_K step.
 - grid "tiles" (one program per output tile) or "persistent" (SMs * progs_per_sm programs per
   (batch, slice), each walking tiles pid, pid + P, ...).
+- loads "pointers" (every tile loaded through computed pointers, any GPU) or "tma": operand tiles
+  moved by the tensor memory accelerator through host-side tensor descriptors (Hopper and newer
+  NVIDIA GPUs; the interpreter runs them too). A descriptor zero-fills past the edges and clips
+  the store, so nothing is masked; b stored K-major (W^T of a linear layer, q @ k^T's k^T) is
+  loaded as [BLOCK_N, BLOCK_K] tiles and transposed in registers. It applies to the "tiles" grid
+  without split-K, operands with a unit last stride and 16-byte aligned rows (K and N multiples
+  of 8 in 16-bit types) and a batch of one or a batch on both sides; anything else, and GPUs
+  without TMA (AMD, NVIDIA before sm_90), takes the pointer path.
 Out-of-range rows and columns of a partial tile re-read valid ones (index modulo M and N) and are
 never stored, so the loads need no M/N masks; the K tail is masked unless K is a multiple of
 BLOCK_K (EVEN_K, decided at launch).
@@ -208,9 +216,10 @@ SPACE = {
     "split_k": [1, 2, 4, 8, 16],
     "grid": ["tiles", "persistent"],
     "progs_per_sm": [1, 2, 4],
+    "loads": ["pointers", "tma"],
 }
 DEFAULT = {"block_m": 128, "block_n": 128, "block_k": 32, "group_m": 8, "num_warps": 4,
-           "num_stages": 3, "split_k": 1, "grid": "tiles", "progs_per_sm": 1}
+           "num_stages": 3, "split_k": 1, "grid": "tiles", "progs_per_sm": 1, "loads": "pointers"}
 
 
 GEMM_HELPERS_SRC = '''
@@ -405,7 +414,116 @@ def _matmul(a, b, cfg):
 '''
 
 
-def _kernel_fn() -> str:
+TMA_SRC = '''from triton.tools.tensor_descriptor import TensorDescriptor
+
+
+@triton.jit
+def _mm_tma(a_desc, b_desc, c_desc, M, N, K,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+            GROUP_M: tl.constexpr, BATCHED: tl.constexpr, B_KMAJOR: tl.constexpr,
+            IEEE: tl.constexpr, DOT_FP32: tl.constexpr):
+    """One output tile [BLOCK_M, BLOCK_N] of c[batch] = a[batch] @ b[batch], every operand tile
+    moved by TMA: descriptors over a [(Bt,) M, K], b [(Bt,) K, N] or, B_KMAJOR, its K-major
+    storage [(Bt,) N, K], and c [(Bt,) M, N]. Loads past the edges read zeros, the store is
+    clipped: no masks. fp32 accumulator, stored once in c's dtype."""
+    tile = tl.program_id(0)
+    batch = tl.program_id(1)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = tile // num_pid_in_group                            # grouped (swizzled) order
+    first_pid_m = group_id * GROUP_M
+    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+    off_m = (first_pid_m + (tile % num_pid_in_group) % group_size_m) * BLOCK_M
+    off_n = ((tile % num_pid_in_group) // group_size_m) * BLOCK_N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        off_k = k * BLOCK_K
+        if BATCHED:
+            a = a_desc.load([batch, off_m, off_k]).reshape(BLOCK_M, BLOCK_K)
+            if B_KMAJOR:
+                b = tl.trans(b_desc.load([batch, off_n, off_k]).reshape(BLOCK_N, BLOCK_K))
+            else:
+                b = b_desc.load([batch, off_k, off_n]).reshape(BLOCK_K, BLOCK_N)
+        else:
+            a = a_desc.load([off_m, off_k])
+            if B_KMAJOR:
+                b = tl.trans(b_desc.load([off_n, off_k]))
+            else:
+                b = b_desc.load([off_k, off_n])
+        if DOT_FP32:                       # interpreter: its tl.dot cannot multiply bf16
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        if IEEE:                           # fp32 operands: full fp32, no TF32
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+    out = acc.to(c_desc.dtype)
+    if BATCHED:
+        c_desc.store([batch, off_m, off_n], out.reshape(1, BLOCK_M, BLOCK_N))
+    else:
+        c_desc.store([off_m, off_n], out)
+
+
+_TMA_DEVICES = {}
+
+
+def _has_tma(device):
+    """Hopper-class NVIDIA GPUs (sm_90+) move tiles with TMA; the interpreter emulates it."""
+    if device.type == "cpu":
+        return True
+    if device.type != "cuda" or torch.version.hip is not None:
+        return False
+    if device.index not in _TMA_DEVICES:
+        _TMA_DEVICES[device.index] = torch.cuda.get_device_capability(device)[0] >= 9
+    return _TMA_DEVICES[device.index]
+
+
+def _rows_ok(t):
+    """Unit last stride, 16-byte aligned base and leading strides: what a descriptor needs."""
+    item = t.element_size()
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+            and all((s * item) % 16 == 0 for s in t.stride()[:-1]))
+
+
+def _matmul_tma(a, b, cfg):
+    """_matmul through _mm_tma, or None when the operands or the device do not allow it."""
+    bm, bn, bk, group_m, split_k, warps, stages, pps = cfg
+    batch, M, K = a.shape
+    N = b.shape[2]
+    if (b.shape[0] != batch or M == 0 or N == 0 or K == 0 or not _has_tma(a.device)
+            or (N * a.element_size()) % 16):
+        return None
+    b_kmajor = b.stride(1) == 1 and b.stride(2) != 1
+    bs = b.transpose(1, 2) if b_kmajor else b                      # its storage order
+    if not (_rows_ok(a[0] if batch == 1 else a) and _rows_ok(bs[0] if batch == 1 else bs)):
+        return None
+    c = torch.empty((batch, M, N), dtype=a.dtype, device=a.device)
+    dot_fp32 = a.dtype == torch.bfloat16 and a.device.type == "cpu"
+    ieee = a.dtype == torch.float32 or dot_fp32
+    bm, bn, bk, stages = _fit_gemm(bm, bn, bk, stages, warps, M, N, K, a.element_size(),
+                                   _smem_budget(a.device))
+    b_block = [bn, bk] if b_kmajor else [bk, bn]
+    if batch == 1:
+        descs = (TensorDescriptor.from_tensor(a[0], [bm, bk]),
+                 TensorDescriptor.from_tensor(bs[0], b_block),
+                 TensorDescriptor.from_tensor(c[0], [bm, bn]))
+    else:
+        descs = (TensorDescriptor.from_tensor(a, [1, bm, bk]),
+                 TensorDescriptor.from_tensor(bs, [1] + b_block),
+                 TensorDescriptor.from_tensor(c, [1, bm, bn]))
+    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn), batch)
+    _mm_tma[grid](*descs, M, N, K, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m,
+                  BATCHED=batch > 1, B_KMAJOR=b_kmajor, IEEE=ieee, DOT_FP32=dot_fp32,
+                  num_warps=warps, num_stages=stages)
+    return c
+'''
+
+
+def _kernel_fn(tma: bool = False) -> str:
+    call = ("c = None\n    if a3.shape[0] == b3.shape[0]:\n        c = _matmul_tma(a3, b3, CONFIG)\n"
+            "    if c is None:                                   # the pointer path\n"
+            "        c = _matmul(a3, b3, CONFIG)") if tma else "c = _matmul(a3, b3, CONFIG)"
     return '''
 
 def kernel_fn(a, b):
@@ -422,21 +540,24 @@ def kernel_fn(a, b):
     b3 = b if b.dim() == 3 else b.unsqueeze(0)
     if a3.shape[0] != b3.shape[0] and min(a3.shape[0], b3.shape[0]) != 1:
         raise ValueError(f"batch sizes differ: {list(a.shape)} @ {list(b.shape)}")
-    c = _matmul(a3, b3, CONFIG)
+    CALL
     return c if a.dim() == 3 or b.dim() == 3 else c[0]
-'''
+'''.replace("CALL", call)
 
 
 def render(params) -> str:
     """Complete candidate source for one point of SPACE (missing params take DEFAULT values)."""
     p = C.resolve(NAME, SPACE, DEFAULT, params)
     persistent = p["grid"] == "persistent"
+    tma = p["loads"] == "tma" and not persistent and p["split_k"] == 1
     if p["split_k"] > 1:
         traffic = (f"with SPLIT_K = {p['split_k']} it also writes and re-reads an fp32 workspace of "
                    f"SPLIT_K*M*N*4 bytes per batch")
     else:
         traffic = "it writes c once"
-    doc = f'''"""Matmul candidate ({p["block_m"]}x{p["block_n"]}x{p["block_k"]} tiles, {p["grid"]} grid, split_k={p["split_k"]}): c = a @ b.
+    if tma:
+        traffic += "; operand tiles move by TMA (tensor descriptors) where the GPU has it"
+    doc = f'''"""Matmul candidate ({p["block_m"]}x{p["block_n"]}x{p["block_k"]} tiles, {p["grid"]} grid, split_k={p["split_k"]}{", TMA loads" if tma else ""}): c = a @ b.
 
 a [M, K] or [Bt, M, K], b [K, N] or [Bt, K, N], any strides; c contiguous in a's dtype. fp32
 accumulation; fp32 operands multiply in full fp32 (input_precision="ieee", no TF32).
@@ -459,8 +580,10 @@ CONFIG = (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, NUM_WARPS, NUM_STAGES, PR
     parts = [doc, GEMM_HELPERS_SRC]
     if persistent:
         parts.append(C.NUM_SMS_SRC)
-    parts += ["\n", gemm_kernel(persistent), "\n", SPLITK_SUM_SRC, launcher_src(persistent),
-              _kernel_fn()]
+    parts += ["\n", gemm_kernel(persistent), "\n", SPLITK_SUM_SRC, launcher_src(persistent)]
+    if tma:
+        parts += ["\n\n", TMA_SRC]
+    parts.append(_kernel_fn(tma))
     return C.tidy("\n".join(parts))
 
 

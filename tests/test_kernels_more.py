@@ -132,7 +132,10 @@ def test_registry():
 _ALLOWED_IMPORTS = {"torch", "triton", "triton.language"}
 # torch attributes a candidate may touch: allocation, dtypes and device queries. Everything
 # numeric happens in Triton.
-_ALLOWED_TORCH = {"empty", "float32", "bfloat16", "cuda"}
+_ALLOWED_TORCH = {"empty", "float32", "bfloat16", "cuda", "version"}
+# the one from-import a candidate may make: Hopper TMA descriptors (matmul's "tma" loads), always
+# behind a device check with the pointer path as the fallback
+_ALLOWED_FROM = {("triton.tools.tensor_descriptor", "TensorDescriptor")}
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
@@ -156,12 +159,14 @@ def test_render_every_value(name):
             if isinstance(node, ast.Import):
                 assert {a.name for a in node.names} <= _ALLOWED_IMPORTS, ast.dump(node)
             elif isinstance(node, ast.ImportFrom):
-                raise AssertionError(f"from-import in a candidate: {ast.dump(node)}")
+                assert {(node.module, a.name) for a in node.names} <= _ALLOWED_FROM, ast.dump(node)
             elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
                   and node.value.id == "torch"):
                 assert node.attr in _ALLOWED_TORCH, f"torch.{node.attr} in a candidate"
         assert "tl.atomic" not in src
-        assert "TensorDescriptor" not in src and "make_tensor_descriptor" not in src
+        assert "make_tensor_descriptor" not in src        # device-side: needs an allocator
+        if "TensorDescriptor" in src:                    # only where the GPU has TMA, else pointers
+            assert "_has_tma(" in src and "the pointer path" in src
     assert len(sources) > len(fam.space) / 2, "parameters should change the source"
     assert fam.starter() == fam.render(fam.default)
     with pytest.raises(ValueError):
@@ -284,6 +289,35 @@ def test_guarded_verifier_cases(name, cand_dir):
     assert any(c.layout != "contiguous" for c in cases)
     for case in cases:
         v.check(fn, case)
+
+
+def test_matmul_tma_loads_take_descriptors_where_they_can_and_pointers_elsewhere(cand_dir):
+    """The "tma" point runs its descriptor kernel (the interpreter emulates TMA) on aligned 2-D,
+    K-major and batched operands, and the pointer kernel on rows a descriptor cannot address."""
+    src = matmul.render(dict(matmul.DEFAULT, loads="tma", block_m=32, block_n=32, block_k=16))
+    fn = load_candidate(src, cand_dir)
+    mod = sys.modules[fn.__module__]
+    taken = []
+    tma = mod._matmul_tma
+    mod._matmul_tma = lambda a, b, cfg: taken.append(tma(a, b, cfg) is not None) or tma(a, b, cfg)
+    try:
+        g = gen(3)
+        cases = [  # (a, b, takes TMA)
+            (torch.randn(40, 24, generator=g), torch.randn(16, 24, generator=g).t(), True),  # x @ W^T
+            (torch.randn(3, 40, 32, generator=g), torch.randn(3, 32, 24, generator=g), True),
+            (torch.randn(33, 17, generator=g), torch.randn(17, 9, generator=g), False),    # 68-byte rows
+        ]
+        for dtype in (torch.float32, torch.bfloat16):
+            for a, b, expect in cases:
+                taken.clear()
+                out = fn(a.to(dtype), b.to(dtype))
+                ref = torch.matmul(a.to(dtype).double(), b.to(dtype).double())
+                assert taken[:1] == [expect], (a.shape, b.shape, dtype)
+                bound = (a.to(dtype).double().abs() @ b.to(dtype).double().abs())
+                step = 2.0 ** -23 if dtype == torch.float32 else 2.0 ** -7
+                assert ((out.double() - ref).abs() <= 4 * step * bound + 1e-30).all()
+    finally:
+        mod._matmul_tma = tma
 
 
 # ---------------------------------------------------------------------------------------------
