@@ -132,4 +132,9 @@ def _end_to_end(store: Store, run_id: str, projected: float, interp: bool) -> li
         for t in timings:
             vs = f"{eager / t['latency_us']:.3g}x" if eager and t["latency_us"] else "-"
             out.append(f"| {t['variant']} | {_us(t['latency_us'])} | {vs} | {t['note'] or ''} |")
+        by = {t["variant"]: t["latency_us"] for t in timings if t["latency_us"]}
+        if not interp and by.get("compile") and by.get("compile_optimized"):
+            ratio = by["compile"] / by["compile_optimized"]
+            out += ["", f"Under torch.compile the kernels give {ratio:.3g}x" + (
+                "" if ratio >= 1 else ": for this input, compile the original model") + "."]
     return out

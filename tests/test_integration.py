@@ -548,3 +548,16 @@ def test_kernelbench_fast_p_arithmetic():
     assert fast_p(rs, "eager", 1.0) == 0.5 and fast_p(rs, "eager", 1.5) == 0.25
     assert fast_p(rs, "eager", 2.0) == 0.25 and fast_p(rs, "compile", 1.0) == 0.25
     assert fast_p(rs, "compile", 1.5) == 0.0
+
+
+def test_reports_of_the_recorded_gpu_runs_say_where_the_kernels_help():
+    """data/recorded_h200_e2e.db: the H200 end-to-end runs of docs/benchmarks.md."""
+    from engine.report import run_markdown
+    s = Store(ROOT / "data" / "recorded_h200_e2e.db", readonly=True)
+    gpt2 = run_markdown(s, "20261201-055031-5fea85")
+    assert "Under torch.compile the kernels give 0.882x: for this input, compile the original" in gpt2
+    llama_b1 = run_markdown(s, "20261201-061548-5e6356")
+    assert "Under torch.compile the kernels give 1.06x." in llama_b1
+    assert "no less accurate" in llama_b1                   # the bf16 check against float32
+    bert = run_markdown(s, "20261201-055237-305ba2")
+    assert "Left out of the optimized model (it ran slower with them): softmax, layernorm." in bert
