@@ -302,7 +302,8 @@ def _softmax(rt, func, args, kwargs):
     # (input, dim, dtype=None)
     x = _arg(args, kwargs, 0, "input")
     dim = _arg(args, kwargs, 1, "dim")
-    dtype = _arg(args, kwargs, 3, "dtype") if func is F.softmax else _arg(args, kwargs, 2, "dtype")
+    dtype = (_arg(args, kwargs, 3, "dtype") if func is _pytorch(F.softmax)
+             else _arg(args, kwargs, 2, "dtype"))
     if not _is_float_tensor(x) or dtype is not None or not _last_dim(dim, x.dim()):
         return NotImplemented
     k = rt.fits("softmax", shape_key("softmax", x.shape), (x,))
@@ -425,18 +426,25 @@ def _sum(rt, func, args, kwargs):
     return NotImplemented if k is None else k.op(x)
 
 
+def _pytorch(fn):
+    """PyTorch's own function behind ``fn`` (fn itself unless an eager forward, of this copy of
+    the runtime or an exported one, has it replaced right now)."""
+    return getattr(fn, "_nightshift_original", fn)
+
+
 HANDLERS = {
-    F.softmax: ("softmax", _softmax), torch.softmax: ("softmax", _softmax),
-    torch.Tensor.softmax: ("softmax", _softmax),
-    F.layer_norm: ("layernorm", _layer_norm),
-    F.cross_entropy: ("cross_entropy", _cross_entropy),
-    F.scaled_dot_product_attention: ("attention", _sdpa),
-    F.linear: ("matmul", _linear), torch.matmul: ("matmul", _matmul),
-    torch.Tensor.matmul: ("matmul", _matmul), torch.Tensor.__matmul__: ("matmul", _matmul),
-    torch.sum: ("reduce", _sum), torch.Tensor.sum: ("reduce", _sum),
+    _pytorch(F.softmax): ("softmax", _softmax), _pytorch(torch.softmax): ("softmax", _softmax),
+    _pytorch(torch.Tensor.softmax): ("softmax", _softmax),
+    _pytorch(F.layer_norm): ("layernorm", _layer_norm),
+    _pytorch(F.cross_entropy): ("cross_entropy", _cross_entropy),
+    _pytorch(F.scaled_dot_product_attention): ("attention", _sdpa),
+    _pytorch(F.linear): ("matmul", _linear), _pytorch(torch.matmul): ("matmul", _matmul),
+    _pytorch(torch.Tensor.matmul): ("matmul", _matmul),
+    _pytorch(torch.Tensor.__matmul__): ("matmul", _matmul),
+    _pytorch(torch.sum): ("reduce", _sum), _pytorch(torch.Tensor.sum): ("reduce", _sum),
 }
 if hasattr(F, "rms_norm"):
-    HANDLERS[F.rms_norm] = ("rmsnorm", _rms_norm)
+    HANDLERS[_pytorch(F.rms_norm)] = ("rmsnorm", _rms_norm)
 
 
 # Where each intercepted function lives, so eager forwards can replace it there.
@@ -485,8 +493,7 @@ def _points(families) -> list:
     (a model with a softmax kernel keeps PyTorch's own @ and F.linear untouched)."""
     out = []
     for owner, attr in PATCH_POINTS:
-        fn = getattr(owner, attr)
-        if HANDLERS[getattr(fn, "_nightshift_original", fn)][0] in families:
+        if HANDLERS[_pytorch(getattr(owner, attr))][0] in families:
             out.append((owner, attr))
     return out
 
@@ -496,8 +503,7 @@ def _install(points) -> None:
         for owner, attr in points:
             key = (owner, attr)
             if _patch_users.get(key, 0) == 0:
-                orig = getattr(owner, attr)
-                orig = getattr(orig, "_nightshift_original", orig)
+                orig = _pytorch(getattr(owner, attr))
                 family, handler = HANDLERS[orig]
                 _originals[key] = orig
                 setattr(owner, attr, _wrapper(orig, family, handler))
