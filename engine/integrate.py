@@ -334,14 +334,19 @@ def _median_time(fn, inputs, device, warmup: int, reps: int,
     return med, ((hi - lo) / med if med > 0 else 0.0)
 
 
+def _device(model, inputs) -> torch.device:
+    """Where the model runs: its first parameter's device, else its first tensor input's."""
+    return next((t.device for t in list(model.parameters()) + list(inputs)
+                 if isinstance(t, torch.Tensor)), torch.device("cpu"))
+
+
 def drop_slower(model, inputs, kernels: list, reps: int = 20) -> tuple[list, list]:
     """Keep or revert at the model level, on a GPU: while the optimized model is slower than the
     original (by more than 1% and its timing noise), leave out the kernel whose absence makes it
     fastest. A kernel faster alone can lose in the model: a launch-bound model (small batches,
     many short ops) pays each Triton launch's CPU cost (~50 us against ~17 us for an ATen op on
     the H200 host) while the GPU waits. Returns (kernels kept, [(kernel, note)] left out)."""
-    device = next((t.device for t in list(model.parameters()) + list(inputs)
-                   if isinstance(t, torch.Tensor)), torch.device("cpu"))
+    device = _device(model, inputs)
 
     def timed(ks) -> tuple[float, float]:
         if not ks:
@@ -384,8 +389,7 @@ def time_variants(model, inputs, kernels: list, timing_mode: str, do_compile: bo
     interp = timing_mode == "interpreter"
     reps = reps or (3 if interp else 20)
     warmup = 2 if warmup is None else warmup
-    device = next((t.device for t in list(model.parameters()) + list(inputs)
-                   if isinstance(t, torch.Tensor)), torch.device("cpu"))
+    device = _device(model, inputs)
     label = "interpreter timing" if interp else ""
     rows = []
 

@@ -427,8 +427,8 @@ def _sum(rt, func, args, kwargs):
 
 
 def _pytorch(fn):
-    """PyTorch's own function behind ``fn`` (fn itself unless an eager forward, of this copy of
-    the runtime or an exported one, has it replaced right now)."""
+    """The function behind ``fn``: PyTorch's own (or a model's rotary function), fn itself unless
+    this copy of the runtime or an exported one has it replaced right now."""
     return getattr(fn, "_nightshift_original", fn)
 
 
@@ -710,7 +710,7 @@ def rotary_functions(model: nn.Module) -> list:
         if pymod is None or mod_name.startswith("torch."):
             continue
         for attr, fn in sorted(vars(pymod).items()):
-            fn = getattr(fn, "_nightshift_original", fn)
+            fn = _pytorch(fn)                       # the model's own, if swapped right now
             if (not inspect.isfunction(fn) or not any(w in attr.lower() for w in _ROTARY_NAME)
                     or id(fn) in seen):
                 continue

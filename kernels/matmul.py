@@ -280,14 +280,17 @@ num_pid_n = tl.cdiv(N, BLOCK_N)
 num_pid_in_group = GROUP_M * num_pid_n'''
 
 
-def tile_coords() -> str:
-    return '''
+GROUP_ORDER_SRC = '''
 # grouped order: GROUP_M row-tiles sweep the column tiles together (L2 reuse of a and b)
 group_id = tile // num_pid_in_group
 first_pid_m = group_id * GROUP_M
 group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
 pid_m = first_pid_m + (tile % num_pid_in_group) % group_size_m
-pid_n = (tile % num_pid_in_group) // group_size_m
+pid_n = (tile % num_pid_in_group) // group_size_m'''
+
+
+def tile_coords() -> str:
+    return GROUP_ORDER_SRC + '''
 rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)                       # [BLOCK_M] output rows
 rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)                       # [BLOCK_N] output columns
 rk = tl.arange(0, BLOCK_K)
@@ -431,11 +434,9 @@ def _mm_tma(a_desc, b_desc, c_desc, M, N, K,
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_pid_in_group = GROUP_M * num_pid_n
-    group_id = tile // num_pid_in_group                            # grouped (swizzled) order
-    first_pid_m = group_id * GROUP_M
-    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
-    off_m = (first_pid_m + (tile % num_pid_in_group) % group_size_m) * BLOCK_M
-    off_n = ((tile % num_pid_in_group) // group_size_m) * BLOCK_N
+''' + C.indent(GROUP_ORDER_SRC.strip("\n"), 4) + '''
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         off_k = k * BLOCK_K
