@@ -43,6 +43,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--patience", type=int, default=5)
     r.add_argument("--worker-timeout", type=float, default=300.0, help="seconds per candidate")
     r.add_argument("--n-layer", type=int, default=None, help="override the model's layer count")
+    r.add_argument("--verify-order", default="auto", choices=("auto", "full", "bench-first"),
+                   help="full: all five stages before timing; bench-first: time after the smoke "
+                        "test, verify further only what beats the best; auto (default): "
+                        "bench-first on a GPU, full under the interpreter")
     w = r.add_argument_group("scale-out (docs/scaling.md); default: one local worker")
     w.add_argument("--workers", type=int, default=None, metavar="N",
                    help="evaluate on N workers: a local pool, one per GPU (GPUs 0..N-1); with "
@@ -159,7 +163,7 @@ def cmd_run(a) -> int:
                     max_tokens_total=a.max_tokens, max_cost_usd=a.max_cost,
                     price_in_per_mtok=a.price_in, price_out_per_mtok=a.price_out,
                     llm_timeout_s=a.llm_timeout, llm_retries=a.llm_retries,
-                    workers=a.workers, ray_address=a.ray_address)
+                    workers=a.workers, ray_address=a.ray_address, verify_order=a.verify_order)
     try:
         cfg.validate()
         Store(a.db).close()   # a database that cannot be opened fails here, before any work

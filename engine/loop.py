@@ -20,6 +20,7 @@ from engine.store import Store, StoreError
 from engine.worker import WorkerDied
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+VERIFY_ORDERS = ("auto", "full", "bench-first")
 MIN_MARGIN = 0.01   # never keep a change smaller than 1%, however quiet the measurement
 MAX_TARGET_SHAPES = 4
 
@@ -61,6 +62,11 @@ class RunConfig:
     # here), with workers=N actors (None: one per GPU in the cluster).
     workers: int | None = None
     ray_address: str | None = None
+    # When the four costly stages run (engine/worker.py): "full" verifies every candidate before
+    # timing it; "bench-first" times a candidate after its smoke test and verifies it further only
+    # if it beats the target's best (only those can be kept); "auto" is bench-first on a GPU,
+    # where the sweep's compiles are most of an experiment, and full under the interpreter.
+    verify_order: str = "auto"
 
     def validate(self) -> None:
         from engine import sources
@@ -89,6 +95,9 @@ class RunConfig:
                               f"{', '.join(proposers.NAMES)}")
         if self.proposer in ("llm", "hybrid"):
             _validate_llm(self)
+        if self.verify_order not in VERIFY_ORDERS:
+            raise ConfigError(f"unknown verify order {self.verify_order!r}; choose one of "
+                              f"{', '.join(VERIFY_ORDERS)}")
         if self.workers is not None and not 1 <= self.workers <= backends.MAX_WORKERS:
             raise ConfigError(f"--workers must be between 1 and {backends.MAX_WORKERS}")
         if self.ray_address is not None:
@@ -365,6 +374,8 @@ class _Dispatch:
         self.keys = itertools.count(1)
         self.previous = None
         self.finished = False                  # nothing more to propose: drain, then end
+        self.bench_first = cfg.verify_order == "bench-first" or (
+            cfg.verify_order == "auto" and timing_mode == "gpu")
 
     def run(self, previous) -> str:
         store, control = self.store, self.control
@@ -480,6 +491,12 @@ class _Dispatch:
         req = {"op": "evaluate", "family": fam.name, "source": prop.source,
                "dtype": target["dtype"], "shapes": target["shapes"],
                "seed": self.cfg.seed * 1_000_003 + len(seen) + 1}
+        # the gate compares with the best's timing, so only where every worker is the reference's
+        # GPU model (else a candidate slower here may still be faster on the reference)
+        if (self.bench_first and target["best_latency_us"]
+                and all(self.pool.same_model(n) for n in self.pool.live())):
+            req["gate"] = {"best_us": target["best_latency_us"], "best_noise": target["best_noise"],
+                           "min_margin": MIN_MARGIN}
         key = next(self.keys)
         self.inflight[key] = {
             "exp": exp, "t0": t0, "first": not seen, "req": req,
@@ -520,7 +537,10 @@ class _Dispatch:
         timing = r.get("timing")
         if timing:
             self._set_timing(exp, timing)
-        if timing and not r["failed_stage"] and d.slot != self.pool.reference:
+        if r.get("gated"):
+            # slower than the best when the job was sent; the best has only got faster since
+            exp.update(state="reverted", error=r["gated"])
+        elif timing and not r["failed_stage"] and d.slot != self.pool.reference:
             target = self._target(exp["target_id"])
             best = target["best_latency_us"]
             margin = max(MIN_MARGIN, exp["noise"] or 0, target["best_noise"] or 0)
@@ -578,7 +598,9 @@ class _Dispatch:
         target = self._target(exp["target_id"])
         exp["duration_s"] = time.monotonic() - item["t0"]
         update = {"experiments": target["experiments"] + 1, "state": "active"}
-        if exp.get("state") != "failed":
+        if exp.get("state") == "reverted":        # timed, not verified further (bench-first)
+            update["no_improve"] = target["no_improve"] + 1
+        elif exp.get("state") != "failed":
             lat = exp["latency_us"]
             best_lat = target["best_latency_us"]
             margin = max(MIN_MARGIN, exp["noise"] or 0, target["best_noise"] or 0)

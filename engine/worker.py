@@ -284,7 +284,8 @@ def _time_reference(req, state) -> dict:
 
 
 def _evaluate(req, state, snapshot, workdir, send) -> dict:
-    """Load, verify (5 stages), time, re-check. Returns stages, timing and the verdict."""
+    """Load, verify (5 stages), time, re-check. Returns stages, timing and the verdict; with a
+    gate, "gated" (why) when the candidate was timed but, being slower, not verified further."""
     import kernels
     from engine import verify
     fam = kernels.get(req["family"])
@@ -296,6 +297,8 @@ def _evaluate(req, state, snapshot, workdir, send) -> dict:
 
     def fail(stage, msg):
         result.update(failed_stage=stage, error=msg)
+        if req.get("gate") and req.get("verify", True):
+            _skip_rest(stages)    # failed at the timing of the bench-first order: the rest not run
         if _looks_fatal(msg):
             result["restart"] = True  # a broken GPU context: this process must not go on
         return result
@@ -315,20 +318,32 @@ def _evaluate(req, state, snapshot, workdir, send) -> dict:
         _skip_rest(stages)
         return fail("smoke", tampered)
 
+    def run_stages(names) -> bool:
+        for stage in names:
+            send({"progress": stage})
+            r = v.run_stage(fn, stage)
+            tampered = verify.tamper_check(snapshot)
+            if tampered and r.status == "passed":
+                r = verify.StageResult(stage, "failed", detail=tampered, duration_s=r.duration_s)
+            stages.append(r.row())
+            if tampered:
+                result["restart"] = True
+            if r.status == "failed":
+                _skip_rest(stages)
+                fail(stage, r.detail)
+                return False
+        return True
+
     # verify=False: a re-time on the reference worker of a candidate that passed all five stages on
-    # another worker; it is still loaded, tamper-checked, timed and re-checked after timing here
-    for stage in (verify.STAGES if req.get("verify", True) else ()):
-        send({"progress": stage})
-        r = v.run_stage(fn, stage)
-        tampered = verify.tamper_check(snapshot)
-        if tampered and r.status == "passed":
-            r = verify.StageResult(stage, "failed", detail=tampered, duration_s=r.duration_s)
-        stages.append(r.row())
-        if tampered:
-            result["restart"] = True
-        if r.status == "failed":
-            _skip_rest(stages)
-            return fail(stage, r.detail)
+    # another worker; it is still loaded, tamper-checked, timed and re-checked after timing here.
+    # gate={"best_us", "best_noise", "min_margin"} (bench-first order): smoke, then the timing, and
+    # the four costly stages only for a candidate faster than the best by more than the noise; a
+    # slower one is reverted whatever the rest would say, so verifying it is wasted (on a GPU the
+    # shape sweep's compiles are most of an experiment's time).
+    gate = req.get("gate") if req.get("verify", True) and req.get("time", True) else None
+    todo = verify.STAGES if req.get("verify", True) else ()
+    if not run_stages(todo[:1] if gate else todo):
+        return result
 
     if not req.get("time", True):
         return result
@@ -348,6 +363,18 @@ def _evaluate(req, state, snapshot, workdir, send) -> dict:
         if row["sol_us"] and row["us"] < row["sol_us"] / 1.15:
             return fail("benchmark", f"faster than the speed of light at shape {row['shape']}: "
                                      f"{row['us']:.2f} us < {row['sol_us']:.2f} us minimum")
+    if gate:
+        margin = max(gate["min_margin"], timing["noise"] or 0, gate["best_noise"] or 0)
+        if timing["latency_us"] >= gate["best_us"] * (1 - margin):
+            why = (f"not verified further: {timing['latency_us']:.1f} us is not faster than the best "
+                   f"{gate['best_us']:.1f} us by more than the noise ({margin:.1%})")
+            stages.extend(verify.StageResult(st, "skipped", detail=why).row()
+                          for st in verify.STAGES[1:])
+            result["gated"] = why
+            return result
+        if not run_stages(verify.STAGES[1:]):
+            return result
+
     send({"progress": "recheck"})
     try:
         case = verify.Case(tuple(req["shapes"][0]["shape"]), req["dtype"])

@@ -125,6 +125,35 @@ def test_a_clearly_faster_candidate_is_kept(tmp_path):
     assert s.targets(run_id)[0]["best_experiment_id"] == exps[1]["id"]
 
 
+def test_bench_first_verifies_only_candidates_that_beat_the_best(tmp_path):
+    # The starter (one row per program) is kept, fully verified: there is no best yet. Eight rows
+    # per program is several times faster under the interpreter: it beats the best, so it is
+    # verified in full and kept. A one-row variant (other warps: another source) is slower than
+    # that: timed after its smoke test, not verified further, reverted.
+    fam = kernels.get("rmsnorm")
+    faster = fam.render({**fam.default, "rows_per_prog": 8})
+    slower = fam.render({**fam.default, "rows_per_prog": 1, "num_warps": 2})
+    assert slower != fam.starter()
+    cfg = RunConfig(model="llama-tiny", families=["rmsnorm"], budget_experiments=3,
+                    db=str(tmp_path / "runs.db"), patience=100, e2e_check=False,
+                    verify_order="bench-first")
+    run_id = execute(cfg, log=lambda _: None, proposer=Scripted([faster, slower]))
+    s = Store(tmp_path / "runs.db", readonly=True)
+    exps = s.experiments(run_id)
+    assert [e["state"] for e in exps] == ["kept", "kept", "reverted"], [
+        (e["state"], e["error"]) for e in exps]
+    for e in exps[:2]:
+        assert [v["status"] for v in s.verifications(e["id"])] == ["passed"] * 5
+    gated = s.verifications(exps[2]["id"])
+    assert [v["stage"] for v in gated] == ["smoke", "shape_sweep", "stability", "determinism",
+                                           "edge_cases"]
+    assert [v["status"] for v in gated] == ["passed"] + ["skipped"] * 4
+    assert exps[2]["error"].startswith("not verified further: ") and exps[2]["latency_us"] > 0
+    assert exps[2]["failed_stage"] is None
+    assert s.targets(run_id)[0]["best_experiment_id"] == exps[1]["id"]
+    assert s.get_run(run_id)["config"]["verify_order"] == "bench-first"
+
+
 def test_sigkill_mid_run_then_resume_loses_nothing(tmp_path):
     db = tmp_path / "runs.db"
     p = subprocess.Popen([sys.executable, "-m", "engine", "run", "--model", "llama-tiny",
@@ -170,6 +199,7 @@ def test_sigkill_mid_run_then_resume_loses_nothing(tmp_path):
     (["verify", "--family", "warpdrive", "--candidate", "x.py"], "unknown family"),
     (["verify", "--family", "softmax", "--candidate", "does/not/exist.py"], "no such candidate"),
     (["verify", "--family", "softmax", "--candidate", "README.md", "--shape", "4xx"], "malformed shape"),
+    (["run", "--verify-order", "sideways"], "invalid choice"),
     (["frobnicate"], "invalid choice"),
 ])
 def test_cli_bad_input_one_clear_message(tmp_path, args, words):

@@ -146,3 +146,27 @@ def test_compare_lets_float32_subnormals_flush_to_zero_but_not_fp16():
     assert not verify.compare(torch.tensor([1.0, 1e-30]), e, 0.0, 1e-6)[0]
     h = torch.tensor([1.0, 3e-6], dtype=torch.float16)
     assert not verify.compare(torch.tensor([1.0, 0.0], dtype=torch.float16), h, 0.0, 1e-3)[0]
+
+
+@pytest.mark.parametrize("best_us, gated", [(1e-3, True), (1e12, False)])
+def test_bench_first_gate_verifies_only_what_beats_the_best(worker, best_us, gated):
+    """Bench-first order: smoke, timing, then the four costly stages only for a candidate faster
+    than the best. A wrong candidate (no max subtraction: NaN at the stability stage) that loses
+    is timed and left unverified; the same candidate when it would win is caught as always."""
+    src = (CAND / "softmax_no_max.py").read_text()
+    r = worker.request({"op": "evaluate", "family": "softmax", "source": src, "dtype": "float32",
+                        "shapes": SHAPES, "seed": 3, "gate": {"best_us": best_us, "best_noise": 0.0,
+                                                             "min_margin": 0.01}}, timeout_s=120)
+    assert [s["stage"] for s in r["stages"]] == list(verify.STAGES)
+    assert r["stages"][0]["status"] == "passed"
+    assert r["timing"]["latency_us"] > 0          # timed either way, right after the smoke test
+    if gated:
+        assert r["failed_stage"] is None and r["gated"].startswith("not verified further: ")
+        assert "is not faster than the best 0.0 us" in r["gated"]
+        assert [s["status"] for s in r["stages"][1:]] == ["skipped"] * 4
+        assert all(s["detail"] == r["gated"] for s in r["stages"][1:])
+    else:
+        assert "gated" not in r
+        assert r["failed_stage"] == "stability" and "nan" in r["error"].lower()
+        assert [s["status"] for s in r["stages"]] == ["passed", "passed", "failed", "skipped",
+                                                      "skipped"]
