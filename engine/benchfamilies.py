@@ -126,6 +126,25 @@ def pick_best(found: dict, shape: tuple) -> dict:
     return next(e for e in found["kept"] if e["id"] == found["best_id"])
 
 
+def activation_found(found: dict | None) -> dict | None:
+    """The best kernel of the SwiGLU activation's table: the elementwise kernel (by its act_block)
+    of the fastest kept fused_mlp experiment of the "separate" variant; None if the run kept none
+    (the "fused" variant has no such kernel: its activation is a GEMM epilogue)."""
+    from kernels import fused_mlp
+    sep = [e for e in (found or {}).get("kept", [])
+           if (e.get("params") or {}).get("variant") == "separate" and e.get("latency_us")]
+    if not sep:
+        return None
+    e = min(sep, key=lambda e: e["latency_us"])
+    block = e["params"].get("act_block", fused_mlp.DEFAULT["act_block"])
+    src = fused_mlp.ACTIVATION.render({"act_block": block})
+    note = (f"Best kernel: the SwiGLU kernel (act_block={block}) of run `{found['run']['id']}`'s "
+            f"fastest kept fused_mlp experiment of the \"separate\" variant (#{e['seq']}); the "
+            f"loop searched the whole MLP, not this kernel alone.")
+    return {"run": found["run"], "kept": [dict(e, source=src, shape_times=None)],
+            "best_id": e["id"], "note": note}
+
+
 # ---------------------------------------------------------------------------------------------
 # loading and timing
 # ---------------------------------------------------------------------------------------------
@@ -311,12 +330,15 @@ def markdown(meta: dict, sections: list[tuple], modes: list[str], header: bool =
 
 def _section(fam, rows, found, modes) -> list[str]:
     lines = [f"{fam.description} `{fam.signature}`"]
-    if found:
+    if found and found.get("note"):
+        lines.append(found["note"])
+    elif found:
         r = found["run"]
         lines.append(f"Best kernels from run `{r['id']}` ({r['model']}, {r['timing_mode']} "
                      f"timings, {len(found['kept'])} kept experiment(s) of {fam.name}).")
     else:
-        lines.append("No run in the database has a kept experiment for this family: starter only.")
+        lines.append(fam.notes.get("no_run", "No run in the database has a kept experiment for "
+                                             "this family: starter only."))
     return lines + [""] + family_table(fam, rows, modes, found)
 
 
@@ -367,6 +389,12 @@ def main(args, log=print) -> int:
         rows = measure_family(fam, shapes, dtype, gpu, ceilings, loader, found, modes,
                               compile_note, log)
         sections.append((fam, rows, found))
+        if name == "fused_mlp":        # and its memory-bound part, the activation, timed apart
+            from kernels import fused_mlp
+            act, act_found = fused_mlp.ACTIVATION, activation_found(found)
+            rows = measure_family(act, bench_shapes(act, args.quick, args.max_shapes), dtype, gpu,
+                                  ceilings, loader, act_found, modes, compile_note, log)
+            sections.append((act, rows, act_found))
     notes = list(compile_note)
     if args.no_compile:
         notes.append("torch.compile not run (--no-compile)")

@@ -318,3 +318,107 @@ FAMILY = Family(
     bound_tol=BOUND_TOL,
     from_profile=from_profile,
 )
+
+
+# ---------------------------------------------------------------------------------------------
+# the SwiGLU activation alone: h = silu(g) * u, timed apart by the benchmark
+# ---------------------------------------------------------------------------------------------
+# Not a family the profiler or the loop targets (no model runs it as one op): the elementwise
+# kernel of the "separate" variant as a standalone kernel_fn(g, u), so that `python -m engine
+# bench --families fused_mlp` can time the memory-bound part of the MLP against eager
+# F.silu(g) * u and torch.compile, at the MLPs' [N, F], and the verifier can judge it.
+# Bytes it must move: read g and u, write h: 3*N*F*itemsize; ~5 flops per element.
+
+def act_reference(g, u):
+    """What eager SwiGLUMLP runs between its GEMMs: silu, then a multiply (two kernels)."""
+    return F.silu(g) * u
+
+
+def act_make_inputs(shape, dtype, device, gen, kind="normal"):
+    """{g, u: [N, F]}: pre-activations g ~ N(0, 1) (scaled by kind, as the MLP's make_inputs
+    scales x) and u ~ N(0, 1)."""
+    dtype = C.as_dtype(dtype)
+    n, f = (int(s) for s in shape)
+    g = C.randn(gen, n, f)
+    if kind == "huge":
+        g = g * _SIGMA[dtype]
+    elif kind == "tiny":
+        g = g * 1e-3
+    elif kind == "mixed_scale":
+        g = g * C.log_uniform(gen, n, -2.0, 1.5)
+    elif kind == "heavy_tail":
+        g = C.cauchy(gen, n, f).clamp(-30.0, 30.0)
+    elif kind != "normal":
+        raise ValueError(f"unknown input kind {kind!r}; known: normal, {', '.join(ADVERSARIAL)}")
+    u = C.randn(gen, n, f)
+    return {"g": g.to(dtype).to(device), "u": u.to(dtype).to(device)}
+
+
+def act_cost(shape, dtype):
+    n, f = (int(s) for s in shape)
+    return 3 * n * f * C.itemsize(dtype), 5 * n * f
+
+
+def act_shape(shape) -> tuple[int, int]:
+    """[N, F] of h for a fused_mlp shape (*x.shape, F)."""
+    _, n, _, f = split_shape(shape)
+    return n, f
+
+
+# fp32 math rounded once: 2 ulps of the output; atol covers the subnormal silu(g) of very
+# negative g, where g / (1 + exp(-g)) is -0 once exp overflows (fp16: its subnormal spacing).
+ACT_TOLERANCE = {
+    torch.float32: (1e-37, 1e-6),
+    torch.float16: (1.2e-7, 2e-3),
+    torch.bfloat16: (1e-37, 1.6e-2),
+}
+ACT_SPACE = {"act_block": SPACE["act_block"]}
+ACT_DEFAULT = {"act_block": DEFAULT["act_block"]}
+
+
+def act_render(params) -> str:
+    p = C.resolve("fused_mlp.swiglu", ACT_SPACE, ACT_DEFAULT, params)
+    doc = f'''"""SwiGLU activation: h = silu(g) * u elementwise, the kernel between fused_mlp's GEMMs.
+
+g, u [N, F] (any strides; copied contiguous first if they are not), h [N, F] in their dtype,
+computed in fp32 and rounded once. Bytes the op must move: 3*N*F*itemsize.
+Point: {C.point_line(ACT_SPACE, p)}
+"""
+{C.IMPORTS_SRC}
+ACT_BLOCK = {p["act_block"]}       # elements per program
+'''
+    launcher = '''
+
+def kernel_fn(g, u):
+    if g.shape != u.shape or g.dtype != u.dtype:
+        raise ValueError("g and u must share a shape and a dtype")
+    g, u = g.contiguous(), u.contiguous()
+    h = torch.empty(g.shape, dtype=g.dtype, device=g.device)
+    total = g.numel()
+    if total:
+        _swiglu[(triton.cdiv(total, ACT_BLOCK),)](g, u, h, total, BLOCK=ACT_BLOCK, num_warps=4)
+    return h
+'''
+    return C.tidy("\n".join([doc, _ACT_KERNEL, launcher]))
+
+
+ACTIVATION = Family(
+    name="fused_mlp.swiglu",
+    signature="kernel_fn(g, u)",
+    arg_names=("g", "u"),
+    reference=act_reference,
+    make_inputs=act_make_inputs,
+    tolerance=ACT_TOLERANCE,
+    cost=act_cost,
+    bench_shapes=tuple(dict.fromkeys(act_shape(s) for s in BENCH_SHAPES)),
+    sweep_shapes=((1, 1), (2, 3), (17, 33), (5, 96), (1, 4000), (64, 1408), (128, 1024)),
+    edge_shapes=((1, 7), (13, 1), (4099, 3)),
+    adversarial=ADVERSARIAL,
+    space=ACT_SPACE,
+    default=ACT_DEFAULT,
+    render=act_render,
+    description="SwiGLU activation silu(g) * u alone: the memory-bound part of fused_mlp "
+                "(its \"separate\" variant's elementwise kernel), timed apart.",
+    notes={"bound": "memory", "no_run": "No run in the database kept a fused_mlp experiment of "
+                                        "the \"separate\" variant: starter only."},
+)

@@ -73,7 +73,39 @@ def test_bench_quick_with_a_run(tmp_path):
     # every implementation measured: no failed cells
     assert "failed" not in text
     rows = [l for l in text.splitlines() if l.startswith("| ") and not l.startswith("| shape")]
-    assert len(rows) == len(kernels.FAMILY_NAMES)
+    assert len(rows) == len(kernels.FAMILY_NAMES) + 1   # and fused_mlp's activation, timed apart
+    assert "No run in the database kept a fused_mlp experiment of the \"separate\"" in text.split(
+        "## fused_mlp.swiglu")[1]
+
+
+def test_bench_times_the_swiglu_activation_of_the_best_separate_mlp(tmp_path):
+    """fused_mlp's memory-bound part gets its own table: eager silu(g) * u, the starter's kernel,
+    and the kernel (its act_block) of the fastest kept experiment of the "separate" variant."""
+    db = tmp_path / "runs.db"
+    s = Store(db)
+    run_id = s.create_run("llama-tiny", {"model": "llama-tiny"}, {"name": "cpu"}, "interpreter", None)
+    created = s.get_run(run_id)["created_at"]
+    fam = kernels.get("fused_mlp")
+    t = s.add_target(run_id, "fused_mlp", "float32", [{"shape": [8, 16, 32], "count": 1}], 0.1)
+    for seq, (params, us) in enumerate([(dict(fam.default), 90.0),
+                                        (dict(fam.default, variant="separate", act_block=2048), 80.0),
+                                        (dict(fam.default, variant="separate", act_block=512), 70.0)]):
+        src = fam.render(params)
+        s.record_experiment(dict(run_id=run_id, target_id=t, family="fused_mlp", proposer="search",
+                                 hypothesis="test", params=params, source=src,
+                                 source_hash=str(hash(src)), state="kept", latency_us=us,
+                                 noise=0.01, timing_mode="interpreter",
+                                 created_at=created + 10 * (seq + 1)), [], {"best_is_this": True})
+    s.close()
+    out = tmp_path / "b.md"
+    rc = benchfamilies.main(_args(families="fused_mlp", quick=True, max_shapes=1, no_compile=True,
+                                  db=str(db), out=str(out)), log=lambda _: None)
+    assert rc == 0
+    act = out.read_text().split("## fused_mlp.swiglu")[1]
+    assert "silu(g) * u" in act and "act_block=512" in act and "(#3)" in act
+    row = next(l for l in act.splitlines() if l.startswith("| ") and not l.startswith("| shape"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert float(cells[2]) > 0 and float(cells[3]) > 0 and cells[4] == "exp 3, 30 s"
 
 
 def test_bench_torch_compile_path(tmp_path):

@@ -706,3 +706,24 @@ def test_matmul_bound_holds_the_error_of_a_sequential_fp32_sum():
         assert ratio(fam, acc, inp) <= 1, kind
     inp = inputs_for(fam, (32, 16, 24), torch.float32, seed=1)
     assert ratio(fam, (_tf32(inp["a"]).double() @ _tf32(inp["b"]).double()).float(), inp) > 1
+
+
+def test_swiglu_activation_alone_passes_the_verifier_and_a_wrong_one_does_not(cand_dir):
+    """fused_mlp's elementwise kernel as the benchmark times it apart: all five stages in every
+    dtype; the same kernel without the sigmoid fails at its first check."""
+    act = fused_mlp.ACTIVATION
+    assert act.bench_shapes[0] == (4096, 14336)               # Mistral-7B's h at 4096 tokens
+    assert act.cost((4096, 14336), torch.bfloat16)[0] == 3 * 4096 * 14336 * 2
+    verify.install_launch_counter()
+    spec = {"dtype": "float32", "shapes": [{"shape": [6, 200], "count": 1}], "seed": 4}
+    v = verify.Verifier(act, spec, DEVICE, interpret=DEVICE == "cpu")
+    fn = load_candidate(act.starter(), cand_dir)
+    for stage in verify.STAGES:
+        r = v.run_stage(fn, stage)
+        assert r.status == "passed", (stage, r.detail)
+    assert {c.dtype for c in v.cases("shape_sweep")} == {"float32", "float16", "bfloat16"}
+    src = act.render({"act_block": 512})
+    bad = src.replace("g / (1.0 + tl.exp(-g)) * u", "g * u")
+    assert bad != src
+    r = v.run_stage(load_candidate(bad, cand_dir), "smoke")
+    assert r.status == "failed" and "wrong result" in r.detail
