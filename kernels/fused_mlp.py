@@ -77,22 +77,28 @@ def from_profile(record: dict) -> tuple:
 _SIGMA = {torch.float16: 30.0, torch.bfloat16: 1e3, torch.float32: 1e3}
 
 
+def _scaled_randn(gen, n: int, d: int, dtype, kind: str) -> torch.Tensor:
+    """[n, d] fp32 N(0, 1) rows, scaled as the input kind asks (per row for mixed_scale)."""
+    x = C.randn(gen, n, d)
+    if kind == "huge":
+        return x * _SIGMA[dtype]
+    if kind == "tiny":
+        return x * 1e-3
+    if kind == "mixed_scale":
+        return x * C.log_uniform(gen, n, -2.0, 1.5)
+    if kind == "heavy_tail":
+        return C.cauchy(gen, n, d).clamp(-30.0, 30.0)
+    if kind != "normal":
+        raise ValueError(f"unknown input kind {kind!r}; known: normal, {', '.join(ADVERSARIAL)}")
+    return x
+
+
 def make_inputs(shape, dtype, device, gen, kind="normal"):
     """{x: [*x.shape], w_gate, w_up: [F, D], w_down: [D, F]} from ``gen``; x ~ N(0, 1) and weights
     scaled by 1/sqrt(fan-in), so g, u and y have unit scale whatever D and F."""
     dtype = C.as_dtype(dtype)
     xs, n, d, f = split_shape(shape)
-    x = C.randn(gen, n, d)
-    if kind == "huge":
-        x = x * _SIGMA[dtype]
-    elif kind == "tiny":
-        x = x * 1e-3
-    elif kind == "mixed_scale":
-        x = x * C.log_uniform(gen, n, -2.0, 1.5)
-    elif kind == "heavy_tail":
-        x = C.cauchy(gen, n, d).clamp(-30.0, 30.0)
-    elif kind != "normal":
-        raise ValueError(f"unknown input kind {kind!r}; known: normal, {', '.join(ADVERSARIAL)}")
+    x = _scaled_randn(gen, n, d, dtype, kind)
     wg = C.randn(gen, f, d) / math.sqrt(max(d, 1))
     wu = C.randn(gen, f, d) / math.sqrt(max(d, 1))
     wd = C.randn(gen, d, f) / math.sqrt(max(f, 1))
@@ -339,17 +345,7 @@ def act_make_inputs(shape, dtype, device, gen, kind="normal"):
     scales x) and u ~ N(0, 1)."""
     dtype = C.as_dtype(dtype)
     n, f = (int(s) for s in shape)
-    g = C.randn(gen, n, f)
-    if kind == "huge":
-        g = g * _SIGMA[dtype]
-    elif kind == "tiny":
-        g = g * 1e-3
-    elif kind == "mixed_scale":
-        g = g * C.log_uniform(gen, n, -2.0, 1.5)
-    elif kind == "heavy_tail":
-        g = C.cauchy(gen, n, f).clamp(-30.0, 30.0)
-    elif kind != "normal":
-        raise ValueError(f"unknown input kind {kind!r}; known: normal, {', '.join(ADVERSARIAL)}")
+    g = _scaled_randn(gen, n, f, dtype, kind)
     u = C.randn(gen, n, f)
     return {"g": g.to(dtype).to(device), "u": u.to(dtype).to(device)}
 
