@@ -36,6 +36,8 @@ def add_arguments(p) -> None:
     p.add_argument("--ray", default=None, metavar="ADDRESS", dest="ray_address",
                    help="also run each worker count on this Ray cluster (local: start one here)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--verify-order", default="auto", choices=("auto", "full", "bench-first"),
+                   help="the runs' verify order (engine/loop.py RunConfig.verify_order)")
     p.add_argument("--db", default=None, help="SQLite file for the runs (default: a temporary one)")
     p.add_argument("--out", default=None, help="also write the Markdown to this file")
     p.add_argument("--skip-runs", action="store_true", help="only the loop's serial costs")
@@ -164,7 +166,7 @@ def main(a, log=print) -> int:
         for n, address in configs:
             cfg = RunConfig(model=a.model, families=families, budget_experiments=a.budget,
                             seed=a.seed, db=db, patience=10_000, e2e_check=False,
-                            workers=n, ray_address=address)
+                            workers=n, ray_address=address, verify_order=a.verify_order)
             try:
                 cfg.validate()
             except ConfigError as e:
@@ -193,7 +195,9 @@ def main(a, log=print) -> int:
         lines += ["## Throughput", "",
                   f"`python -m engine scaling --model {a.model} --families {','.join(families)} "
                   f"--budget {a.budget} --workers {a.workers}"
-                  + (f" --ray {a.ray_address}" if a.ray_address else "") + "`", "",
+                  + (f" --ray {a.ray_address}" if a.ray_address else "")
+                  + (f" --verify-order {a.verify_order}" if a.verify_order != "auto" else "") + "`",
+                  "",
                   "| backend | experiments | loop wall (s) | experiments / hour | vs first | "
                   "median s per experiment | re-timed on reference (median s) | kept | "
                   "jobs per worker |",
