@@ -20,7 +20,10 @@ STATE_STYLE = {  # experiment state -> (colour, marker symbol)
     "reverted": ("#ff7f0e", "circle-open"),
     "failed": ("#d62728", "x"),
 }
-STATUS_COLOURS = {"passed": "#2ca02c", "failed": "#d62728", "skipped": "#b0b0b0"}
+STATUS_COLOURS = {"passed": "#2ca02c", "failed": "#d62728", "skipped": "#b0b0b0",
+                  "slower": "#9ecae1"}
+# "slower": not run because the candidate, timed after its smoke test, did not beat the best
+STATUS_NAMES = {"slower": "not run (slower)"}
 BEST_COLOUR = "#1f77b4"
 # one colour per run on the Compare page (Streamlit's theme would give every run a shade of blue)
 RUN_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf")
@@ -212,7 +215,8 @@ def amdahl_figure(proj: pd.DataFrame, limit: float | None = None,
 
 
 def stage_figure(outcomes: pd.DataFrame) -> go.Figure:
-    """Verifier outcomes per stage: stacked passed / failed / skipped counts, stages in order.
+    """Verifier outcomes per stage: stacked passed / failed / skipped / slower counts, stages in
+    order (slower: stages bench-first did not run for a candidate that lost on time).
 
     outcomes: data.stage_outcomes_frame (stage, status, n)."""
     fig = go.Figure()
@@ -221,8 +225,9 @@ def stage_figure(outcomes: pd.DataFrame) -> go.Figure:
               .reindex(stages).fillna(0) if not outcomes.empty else pd.DataFrame(index=stages))
     for status, colour in STATUS_COLOURS.items():
         y = counts[status] if status in counts else pd.Series(0, index=stages)
-        fig.add_trace(go.Bar(x=stages, y=y.astype(int), name=status, marker_color=colour,
-                             hovertemplate="%{x}: %{y} " + status + "<extra></extra>"))
+        name = STATUS_NAMES.get(status, status)
+        fig.add_trace(go.Bar(x=stages, y=y.astype(int), name=name, marker_color=colour,
+                             hovertemplate="%{x}: %{y} " + name + "<extra></extra>"))
     fig.update_layout(barmode="stack", title=dict(text="Verifier outcomes per stage", x=0),
                       yaxis_title="experiments", height=340, margin=dict(t=60, b=80, l=60, r=20),
                       legend=dict(orientation="h", yref="container", y=0, yanchor="bottom"),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime as _dt
 from collections import Counter
 
-from engine import plan
+from engine import plan, verify
 from engine.store import Store
 
 
@@ -77,8 +77,11 @@ def run_markdown(store: Store, run_id: str) -> str:
                        f"{w['restarts']} |")
     states = Counter(e["state"] for e in exps)
     fails = Counter(e["failed_stage"] for e in exps if e["state"] == "failed")
-    out += ["", f"Outcomes: {states['kept']} kept, {states['reverted']} reverted, "
-            f"{states['failed']} failed" + (" (" + ", ".join(f"{k}: {v}" for k, v in
+    slower = sum(1 for e in exps if e["state"] == "reverted"
+                 and (e.get("error") or "").startswith(verify.NOT_VERIFIED))
+    out += ["", f"Outcomes: {states['kept']} kept, {states['reverted']} reverted"
+            + (f" ({slower} timed after the smoke test only, bench-first)" if slower else "")
+            + f", {states['failed']} failed" + (" (" + ", ".join(f"{k}: {v}" for k, v in
                                                             fails.most_common()) + ")" if fails else "")
             + f". Amdahl-projected end-to-end speedup: {plan.projected(store.targets(run_id)):.3f}x."]
     out += _end_to_end(store, run_id, plan.projected(store.targets(run_id)), interp)
@@ -91,7 +94,7 @@ def _us(v) -> str:
 
 def _cfg(cfg: dict) -> str:
     keys = ("model", "dtype", "input_shape", "families", "budget_experiments", "budget_minutes",
-            "seed", "patience", "model_overrides", "workers", "ray_address")
+            "seed", "patience", "model_overrides", "workers", "ray_address", "verify_order")
     if cfg.get("proposer", "search") != "search":
         keys += ("proposer", "llm_model", "api_base", "max_in_flight")
     return ", ".join(f"{k}={cfg[k]}" for k in keys if cfg.get(k) not in (None, {}, []))

@@ -33,6 +33,9 @@ import traceback
 from dataclasses import asdict, dataclass
 
 STAGES = ("smoke", "shape_sweep", "stability", "determinism", "edge_cases")
+# Bench-first order (engine/worker.py): the stages a candidate timed slower than the best did not
+# run get status "slower", and the experiment (reverted) an error starting with NOT_VERIFIED.
+NOT_VERIFIED = "not verified further"
 
 # Modules a candidate may import. Everything a kernel needs; nothing that reaches the process,
 # the clock, the file system, or this project's own reference implementations.

@@ -366,9 +366,9 @@ def _evaluate(req, state, snapshot, workdir, send) -> dict:
     if gate:
         margin = max(gate["min_margin"], timing["noise"] or 0, gate["best_noise"] or 0)
         if timing["latency_us"] >= gate["best_us"] * (1 - margin):
-            why = (f"not verified further: {timing['latency_us']:.1f} us is not faster than the best "
+            why = (f"{verify.NOT_VERIFIED}: {timing['latency_us']:.1f} us is not faster than the best "
                    f"{gate['best_us']:.1f} us by more than the noise ({margin:.1%})")
-            stages.extend(verify.StageResult(st, "skipped", detail=why).row()
+            stages.extend(verify.StageResult(st, "slower", detail=why).row()
                           for st in verify.STAGES[1:])
             result["gated"] = why
             return result

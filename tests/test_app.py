@@ -379,15 +379,16 @@ def test_stage_figure_stacks_outcomes_in_pipeline_order():
     outcomes = pd.DataFrame([
         dict(stage="smoke", status="passed", n=5), dict(stage="smoke", status="failed", n=1),
         dict(stage="shape_sweep", status="passed", n=4), dict(stage="shape_sweep", status="skipped", n=2),
-        dict(stage="static", status="failed", n=1)])
+        dict(stage="stability", status="slower", n=3), dict(stage="static", status="failed", n=1)])
     fig = charts.stage_figure(outcomes)
     assert fig.layout.barmode == "stack" and fig.layout.uirevision == "stages"
     bars = {t.name: dict(zip(t.x, t.y)) for t in fig.data}
-    assert set(bars) == {"passed", "failed", "skipped"}
+    assert set(bars) == {"passed", "failed", "skipped", "not run (slower)"}
     assert list(fig.data[0].x) == list(STAGES) + ["static"]
     assert bars["passed"]["smoke"] == 5 and bars["failed"]["smoke"] == 1
     assert bars["skipped"]["shape_sweep"] == 2 and bars["passed"]["edge_cases"] == 0
     assert bars["failed"]["static"] == 1
+    assert bars["not run (slower)"]["stability"] == 3 and bars["not run (slower)"]["smoke"] == 0
 
 
 def test_stage_outcomes_from_store(db):

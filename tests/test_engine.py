@@ -15,6 +15,7 @@ import kernels
 from engine import plan
 from engine.loop import ConfigError, Engine, RunConfig, execute
 from engine.proposers import Proposal
+from engine.report import run_markdown
 from engine.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -147,11 +148,14 @@ def test_bench_first_verifies_only_candidates_that_beat_the_best(tmp_path):
     gated = s.verifications(exps[2]["id"])
     assert [v["stage"] for v in gated] == ["smoke", "shape_sweep", "stability", "determinism",
                                            "edge_cases"]
-    assert [v["status"] for v in gated] == ["passed"] + ["skipped"] * 4
+    assert [v["status"] for v in gated] == ["passed"] + ["slower"] * 4
     assert exps[2]["error"].startswith("not verified further: ") and exps[2]["latency_us"] > 0
     assert exps[2]["failed_stage"] is None
     assert s.targets(run_id)[0]["best_experiment_id"] == exps[1]["id"]
     assert s.get_run(run_id)["config"]["verify_order"] == "bench-first"
+    report = run_markdown(s, run_id)
+    assert "Outcomes: 2 kept, 1 reverted (1 timed after the smoke test only, bench-first)" in report
+    assert "verify_order=bench-first" in report
 
 
 def test_sigkill_mid_run_then_resume_loses_nothing(tmp_path):
