@@ -43,7 +43,10 @@ Search space (``SPACE``), rendered by ``render`` into one self-contained candida
   loaded as [BLOCK_N, BLOCK_K] tiles and transposed in registers. It applies to the "tiles" grid
   without split-K, operands with a unit last stride and 16-byte aligned rows (K and N multiples
   of 8 in 16-bit types) and a batch of one or a batch on both sides; anything else, and GPUs
-  without TMA (AMD, NVIDIA before sm_90), takes the pointer path.
+  without TMA (AMD, NVIDIA before sm_90), takes the pointer path. "tma_ws" is "tma" with the K
+  loop warp-specialized (tl.range(warp_specialize=True): producer warps load, consumer warps
+  multiply), where the installed Triton supports it on the GPU; a build that cannot compile it
+  fails the verifier's smoke test like any other broken candidate.
 Out-of-range rows and columns of a partial tile re-read valid ones (index modulo M and N) and are
 never stored, so the loads need no M/N masks; the K tail is masked unless K is a multiple of
 BLOCK_K (EVEN_K, decided at launch).
@@ -216,7 +219,7 @@ SPACE = {
     "split_k": [1, 2, 4, 8, 16],
     "grid": ["tiles", "persistent"],
     "progs_per_sm": [1, 2, 4],
-    "loads": ["pointers", "tma"],
+    "loads": ["pointers", "tma", "tma_ws"],
 }
 DEFAULT = {"block_m": 128, "block_n": 128, "block_k": 32, "group_m": 8, "num_warps": 4,
            "num_stages": 3, "split_k": 1, "grid": "tiles", "progs_per_sm": 1, "loads": "pointers"}
@@ -521,6 +524,12 @@ def _matmul_tma(a, b, cfg):
 '''
 
 
+# loads "tma_ws": the same kernel with its K loop warp-specialized (Triton's automatic warp
+# specialization: producer warps issue the TMA loads while consumer warps run the MMAs)
+_K_LOOP = "    for k in range(0, tl.cdiv(K, BLOCK_K)):\n"
+_K_LOOP_WS = "    for k in tl.range(0, tl.cdiv(K, BLOCK_K), warp_specialize=True):\n"
+
+
 def _kernel_fn(tma: bool = False) -> str:
     call = ("c = None\n    if a3.shape[0] == b3.shape[0]:\n        c = _matmul_tma(a3, b3, CONFIG)\n"
             "    if c is None:                                   # the pointer path\n"
@@ -550,7 +559,7 @@ def render(params) -> str:
     """Complete candidate source for one point of SPACE (missing params take DEFAULT values)."""
     p = C.resolve(NAME, SPACE, DEFAULT, params)
     persistent = p["grid"] == "persistent"
-    tma = p["loads"] == "tma" and not persistent and p["split_k"] == 1
+    tma = p["loads"] in ("tma", "tma_ws") and not persistent and p["split_k"] == 1
     if p["split_k"] > 1:
         traffic = (f"with SPLIT_K = {p['split_k']} it also writes and re-reads an fp32 workspace of "
                    f"SPLIT_K*M*N*4 bytes per batch")
@@ -558,7 +567,7 @@ def render(params) -> str:
         traffic = "it writes c once"
     if tma:
         traffic += "; operand tiles move by TMA (tensor descriptors) where the GPU has it"
-    doc = f'''"""Matmul candidate ({p["block_m"]}x{p["block_n"]}x{p["block_k"]} tiles, {p["grid"]} grid, split_k={p["split_k"]}{", TMA loads" if tma else ""}): c = a @ b.
+    doc = f'''"""Matmul candidate ({p["block_m"]}x{p["block_n"]}x{p["block_k"]} tiles, {p["grid"]} grid, split_k={p["split_k"]}{", TMA loads" if tma else ""}{" (warp-specialized)" if tma and p["loads"] == "tma_ws" else ""}): c = a @ b.
 
 a [M, K] or [Bt, M, K], b [K, N] or [Bt, K, N], any strides; c contiguous in a's dtype. fp32
 accumulation; fp32 operands multiply in full fp32 (input_precision="ieee", no TF32).
@@ -583,7 +592,7 @@ CONFIG = (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, NUM_WARPS, NUM_STAGES, PR
         parts.append(C.NUM_SMS_SRC)
     parts += ["\n", gemm_kernel(persistent), "\n", SPLITK_SUM_SRC, launcher_src(persistent)]
     if tma:
-        parts += ["\n\n", TMA_SRC]
+        parts += ["\n\n", TMA_SRC if p["loads"] == "tma" else TMA_SRC.replace(_K_LOOP, _K_LOOP_WS)]
     parts.append(_kernel_fn(tma))
     return C.tidy("\n".join(parts))
 

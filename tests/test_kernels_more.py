@@ -291,10 +291,13 @@ def test_guarded_verifier_cases(name, cand_dir):
         v.check(fn, case)
 
 
-def test_matmul_tma_loads_take_descriptors_where_they_can_and_pointers_elsewhere(cand_dir):
-    """The "tma" point runs its descriptor kernel (the interpreter emulates TMA) on aligned 2-D,
-    K-major and batched operands, and the pointer kernel on rows a descriptor cannot address."""
-    src = matmul.render(dict(matmul.DEFAULT, loads="tma", block_m=32, block_n=32, block_k=16))
+@pytest.mark.parametrize("loads", ["tma", "tma_ws"])
+def test_matmul_tma_loads_take_descriptors_where_they_can_and_pointers_elsewhere(cand_dir, loads):
+    """The "tma" points run their descriptor kernel (the interpreter emulates TMA; "tma_ws" has
+    its K loop warp-specialized) on aligned 2-D, K-major and batched operands, and the pointer
+    kernel on rows a descriptor cannot address."""
+    src = matmul.render(dict(matmul.DEFAULT, loads=loads, block_m=32, block_n=32, block_k=16))
+    assert ("warp_specialize=True" in src) == (loads == "tma_ws")
     fn = load_candidate(src, cand_dir)
     mod = sys.modules[fn.__module__]
     taken = []
