@@ -181,6 +181,30 @@ def _num_sms(device):
     return 8
 '''
 
+# Tensor descriptors (TMA) for candidates that have a descriptor path: matmul, attention.
+TMA_HELPERS_SRC = '''from triton.tools.tensor_descriptor import TensorDescriptor
+
+_TMA_DEVICES = {}
+
+
+def _has_tma(device):
+    """Hopper-class NVIDIA GPUs (sm_90+) move tiles with TMA; the interpreter emulates it."""
+    if device.type == "cpu":
+        return True
+    if device.type != "cuda" or torch.version.hip is not None:
+        return False
+    if device.index not in _TMA_DEVICES:
+        _TMA_DEVICES[device.index] = torch.cuda.get_device_capability(device)[0] >= 9
+    return _TMA_DEVICES[device.index]
+
+
+def _rows_ok(t):
+    """Unit last stride, 16-byte aligned base and leading strides: what a descriptor needs."""
+    item = t.element_size()
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+            and all((s * item) % 16 == 0 for s in t.stride()[:-1]))
+'''
+
 IMPORTS_SRC = '''import torch
 import triton
 import triton.language as tl

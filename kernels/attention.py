@@ -38,6 +38,10 @@ Search space (``SPACE``), rendered by ``render`` into one self-contained candida
 - m_order: "forward" or "reverse" (causal programs with the most key blocks start first: the
   last query blocks, which do the most work, do not trail the grid).
 - num_warps, num_stages (software pipelining of the key loop).
+- loads: "pointers" (any GPU, any strides) or "tma": q, k and v tiles and the o store through 4-D
+  tensor descriptors (block [1, 1, rows, BLOCK_D]; zeros past the sequence and the head dim, the
+  store clipped), on Hopper and newer NVIDIA GPUs and under the interpreter, for operands with a
+  unit last stride and 16-byte aligned rows; anything else takes the pointer kernel.
 """
 from __future__ import annotations
 
@@ -194,9 +198,10 @@ SPACE = {
     "causal_blocks": ["mask_all", "skip", "split"],
     "use_exp2": [False, True],
     "m_order": ["forward", "reverse"],
+    "loads": ["pointers", "tma"],
 }
 DEFAULT = {"block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 2,
-           "causal_blocks": "skip", "use_exp2": False, "m_order": "forward"}
+           "causal_blocks": "skip", "use_exp2": False, "m_order": "forward", "loads": "pointers"}
 
 
 _HELPERS_SRC = '''
@@ -247,16 +252,29 @@ _ARGS = ("q_ptr, k_ptr, v_ptr, o_ptr, qk_scale, H, GROUP, SQ, SK, D,\n"
          "          CAUSAL: tl.constexpr, IEEE: tl.constexpr, DOT_FP32: tl.constexpr")
 
 
-def _step(p, masked: bool) -> str:
-    """One key block at start_n: scores, (mask), online-softmax update, p @ v."""
+_TMA_ARGS = ("q_desc, k_desc, v_desc, o_desc, qk_scale, H, GROUP, SQ, SK,\n"
+             "              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,\n"
+             "              CAUSAL: tl.constexpr, IEEE: tl.constexpr, DOT_FP32: tl.constexpr")
+
+
+def _step(p, masked: bool, tma: bool = False) -> str:
+    """One key block at start_n: scores, (mask), online-softmax update, p @ v. With ``tma`` the
+    K and V tiles come through descriptors (zeros past Sk and D: the key mask still applies)."""
     e2 = p["use_exp2"]
     exp = (lambda a: f"tl.exp2({a})") if e2 else (lambda a: f"tl.exp({a})")
-    lines = ['''
+    if tma:
+        loads = '''
+kn = start_n + offs_n                                              # [BLOCK_N] key positions
+kt = tl.trans(k_desc.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D))   # [BLOCK_D, BLOCK_N]
+vt = v_desc.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D)             # [BLOCK_N, BLOCK_D]'''
+    else:
+        loads = '''
 kn = start_n + offs_n                                              # [BLOCK_N] key positions
 kt = tl.load(k_base + kn[None, :] * stride_kn + offs_d[:, None] * stride_kd,
              mask=(kn < SK)[None, :] & d_ok[:, None], other=0.0)   # [BLOCK_D, BLOCK_N]
 vt = tl.load(v_base + kn[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-             mask=(kn < SK)[:, None] & d_ok[None, :], other=0.0)   # [BLOCK_N, BLOCK_D]
+             mask=(kn < SK)[:, None] & d_ok[None, :], other=0.0)   # [BLOCK_N, BLOCK_D]'''
+    lines = [loads + '''
 qd = q
 if DOT_FP32:                       # interpreter: its tl.dot cannot multiply bf16
     qd = qd.to(tl.float32)
@@ -293,7 +311,9 @@ m_i = m_new''')
     return "\n".join(x.strip("\n") for x in lines)
 
 
-def _kernel(p) -> str:
+def _kernel(p, tma: bool = False) -> str:
+    """The kernel's source: ``_attn_fwd`` (pointer loads, any strides) or, with ``tma``,
+    ``_attn_fwd_tma`` (q, k, v tiles and the o store through 4-D tensor descriptors)."""
     cb = p["causal_blocks"]
     if p["m_order"] == "reverse":
         pid = "pid_m = tl.num_programs(0) - 1 - tl.program_id(0)              # heaviest query blocks first"
@@ -305,7 +325,7 @@ def _kernel(p) -> str:
     else:
         bounds = ("hi = SK\nif CAUSAL:\n"
                   "    hi = tl.minimum(SK, (pid_m + 1) * BLOCK_M)               # skip blocks above the diagonal")
-    step_masked = _step(p, True)
+    step_masked = _step(p, True, tma)
     if cb == "split":
         # blocks [0, n_full * BLOCK_N) are entirely visible to every row of the tile
         loops = f'''
@@ -313,7 +333,7 @@ n_full = SK // BLOCK_N
 if CAUSAL:
     n_full = tl.minimum(n_full, (pid_m * BLOCK_M + 1) // BLOCK_N)
 for start_n in range(0, n_full * BLOCK_N, BLOCK_N):                 # no mask needed
-{C.indent(_step(p, False), 4)}
+{C.indent(_step(p, False, tma), 4)}
 for start_n in range(n_full * BLOCK_N, hi, BLOCK_N):                # diagonal / tail blocks
 {C.indent(step_masked, 4)}'''
     else:
@@ -321,38 +341,63 @@ for start_n in range(n_full * BLOCK_N, hi, BLOCK_N):                # diagonal /
 for start_n in range(0, hi, BLOCK_N):
 {C.indent(step_masked, 4)}'''
     scale_note = ("log2(e) * scale: scores in base 2" if p["use_exp2"] else "scale")
-    return f'''@triton.jit
-def _attn_fwd({_ARGS}):
-    """Program (query block, batch * H + head): o[rows] = softmax(q k^T * scale) v over the key
-    blocks of BLOCK_N, online softmax in fp32; qk_scale = {scale_note}."""
-    {pid}
-    bh = tl.program_id(1)
-    b = (bh // H).to(tl.int64)
+    if tma:
+        name, args = "_attn_fwd_tma", _TMA_ARGS
+        index = '''b = bh // H
     h = bh % H
-    hk = (h // GROUP).to(tl.int64)                                 # the key/value head (GQA)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)               # [BLOCK_M] query positions
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
+    hk = h // GROUP                                                # the key/value head (GQA)'''
+        bases = '''q = q_desc.load([b, h, pid_m * BLOCK_M, 0]).reshape(BLOCK_M, BLOCK_D)  # zeros past Sq, D'''
+        store = '''o_desc.store([b, h, pid_m * BLOCK_M, 0],
+                 o.to(o_desc.dtype).reshape(1, 1, BLOCK_M, BLOCK_D))  # clipped at Sq and D'''
+    else:
+        name, args = "_attn_fwd", _ARGS
+        index = '''b = (bh // H).to(tl.int64)
+    h = bh % H
+    hk = (h // GROUP).to(tl.int64)                                 # the key/value head (GQA)'''
+        bases = '''d_ok = offs_d < D
     q_base = q_ptr + b * stride_qb + h.to(tl.int64) * stride_qh
     k_base = k_ptr + b * stride_kb + hk * stride_kh
     v_base = v_ptr + b * stride_vb + hk * stride_vh
     q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                mask=(offs_m < SQ)[:, None] & d_ok[None, :], other=0.0)   # [BLOCK_M, BLOCK_D]
+                mask=(offs_m < SQ)[:, None] & d_ok[None, :], other=0.0)   # [BLOCK_M, BLOCK_D]'''
+        store = '''o_base = o_ptr + (b * H + h) * SQ * D                          # o contiguous [B, H, SQ, D]
+    tl.store(o_base + offs_m[:, None] * D + offs_d[None, :], o.to(o_ptr.dtype.element_ty),
+             mask=(offs_m < SQ)[:, None] & d_ok[None, :])'''
+    return f'''@triton.jit
+def {name}({args}):
+    """Program (query block, batch * H + head): o[rows] = softmax(q k^T * scale) v over the key
+    blocks of BLOCK_N, online softmax in fp32; qk_scale = {scale_note}."""
+    {pid}
+    bh = tl.program_id(1)
+    {index}
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)               # [BLOCK_M] query positions
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    {bases}
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)     # running max
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)                    # running sum of p
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 {C.indent(bounds, 4)}
 {C.indent(loops, 4)}
     o = acc / l_i[:, None]
-    o_base = o_ptr + (b * H + h) * SQ * D                          # o contiguous [B, H, SQ, D]
-    tl.store(o_base + offs_m[:, None] * D + offs_d[None, :], o.to(o_ptr.dtype.element_ty),
-             mask=(offs_m < SQ)[:, None] & d_ok[None, :])
+    {store}
 '''
 
 
 def _launcher(p) -> str:
     scale = "scale * 1.4426950408889634   # log2(e): exp2 of base-2 scores" if p["use_exp2"] else "scale"
+    if p["loads"] == "tma":
+        launch = '''if _has_tma(q.device) and all(_rows_ok(t) for t in (q, k, v, o)):
+        descs = [TensorDescriptor.from_tensor(t, [1, 1, bm, bd]) for t in (q, o)]
+        descs[1:1] = [TensorDescriptor.from_tensor(t, [1, 1, bn, bd]) for t in (k, v)]
+        _attn_fwd_tma[grid](*descs, qk_scale, H, H // Hkv, SQ, SK, BLOCK_M=bm, BLOCK_N=bn,
+                            BLOCK_D=bd, CAUSAL=bool(causal), IEEE=ieee, DOT_FP32=dot_fp32,
+                            num_warps=NUM_WARPS, num_stages=stages)
+        return o
+    # no TMA on this GPU, or rows a descriptor cannot address: the pointer path
+    '''
+    else:
+        launch = ""
     return f'''
 
 def kernel_fn(q, k, v, causal, scale):
@@ -383,7 +428,7 @@ def kernel_fn(q, k, v, causal, scale):
     bm, bn, stages = _fit_attn(BLOCK_M, BLOCK_N, bd, NUM_STAGES, NUM_WARPS, SQ, SK,
                                q.element_size(), _smem_budget(q.device))
     grid = (triton.cdiv(SQ, bm), B * H)
-    _attn_fwd[grid](q, k, v, o, qk_scale, H, H // Hkv, SQ, SK, D,
+    {launch}_attn_fwd[grid](q, k, v, o, qk_scale, H, H // Hkv, SQ, SK, D,
                     q.stride(0), q.stride(1), q.stride(2), q.stride(3),
                     k.stride(0), k.stride(1), k.stride(2), k.stride(3),
                     v.stride(0), v.stride(1), v.stride(2), v.stride(3),
@@ -416,7 +461,10 @@ BLOCK_N = {p["block_n"]}          # keys per step of the key loop
 NUM_WARPS = {p["num_warps"]}
 NUM_STAGES = {p["num_stages"]}        # software-pipelining depth of the key loop
 '''
-    return C.tidy("\n".join([doc, _HELPERS_SRC, "\n", _kernel(p), _launcher(p)]))
+    parts = [doc, _HELPERS_SRC, "\n", _kernel(p)]
+    if p["loads"] == "tma":      # tiles through tensor descriptors where the GPU has TMA
+        parts += ["\n", C.TMA_HELPERS_SRC, "\n", _kernel(p, tma=True)]
+    return C.tidy("\n".join(parts + [_launcher(p)]))
 
 
 FAMILY = Family(

@@ -420,7 +420,7 @@ def _matmul(a, b, cfg):
 '''
 
 
-TMA_SRC = '''from triton.tools.tensor_descriptor import TensorDescriptor
+TMA_SRC = C.TMA_HELPERS_SRC + '''
 
 
 @triton.jit
@@ -467,27 +467,6 @@ def _mm_tma(a_desc, b_desc, c_desc, M, N, K,
         c_desc.store([batch, off_m, off_n], out.reshape(1, BLOCK_M, BLOCK_N))
     else:
         c_desc.store([off_m, off_n], out)
-
-
-_TMA_DEVICES = {}
-
-
-def _has_tma(device):
-    """Hopper-class NVIDIA GPUs (sm_90+) move tiles with TMA; the interpreter emulates it."""
-    if device.type == "cpu":
-        return True
-    if device.type != "cuda" or torch.version.hip is not None:
-        return False
-    if device.index not in _TMA_DEVICES:
-        _TMA_DEVICES[device.index] = torch.cuda.get_device_capability(device)[0] >= 9
-    return _TMA_DEVICES[device.index]
-
-
-def _rows_ok(t):
-    """Unit last stride, 16-byte aligned base and leading strides: what a descriptor needs."""
-    item = t.element_size()
-    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
-            and all((s * item) % 16 == 0 for s in t.stride()[:-1]))
 
 
 def _matmul_tma(a, b, cfg):

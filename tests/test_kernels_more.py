@@ -730,3 +730,40 @@ def test_swiglu_activation_alone_passes_the_verifier_and_a_wrong_one_does_not(ca
     assert bad != src
     r = v.run_stage(load_candidate(bad, cand_dir), "smoke")
     assert r.status == "failed" and "wrong result" in r.detail
+
+
+def test_attention_tma_loads_take_descriptors_where_they_can_and_pass_the_verifier(cand_dir):
+    """The "tma" point reads q, k, v through 4-D descriptors (the interpreter emulates TMA) for
+    aligned rows, including v as a fused projection's transposed view, GQA and a head dim the
+    tile pads (80 -> 128, zeros past D); 8-byte rows take the pointer kernel. Both agree with the
+    float64 reference, and the point passes all five verifier stages."""
+    fam = FAMILIES["attention"]
+    src = attention.render(dict(attention.DEFAULT, loads="tma", block_m=16, block_n=16,
+                                causal_blocks="split"))
+    fn = load_candidate(src, cand_dir)
+    mod = sys.modules[fn.__module__]
+    kernel, taken = mod._attn_fwd_tma, []
+
+    class Spy:
+        def __getitem__(self, grid):
+            taken.append(grid)
+            return kernel[grid]
+
+    mod._attn_fwd_tma = Spy()
+    try:
+        for shape, expect in [((1, 4, 40, 64, 2, 1), True), ((2, 2, 33, 80, 1, 0), True),
+                              ((1, 2, 9, 2, 2, 1), False)]:       # D=2 fp32: 8-byte rows
+            for dtype in (torch.float32, torch.bfloat16):
+                inp = inputs_for(fam, shape, dtype, seed=7)
+                taken.clear()
+                out = fn(**inp)
+                assert bool(taken) == expect, (shape, dtype)
+                assert ratio(fam, out, inp) < 1, (shape, dtype)
+    finally:
+        mod._attn_fwd_tma = kernel
+    verify.install_launch_counter()
+    spec = {"dtype": "float32", "shapes": [{"shape": [1, 4, 40, 64, 2, 1], "count": 1}], "seed": 5}
+    v = verify.Verifier(fam, spec, DEVICE, interpret=DEVICE == "cpu")
+    for stage in verify.STAGES:
+        r = v.run_stage(fn, stage)
+        assert r.status == "passed", (stage, r.detail)
