@@ -39,6 +39,7 @@ KEY_NAMES = ("NIGHTSHIFT_LLM_API_KEY", "LLM_API_KEY")
 # Where candidates are evaluated: the CLI's default, --workers N and --ray ADDRESS.
 EVAL_ONE, EVAL_LOCAL, EVAL_RAY = "one worker (default)", "local pool", "Ray cluster"
 EVAL_CHOICES = (EVAL_ONE, EVAL_LOCAL, EVAL_RAY)
+VERIFY_ORDERS = ("auto", "full", "bench-first")   # RunConfig.verify_order (engine/loop.py)
 # Without a GPU a local pool runs interpreter workers side by side; more than this on one CPU
 # only splits the same cores finer.
 MAX_CPU_WORKERS = 8
@@ -213,6 +214,11 @@ def page() -> None:
 
     st.subheader("Evaluation")
     _evaluation_inputs()
+    st.radio("Verify", VERIFY_ORDERS, key="nr_verify_order", horizontal=True,
+             help="full: all five verifier stages before a candidate is timed; bench-first: "
+                  "timed after its smoke test, the other four stages only if it beats the best "
+                  "(only those can be kept); auto: bench-first on a GPU, full under the "
+                  "interpreter.")
 
     st.subheader("Budget")
     c1, c2, c3 = st.columns(3)
@@ -355,7 +361,8 @@ def config_from_inputs(ss, db_path: str):
     kw = dict(model=spec or "", dtype=ss.get("nr_dtype", "auto"), input_shape=shape or None,
               families=list(ss.get("nr_families") or []) or None,
               budget_experiments=budget_exp, budget_minutes=budget_min,
-              seed=int(ss.get("nr_seed") or 0), db=str(data.resolve_db_path(db_path)))
+              seed=int(ss.get("nr_seed") or 0), db=str(data.resolve_db_path(db_path)),
+              verify_order=ss.get("nr_verify_order") or "auto")
     proposer = ss.get("nr_proposer", "search") or "search"
     if proposer != "search":
         llm, why = llm_support()

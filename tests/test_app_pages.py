@@ -145,9 +145,11 @@ def test_new_run_file_model_with_loader(db, tmp_path):
     assert len(Store(db["path"], readonly=True).list_runs()) == 2  # nothing started
     # a good file gives a config naming it (checking it starts nothing)
     cfg, errors = new_run.config_from_inputs(
-        {"nr_source": new_run.PATH, "nr_path": f"{model}:Net", "nr_budget_exp": 2},
-        str(db["path"]))
-    assert errors == [] and cfg.model == f"{model}:Net"
+        {"nr_source": new_run.PATH, "nr_path": f"{model}:Net", "nr_budget_exp": 2,
+         "nr_verify_order": "bench-first"}, str(db["path"]))
+    assert errors == [] and cfg.model == f"{model}:Net" and cfg.verify_order == "bench-first"
+    from engine.loop import VERIFY_ORDERS
+    assert new_run.VERIFY_ORDERS == VERIFY_ORDERS
 
 
 def test_new_run_llm_inputs_are_checked_and_the_key_never_shown(db, monkeypatch):
