@@ -371,6 +371,8 @@ class _Dispatch:
         self.cfg, self.store, self.pool, self.proposer = cfg, store, pool, proposer
         self.run_id, self.timing_mode, self.control, self.log = run_id, timing_mode, control, log
         self.inflight: dict[int, dict] = {}    # job key -> {"exp", "t0", "first", "req", ...}
+        self.exps: list[dict] = []             # the run's committed experiments, oldest first
+        self.by_target: dict[int, list[dict]] = {}
         self.keys = itertools.count(1)
         self.previous = None
         self.finished = False                  # nothing more to propose: drain, then end
@@ -456,8 +458,8 @@ class _Dispatch:
         self.control.set(current_target=target["family"])
 
         fam = kernels.get(target["family"])
-        run_exps = store.experiments(self.run_id)
-        history = [e for e in run_exps if e["target_id"] == target["id"]]
+        run_exps = self._experiments()
+        history = list(self.by_target.get(target["id"], []))
         pending = [x["pending"] for x in self.inflight.values()
                    if x["exp"]["target_id"] == target["id"]]
         seen = history + pending   # in-flight candidates count as tried: a batch never repeats
@@ -507,6 +509,16 @@ class _Dispatch:
         self.pool.submit(backends.Job(key=key, req=req, timeout_s=self.cfg.worker_timeout_s,
                                       meta={"kind": "evaluate"}))
         return "submitted"
+
+    def _experiments(self) -> list[dict]:
+        """The run's committed experiments, reading only the rows committed since the last call:
+        a proposal's cost must not grow with the run (an overnight run commits tens of thousands,
+        and re-reading them all cost ~7 us each per proposal)."""
+        new = self.store.experiments(self.run_id, since_id=self.exps[-1]["id"] if self.exps else 0)
+        self.exps += new
+        for e in new:
+            self.by_target.setdefault(e["target_id"], []).append(e)
+        return self.exps
 
     # -- results ----------------------------------------------------------------------------------
     def _handle(self, d: backends.Done) -> None:
