@@ -25,6 +25,7 @@ import streamlit as st
 
 from app import data
 from app.shared import BUSY_STATES, engine_handle, select_run
+from engine.verify import VERIFY_ORDERS
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 BUILTIN, PATH, UPLOAD = "Built-in model", "Python file (path)", "Python file (upload)"
@@ -39,7 +40,6 @@ KEY_NAMES = ("NIGHTSHIFT_LLM_API_KEY", "LLM_API_KEY")
 # Where candidates are evaluated: the CLI's default, --workers N and --ray ADDRESS.
 EVAL_ONE, EVAL_LOCAL, EVAL_RAY = "one worker (default)", "local pool", "Ray cluster"
 EVAL_CHOICES = (EVAL_ONE, EVAL_LOCAL, EVAL_RAY)
-VERIFY_ORDERS = ("auto", "full", "bench-first")   # RunConfig.verify_order (engine/loop.py)
 # Without a GPU a local pool runs interpreter workers side by side; more than this on one CPU
 # only splits the same cores finer.
 MAX_CPU_WORKERS = 8

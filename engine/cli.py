@@ -11,6 +11,8 @@ import json
 import os
 import sys
 
+from engine.verify import VERIFY_ORDERS
+
 
 class UsageError(Exception):
     pass
@@ -43,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--patience", type=int, default=5)
     r.add_argument("--worker-timeout", type=float, default=300.0, help="seconds per candidate")
     r.add_argument("--n-layer", type=int, default=None, help="override the model's layer count")
-    r.add_argument("--verify-order", default="auto", choices=("auto", "full", "bench-first"),
+    r.add_argument("--verify-order", default="auto", choices=VERIFY_ORDERS,
                    help="full: all five stages before timing; bench-first: time after the smoke "
                         "test, verify further only what beats the best; auto (default): "
                         "bench-first on a GPU, full under the interpreter")

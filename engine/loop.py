@@ -20,7 +20,6 @@ from engine.store import Store, StoreError
 from engine.worker import WorkerDied
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
-VERIFY_ORDERS = ("auto", "full", "bench-first")
 MIN_MARGIN = 0.01   # never keep a change smaller than 1%, however quiet the measurement
 MAX_TARGET_SHAPES = 4
 
@@ -96,9 +95,9 @@ class RunConfig:
                               f"{', '.join(proposers.NAMES)}")
         if self.proposer in ("llm", "hybrid"):
             _validate_llm(self)
-        if self.verify_order not in VERIFY_ORDERS:
+        if self.verify_order not in verify.VERIFY_ORDERS:
             raise ConfigError(f"unknown verify order {self.verify_order!r}; choose one of "
-                              f"{', '.join(VERIFY_ORDERS)}")
+                              f"{', '.join(verify.VERIFY_ORDERS)}")
         if self.workers is not None and not 1 <= self.workers <= backends.MAX_WORKERS:
             raise ConfigError(f"--workers must be between 1 and {backends.MAX_WORKERS}")
         if self.ray_address is not None:

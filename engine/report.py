@@ -77,8 +77,8 @@ def run_markdown(store: Store, run_id: str) -> str:
                        f"{w['restarts']} |")
     states = Counter(e["state"] for e in exps)
     fails = Counter(e["failed_stage"] for e in exps if e["state"] == "failed")
-    slower = sum(1 for e in exps if e["state"] == "reverted"
-                 and (e.get("error") or "").startswith(verify.NOT_VERIFIED))
+    slower = sum(r["n"] for r in store.stage_outcomes(run_id)      # bench-first: timed only
+                 if r["stage"] == verify.STAGES[-1] and r["status"] == "slower")
     out += ["", f"Outcomes: {states['kept']} kept, {states['reverted']} reverted"
             + (f" ({slower} timed after the smoke test only, bench-first)" if slower else "")
             + f", {states['failed']} failed" + (" (" + ", ".join(f"{k}: {v}" for k, v in

@@ -36,7 +36,8 @@ def add_arguments(p) -> None:
     p.add_argument("--ray", default=None, metavar="ADDRESS", dest="ray_address",
                    help="also run each worker count on this Ray cluster (local: start one here)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--verify-order", default="auto", choices=("auto", "full", "bench-first"),
+    from engine.verify import VERIFY_ORDERS
+    p.add_argument("--verify-order", default="auto", choices=VERIFY_ORDERS,
                    help="the runs' verify order (engine/loop.py RunConfig.verify_order)")
     p.add_argument("--db", default=None, help="SQLite file for the runs (default: a temporary one)")
     p.add_argument("--out", default=None, help="also write the Markdown to this file")

@@ -33,9 +33,10 @@ import traceback
 from dataclasses import asdict, dataclass
 
 STAGES = ("smoke", "shape_sweep", "stability", "determinism", "edge_cases")
-# Bench-first order (engine/worker.py): the stages a candidate timed slower than the best did not
-# run get status "slower", and the experiment (reverted) an error starting with NOT_VERIFIED.
-NOT_VERIFIED = "not verified further"
+# When stages 2-5 run (RunConfig.verify_order, engine/worker.py): "full" before timing; "bench-first"
+# after timing, only for a candidate faster than the best (the others get status "slower");
+# "auto": bench-first on a GPU, full under the interpreter.
+VERIFY_ORDERS = ("auto", "full", "bench-first")
 
 # Modules a candidate may import. Everything a kernel needs; nothing that reaches the process,
 # the clock, the file system, or this project's own reference implementations.

@@ -294,10 +294,17 @@ def _evaluate(req, state, snapshot, workdir, send) -> dict:
     v = verify.Verifier(fam, req, device, interpret)
     stages: list[dict] = []
     result = {"stages": stages, "failed_stage": None, "error": None, "restart": False}
+    # verify=False: a re-time on the reference worker of a candidate that passed all five stages on
+    # another worker; it is still loaded, tamper-checked, timed and re-checked after timing here.
+    # gate={"best_us", "best_noise", "min_margin"} (bench-first order): smoke, then the timing, and
+    # the four costly stages only for a candidate faster than the best by more than the noise; a
+    # slower one is reverted whatever the rest would say, so verifying it is wasted (on the H200
+    # those four stages, the shape sweep most of all, were 86% of the recorded experiments' time).
+    gate = req.get("gate") if req.get("verify", True) and req.get("time", True) else None
 
     def fail(stage, msg):
         result.update(failed_stage=stage, error=msg)
-        if req.get("gate") and req.get("verify", True):
+        if gate:
             _skip_rest(stages)    # failed at the timing of the bench-first order: the rest not run
         if _looks_fatal(msg):
             result["restart"] = True  # a broken GPU context: this process must not go on
@@ -334,13 +341,6 @@ def _evaluate(req, state, snapshot, workdir, send) -> dict:
                 return False
         return True
 
-    # verify=False: a re-time on the reference worker of a candidate that passed all five stages on
-    # another worker; it is still loaded, tamper-checked, timed and re-checked after timing here.
-    # gate={"best_us", "best_noise", "min_margin"} (bench-first order): smoke, then the timing, and
-    # the four costly stages only for a candidate faster than the best by more than the noise; a
-    # slower one is reverted whatever the rest would say, so verifying it is wasted (on the H200
-    # those four stages, the shape sweep most of all, were 86% of the recorded experiments' time).
-    gate = req.get("gate") if req.get("verify", True) and req.get("time", True) else None
     todo = verify.STAGES if req.get("verify", True) else ()
     if not run_stages(todo[:1] if gate else todo):
         return result
@@ -366,7 +366,7 @@ def _evaluate(req, state, snapshot, workdir, send) -> dict:
     if gate:
         margin = max(gate["min_margin"], timing["noise"] or 0, gate["best_noise"] or 0)
         if timing["latency_us"] >= gate["best_us"] * (1 - margin):
-            why = (f"{verify.NOT_VERIFIED}: {timing['latency_us']:.1f} us is not faster than the best "
+            why = (f"not verified further: {timing['latency_us']:.1f} us is not faster than the best "
                    f"{gate['best_us']:.1f} us by more than the noise ({margin:.1%})")
             stages.extend(verify.StageResult(st, "slower", detail=why).row()
                           for st in verify.STAGES[1:])

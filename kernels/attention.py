@@ -264,17 +264,16 @@ def _step(p, masked: bool, tma: bool = False) -> str:
     exp = (lambda a: f"tl.exp2({a})") if e2 else (lambda a: f"tl.exp({a})")
     if tma:
         loads = '''
-kn = start_n + offs_n                                              # [BLOCK_N] key positions
 kt = tl.trans(k_desc.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D))   # [BLOCK_D, BLOCK_N]
 vt = v_desc.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D)             # [BLOCK_N, BLOCK_D]'''
     else:
         loads = '''
-kn = start_n + offs_n                                              # [BLOCK_N] key positions
 kt = tl.load(k_base + kn[None, :] * stride_kn + offs_d[:, None] * stride_kd,
              mask=(kn < SK)[None, :] & d_ok[:, None], other=0.0)   # [BLOCK_D, BLOCK_N]
 vt = tl.load(v_base + kn[:, None] * stride_vn + offs_d[None, :] * stride_vd,
              mask=(kn < SK)[:, None] & d_ok[None, :], other=0.0)   # [BLOCK_N, BLOCK_D]'''
-    lines = [loads + '''
+    lines = ['''
+kn = start_n + offs_n                                              # [BLOCK_N] key positions''' + loads + '''
 qd = q
 if DOT_FP32:                       # interpreter: its tl.dot cannot multiply bf16
     qd = qd.to(tl.float32)

@@ -148,7 +148,7 @@ def test_new_run_file_model_with_loader(db, tmp_path):
         {"nr_source": new_run.PATH, "nr_path": f"{model}:Net", "nr_budget_exp": 2,
          "nr_verify_order": "bench-first"}, str(db["path"]))
     assert errors == [] and cfg.model == f"{model}:Net" and cfg.verify_order == "bench-first"
-    from engine.loop import VERIFY_ORDERS
+    from engine.verify import VERIFY_ORDERS
     assert new_run.VERIFY_ORDERS == VERIFY_ORDERS
 
 
