@@ -52,8 +52,9 @@ def add_arguments(p) -> None:
     p.add_argument("--families", default="all", help="comma-separated family names, or 'all'")
     p.add_argument("--out", default="docs/benchmarks_families.md", help="Markdown file to write")
     p.add_argument("--db", default=None, help="SQLite file with the loop's runs (default data/runs.db)")
-    p.add_argument("--run", default=None, help="run id for the best kernels (default: per family, "
-                   "the latest run with a kept experiment for it)")
+    p.add_argument("--run", default=None, help="run id(s) for the best kernels, comma-separated "
+                   "(e.g. one op run per shape; default: per family, the latest run with a kept "
+                   "experiment for it)")
     p.add_argument("--dtype", default=None, help="float32 | float16 | bfloat16 (default: bfloat16 "
                    "on a GPU, float32 under the interpreter)")
     p.add_argument("--quick", action="store_true", help="tiny shapes (CPU / smoke test)")
@@ -98,20 +99,36 @@ def bench_shapes(fam, quick: bool, max_shapes: int | None) -> list[tuple]:
     return shapes
 
 
+def run_ids(text: str | None) -> list[str]:
+    """--run: one run id, several comma-separated, or none."""
+    return [r.strip() for r in (text or "").split(",") if r.strip()]
+
+
 def best_kernels(store, family: str, run_id: str | None) -> dict | None:
-    """{"run": run row, "kept": [kept experiments with source], "best_id": the target's best}
-    for ``family`` in ``run_id`` (or the latest run with a kept experiment of it), or None."""
-    runs = [store.get_run(run_id)] if run_id else store.list_runs()
+    """{"run": the first run, "runs": every run used, "kept": their kept experiments with
+    source, each with "run_start" (its run's created_at), "best_id": the first run's best} for
+    ``family``: from every run ``run_id`` names (one id or several, comma-separated: an op run
+    per shape, say), or from the latest run with a kept experiment of it; None without one."""
+    ids = run_ids(run_id)
+    runs = [store.get_run(i) for i in ids] if ids else store.list_runs()
+    found = None
     for run in runs:
         if run is None:
             continue
-        kept = [e for e in store.experiments(run["id"], with_source=True)
+        kept = [dict(e, run_start=run["created_at"])
+                for e in store.experiments(run["id"], with_source=True)
                 if e["family"] == family and e["state"] == "kept"]
-        if kept:
+        if not kept:
+            continue
+        if found is None:
             target = next((t for t in store.targets(run["id"]) if t["family"] == family), None)
             best_id = target["best_experiment_id"] if target else None
-            return {"run": run, "kept": kept, "best_id": best_id or kept[-1]["id"]}
-    return None
+            found = {"run": run, "runs": [], "kept": [], "best_id": best_id or kept[-1]["id"]}
+        found["runs"].append(run)
+        found["kept"] += kept
+        if not ids:
+            break
+    return found
 
 
 def pick_best(found: dict, shape: tuple) -> dict:
@@ -138,10 +155,11 @@ def activation_found(found: dict | None) -> dict | None:
     e = min(sep, key=lambda e: e["latency_us"])
     block = e["params"].get("act_block", fused_mlp.DEFAULT["act_block"])
     src = fused_mlp.ACTIVATION.render({"act_block": block})
-    note = (f"Best kernel: the SwiGLU kernel (act_block={block}) of run `{found['run']['id']}`'s "
+    run = next((r for r in found.get("runs", []) if r["id"] == e.get("run_id")), found["run"])
+    note = (f"Best kernel: the SwiGLU kernel (act_block={block}) of run `{run['id']}`'s "
             f"fastest kept fused_mlp experiment of the \"separate\" variant (#{e['seq']}); the "
             f"loop searched the whole MLP, not this kernel alone.")
-    return {"run": found["run"], "kept": [dict(e, source=src, shape_times=None)],
+    return {"run": run, "runs": [run], "kept": [dict(e, source=src, shape_times=None)],
             "best_id": e["id"], "note": note}
 
 
@@ -265,12 +283,13 @@ def family_table(fam, rows: list[dict], modes: list[str], found: dict | None) ->
         "starter (us)", "best (us)", "best found at", "best / eager", "best / max-autotune",
         "best % of roofline", "starter / eager", "starter / max-autotune", "starter % of roofline"]
     out = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
-    start = found["run"]["created_at"] if found else None
     for row in rows:
         eager, ma = _us(row, "eager"), max_autotune_us(row)
         best, starter = _us(row, "best"), _us(row, "starter")
         exp = row.get("best_exp")
-        at = (f"exp {exp['seq']}, {exp['created_at'] - start:.0f} s" if exp is not None else "no run")
+        at = (f"exp {exp['seq']}, {exp['created_at'] - exp['run_start']:.0f} s"
+              + (f" of `{exp['run_id']}`" if len(found.get("runs", ())) > 1 else "")
+              if exp is not None else "no run")
         sol = row.get("sol_us")
 
         def pct(t):
@@ -333,9 +352,11 @@ def _section(fam, rows, found, modes) -> list[str]:
     if found and found.get("note"):
         lines.append(found["note"])
     elif found:
-        r = found["run"]
-        lines.append(f"Best kernels from run `{r['id']}` ({r['model']}, {r['timing_mode']} "
-                     f"timings, {len(found['kept'])} kept experiment(s) of {fam.name}).")
+        runs = found.get("runs") or [found["run"]]
+        what = ", ".join(f"`{r['id']}` ({r['model']})" for r in runs)
+        lines.append(f"Best kernels from run{'s' if len(runs) > 1 else ''} {what}, "
+                     f"{runs[0]['timing_mode']} timings, {len(found['kept'])} kept experiment(s) "
+                     f"of {fam.name}; at each shape the fastest kept kernel timed there.")
     else:
         lines.append(fam.notes.get("no_run", "No run in the database has a kept experiment for "
                                              "this family: starter only."))
@@ -375,8 +396,9 @@ def main(args, log=print) -> int:
         if args.run:
             raise BenchError(str(e)) from None
         log(f"no database ({e}): starters only")
-    if args.run and store is not None and store.get_run(args.run) is None:
-        raise BenchError(f"no run {args.run!r} in {store.path}")
+    for rid in run_ids(args.run) if store is not None else []:
+        if store.get_run(rid) is None:
+            raise BenchError(f"no run {rid!r} in {store.path}")
     loader = _Loader()
     compile_note: list[str] = []
     sections = []

@@ -209,16 +209,21 @@ MAX_HEAD_DIM = 256
 MAX_REGS_PER_THREAD = 192  # fp32 registers for the accumulator [BM, D] and scores [BM, BN]
 
 
+_SMEM = {}
+
+
 def _smem_budget(device):
     """Shared memory (LDS on ROCm) one program may use, in bytes: the opt-in limit where torch
     reports it (NVIDIA, torch >= 2.6), else 64 KB, which every NVIDIA and AMD GPU has. The
-    interpreter has no shared memory: no limit."""
+    interpreter has no shared memory: no limit. Read once per device (a property query costs
+    microseconds of host time on every call)."""
     if device.type != "cuda":
         return 1 << 30
-    props = torch.cuda.get_device_properties(device)
-    if hasattr(props, "shared_memory_per_block_optin"):
-        return int(props.shared_memory_per_block_optin)
-    return 64 * 1024
+    if device.index not in _SMEM:
+        props = torch.cuda.get_device_properties(device)
+        _SMEM[device.index] = (int(props.shared_memory_per_block_optin)
+                               if hasattr(props, "shared_memory_per_block_optin") else 64 * 1024)
+    return _SMEM[device.index]
 
 
 def _fit_attn(bm, bn, bd, stages, warps, sq, sk, itemsize, budget):
@@ -387,8 +392,9 @@ def _launcher(p) -> str:
     scale = "scale * 1.4426950408889634   # log2(e): exp2 of base-2 scores" if p["use_exp2"] else "scale"
     if p["loads"] == "tma":
         launch = '''if _has_tma(q.device) and all(_rows_ok(t) for t in (q, k, v, o)):
-        descs = [TensorDescriptor.from_tensor(t, [1, 1, bm, bd]) for t in (q, o)]
-        descs[1:1] = [TensorDescriptor.from_tensor(t, [1, 1, bn, bd]) for t in (k, v)]
+        q_blk, kv_blk = [1, 1, bm, bd], [1, 1, bn, bd]
+        descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), blk)
+                 for t, blk in ((q, q_blk), (k, kv_blk), (v, kv_blk), (o, q_blk))]
         _attn_fwd_tma[grid](*descs, qk_scale, H, H // Hkv, SQ, SK, BLOCK_M=bm, BLOCK_N=bn,
                             BLOCK_D=bd, CAUSAL=bool(causal), IEEE=ieee, DOT_FP32=dot_fp32,
                             num_warps=NUM_WARPS, num_stages=stages)

@@ -229,16 +229,21 @@ GEMM_HELPERS_SRC = '''
 MAX_ACC_PER_THREAD = 128   # fp32 accumulator registers per thread: BLOCK_M*BLOCK_N <= 4096*warps
 
 
+_SMEM = {}
+
+
 def _smem_budget(device):
     """Shared memory (LDS on ROCm) one program may use, in bytes: the opt-in limit where torch
     reports it (NVIDIA, torch >= 2.6), else 64 KB, which every NVIDIA and AMD GPU has. The
-    interpreter has no shared memory: no limit."""
+    interpreter has no shared memory: no limit. Read once per device (a property query costs
+    microseconds of host time on every call)."""
     if device.type != "cuda":
         return 1 << 30
-    props = torch.cuda.get_device_properties(device)
-    if hasattr(props, "shared_memory_per_block_optin"):
-        return int(props.shared_memory_per_block_optin)
-    return 64 * 1024
+    if device.index not in _SMEM:
+        props = torch.cuda.get_device_properties(device)
+        _SMEM[device.index] = (int(props.shared_memory_per_block_optin)
+                               if hasattr(props, "shared_memory_per_block_optin") else 64 * 1024)
+    return _SMEM[device.index]
 
 
 def _fit_gemm(bm, bn, bk, stages, warps, M, N, K, itemsize, budget, operands=2):
@@ -469,36 +474,60 @@ def _mm_tma(a_desc, b_desc, c_desc, M, N, K,
         c_desc.store([off_m, off_n], out)
 
 
-def _matmul_tma(a, b, cfg):
-    """_matmul through _mm_tma, or None when the operands or the device do not allow it."""
+_TMA_PLANS = {}
+
+
+def _tma_plan(a, b, cfg):
+    """How _mm_tma computes a [(Bt,) M, K] @ b [(Bt,) K, N] (both 2-D, or both 3-D with one
+    batch size): (out shape, (shape, strides, block) of the a, b and c descriptors, grid,
+    meta-parameters), or None where the device or the layout rules descriptors out. Worked
+    out once per (shapes, strides, dtype, device), so that a call's host time is the
+    descriptors and the launch: no tensor views, no device queries (each costs microseconds,
+    and a GEMM of a few hundred microseconds is launched from Python)."""
     bm, bn, bk, group_m, split_k, warps, stages, pps = cfg
-    batch, M, K = a.shape
-    N = b.shape[2]
-    if (b.shape[0] != batch or M == 0 or N == 0 or K == 0 or not _has_tma(a.device)
-            or (N * a.element_size()) % 16):
+    M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
+    batch = a.shape[0] if a.dim() == 3 else 1
+    item = a.element_size()
+    b_kmajor = b.stride(-2) == 1 and b.stride(-1) != 1         # storage [N, K]: a weight^T
+    sa = [a.stride(-2), a.stride(-1)]
+    sb = [b.stride(-1), b.stride(-2)] if b_kmajor else [b.stride(-2), b.stride(-1)]
+    lead = [sa[0], sb[0]] + ([a.stride(0), b.stride(0)] if batch > 1 else [])
+    if (M == 0 or N == 0 or K == 0 or (a.dim() == 3 and b.shape[0] != batch)
+            or not _has_tma(a.device) or (N * item) % 16 or sa[1] != 1 or sb[1] != 1
+            or any((s * item) % 16 for s in lead)):
         return None
-    b_kmajor = b.stride(1) == 1 and b.stride(2) != 1
-    bs = b.transpose(1, 2) if b_kmajor else b                      # its storage order
-    if not (_rows_ok(a[0] if batch == 1 else a) and _rows_ok(bs[0] if batch == 1 else bs)):
-        return None
-    c = torch.empty((batch, M, N), dtype=a.dtype, device=a.device)
-    dot_fp32 = a.dtype == torch.bfloat16 and a.device.type == "cpu"
-    ieee = a.dtype == torch.float32 or dot_fp32
-    bm, bn, bk, stages = _fit_gemm(bm, bn, bk, stages, warps, M, N, K, a.element_size(),
+    bm, bn, bk, stages = _fit_gemm(bm, bn, bk, stages, warps, M, N, K, item,
                                    _smem_budget(a.device))
-    b_block = [bn, bk] if b_kmajor else [bk, bn]
-    if batch == 1:
-        descs = (TensorDescriptor.from_tensor(a[0], [bm, bk]),
-                 TensorDescriptor.from_tensor(bs[0], b_block),
-                 TensorDescriptor.from_tensor(c[0], [bm, bn]))
-    else:
-        descs = (TensorDescriptor.from_tensor(a, [1, bm, bk]),
-                 TensorDescriptor.from_tensor(bs, [1] + b_block),
-                 TensorDescriptor.from_tensor(c, [1, bm, bn]))
+    b_shape, b_block = ([N, K], [bn, bk]) if b_kmajor else ([K, N], [bk, bn])
+    descs = (([M, K], sa, [bm, bk]), (b_shape, sb, b_block), ([M, N], [N, 1], [bm, bn]))
+    if batch > 1:                      # a leading batch dimension, one matrix per block
+        descs = (([batch, M, K], [a.stride(0)] + sa, [1, bm, bk]),
+                 ([batch] + b_shape, [b.stride(0)] + sb, [1] + b_block),
+                 ([batch, M, N], [M * N, N, 1], [1, bm, bn]))
+    dot_fp32 = a.dtype == torch.bfloat16 and a.device.type == "cpu"
+    meta = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, BATCHED=batch > 1,
+                B_KMAJOR=b_kmajor, IEEE=a.dtype == torch.float32 or dot_fp32,
+                DOT_FP32=dot_fp32, num_warps=warps, num_stages=stages)
     grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn), batch)
-    _mm_tma[grid](*descs, M, N, K, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m,
-                  BATCHED=batch > 1, B_KMAJOR=b_kmajor, IEEE=ieee, DOT_FP32=dot_fp32,
-                  num_warps=warps, num_stages=stages)
+    return list(a.shape[:-1]) + [N], descs, grid, meta
+
+
+def _matmul_tma(a, b, cfg):
+    """a @ b through _mm_tma into a new contiguous [(Bt,) M, N] in a's dtype, or None when the
+    device or the operands rule descriptors out (the pointer path runs instead)."""
+    key = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device)
+    plan = _TMA_PLANS.get(key, False)
+    if plan is False:
+        if len(_TMA_PLANS) > 1024:     # a bound on a long-lived process's cache
+            _TMA_PLANS.clear()
+        plan = _TMA_PLANS[key] = _tma_plan(a, b, cfg)
+    if plan is None or a.data_ptr() % 16 or b.data_ptr() % 16:
+        return None
+    out_shape, (da, db, dc), grid, meta = plan
+    c = torch.empty(out_shape, dtype=a.dtype, device=a.device)
+    # each descriptor's base is the operand itself: only its address and dtype are read
+    _mm_tma[grid](TensorDescriptor(a, *da), TensorDescriptor(b, *db), TensorDescriptor(c, *dc),
+                  a.shape[-2], b.shape[-1], a.shape[-1], **meta)
     return c
 '''
 
@@ -510,9 +539,11 @@ _K_LOOP_WS = "    for k in tl.range(0, tl.cdiv(K, BLOCK_K), warp_specialize=True
 
 
 def _kernel_fn(tma: bool = False) -> str:
-    call = ("c = None\n    if a3.shape[0] == b3.shape[0]:\n        c = _matmul_tma(a3, b3, CONFIG)\n"
-            "    if c is None:                                   # the pointer path\n"
-            "        c = _matmul(a3, b3, CONFIG)") if tma else "c = _matmul(a3, b3, CONFIG)"
+    tma_call = """
+    if a.dim() == b.dim():                          # descriptors where the layout allows
+        c = _matmul_tma(a, b, CONFIG)
+        if c is not None:
+            return c""" if tma else ""
     return '''
 
 def kernel_fn(a, b):
@@ -524,14 +555,14 @@ def kernel_fn(a, b):
     if a.dtype != b.dtype:
         raise ValueError(f"operands of different dtypes: {a.dtype}, {b.dtype}")
     if a.shape[-1] != b.shape[-2]:
-        raise ValueError(f"inner dimensions differ: {list(a.shape)} @ {list(b.shape)}")
+        raise ValueError(f"inner dimensions differ: {list(a.shape)} @ {list(b.shape)}")TMA_CALL
     a3 = a if a.dim() == 3 else a.unsqueeze(0)          # views: [Ba, M, K], [Bb, K, N]
     b3 = b if b.dim() == 3 else b.unsqueeze(0)
     if a3.shape[0] != b3.shape[0] and min(a3.shape[0], b3.shape[0]) != 1:
         raise ValueError(f"batch sizes differ: {list(a.shape)} @ {list(b.shape)}")
-    CALL
+    c = _matmul(a3, b3, CONFIG)
     return c if a.dim() == 3 or b.dim() == 3 else c[0]
-'''.replace("CALL", call)
+'''.replace("TMA_CALL", tma_call)
 
 
 def render(params) -> str:

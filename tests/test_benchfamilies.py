@@ -78,6 +78,45 @@ def test_bench_quick_with_a_run(tmp_path):
         "## fused_mlp.swiglu")[1]
 
 
+def test_bench_best_kernels_from_several_runs(tmp_path):
+    """--run a,b: one op run per shape; at each shape the table takes the fastest kept kernel
+    timed there, and says which run and how far into it the loop found it."""
+    db = tmp_path / "runs.db"
+    s = Store(db)
+    mm = kernels.get("matmul")
+    shapes = benchfamilies.bench_shapes(mm, True, 2)
+    ids = []
+    for i, shape in enumerate(shapes):
+        rid = s.create_run(f"op:matmul:{'x'.join(map(str, shape))}", {}, {"name": "cpu"},
+                           "interpreter", None)
+        created = s.get_run(rid)["created_at"]
+        t = s.add_target(rid, "matmul", "float32", [{"shape": list(shape), "count": 1}], 1.0)
+        for seq, (params, us) in enumerate([(dict(mm.default), 900.0),
+                                            (dict(mm.default, block_k=16 * (i + 1)), 500.0)]):
+            src = mm.render(params)
+            s.record_experiment(dict(run_id=rid, target_id=t, family="matmul", proposer="search",
+                                     hypothesis="test", params=params, source=src,
+                                     source_hash=str(hash(src)), state="kept", latency_us=us,
+                                     noise=0.01, timing_mode="interpreter",
+                                     shape_times=[{"shape": list(shape), "count": 1, "us": us}],
+                                     created_at=created + 10 * (seq + 1) + i), [], {"best_is_this": True})
+        ids.append(rid)
+    s.close()
+    out = tmp_path / "b.md"
+    rc = benchfamilies.main(_args(families="matmul", quick=True, max_shapes=2, no_compile=True,
+                                  db=str(db), run=",".join(ids), out=str(out)), log=lambda _: None)
+    assert rc == 0
+    text = out.read_text()
+    assert "Best kernels from runs" in text and all(f"`{r}`" in text for r in ids)
+    rows = [l for l in text.splitlines() if l.startswith("| ") and not l.startswith("| shape")]
+    assert len(rows) == 2
+    assert f"exp 2, 20 s of `{ids[0]}`" in rows[0] and f"exp 2, 21 s of `{ids[1]}`" in rows[1]
+    with pytest.raises(benchfamilies.BenchError, match="no run 'nope'"):
+        benchfamilies.main(_args(families="matmul", quick=True, no_compile=True, db=str(db),
+                                 run=ids[0] + ",nope", out=str(tmp_path / "c.md")))
+    assert not (tmp_path / "c.md").exists()
+
+
 def test_bench_times_the_swiglu_activation_of_the_best_separate_mlp(tmp_path):
     """fused_mlp's memory-bound part gets its own table: eager silu(g) * u, the starter's kernel,
     and the kernel (its act_block) of the fastest kept experiment of the "separate" variant."""

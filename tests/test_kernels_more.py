@@ -305,17 +305,22 @@ def test_matmul_tma_loads_take_descriptors_where_they_can_and_pointers_elsewhere
     mod._matmul_tma = lambda a, b, cfg: taken.append(tma(a, b, cfg) is not None) or tma(a, b, cfg)
     try:
         g = gen(3)
-        cases = [  # (a, b, takes TMA)
+        cases = [  # (a, b, takes TMA; None: not tried, the operands' ranks differ)
             (torch.randn(40, 24, generator=g), torch.randn(16, 24, generator=g).t(), True),  # x @ W^T
             (torch.randn(3, 40, 32, generator=g), torch.randn(3, 32, 24, generator=g), True),
+            (torch.randn(3, 40, 32, generator=g), torch.randn(3, 24, 32, generator=g).mT, True),
+            (torch.randn(1, 40, 32, generator=g), torch.randn(1, 32, 24, generator=g), True),
             (torch.randn(33, 17, generator=g), torch.randn(17, 9, generator=g), False),    # 68-byte rows
+            (torch.randn(3, 40, 32, generator=g), torch.randn(32, 24, generator=g), None),  # broadcast
         ]
         for dtype in (torch.float32, torch.bfloat16):
             for a, b, expect in cases:
-                taken.clear()
-                out = fn(a.to(dtype), b.to(dtype))
+                for _ in range(2):             # the second call takes the cached launch plan
+                    taken.clear()
+                    out = fn(a.to(dtype), b.to(dtype))
+                    assert taken[:1] == ([] if expect is None else [expect]), (a.shape, b.shape)
                 ref = torch.matmul(a.to(dtype).double(), b.to(dtype).double())
-                assert taken[:1] == [expect], (a.shape, b.shape, dtype)
+                assert out.shape == ref.shape and out.dtype == dtype and out.is_contiguous()
                 bound = (a.to(dtype).double().abs() @ b.to(dtype).double().abs())
                 step = 2.0 ** -23 if dtype == torch.float32 else 2.0 ** -7
                 assert ((out.double() - ref).abs() <= 4 * step * bound + 1e-30).all()
