@@ -180,3 +180,20 @@ def test_bench_cli_errors(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and len(err.splitlines()) == 1
     assert not (tmp_path / "x.md").exists()
+
+
+def test_probe_times_chosen_points_and_checks_each(tmp_path, capsys):
+    """engine.probe: the grid's product over the default point, each point checked against the
+    reference at the shape and timed (interpreter timings here), one JSON line per point."""
+    import json
+    from engine import probe
+    out = tmp_path / "p.jsonl"
+    assert probe.main(["--family", "reduce", "--shape", "4x96", "--dtype", "float32",
+                       "--grid", "num_warps=1,2", "--grid", "num_warps=2", "--out", str(out)]) == 0
+    rows = [json.loads(l) for l in out.read_text().splitlines()]
+    assert [r["name"] for r in rows] == ["reference", "point", "point"]      # the union, unique
+    assert [r["params"]["num_warps"] for r in rows[1:]] == [1, 2]
+    assert all(r["us"] > 0 and r["error"] is None for r in rows)
+    assert "interpreter timings" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="reduce has no axis 'warps'"):
+        probe.main(["--family", "reduce", "--shape", "4x96", "--grid", "warps=2"])
