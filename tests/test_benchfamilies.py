@@ -197,3 +197,26 @@ def test_probe_times_chosen_points_and_checks_each(tmp_path, capsys):
     assert "interpreter timings" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="reduce has no axis 'warps'"):
         probe.main(["--family", "reduce", "--shape", "4x96", "--grid", "warps=2"])
+
+
+def test_recorded_hopper_runs_back_the_benchmark_table():
+    """data/recorded_h200_hopper.db: the afternoon's H200 runs behind docs/benchmarks_families.md's
+    matmul, attention and fused_mlp rows. Each best kernel was kept after all five stages."""
+    from engine.verify import STAGES
+    s = Store(ROOT / "data" / "recorded_h200_hopper.db", readonly=True)
+    runs = s.list_runs()
+    assert len(runs) == 8 and {r["timing_mode"] for r in runs} == {"gpu"}
+    mm = benchfamilies.best_kernels(s, "matmul", "20261201-124601-6423fa,20261201-124749-d31c52")
+    for shape, seq, loads in (((4096, 4096, 4096), 22, "tma"), ((4096, 11008, 4096), 22, "pointers")):
+        e = benchfamilies.pick_best(mm, shape)
+        assert (e["seq"], e["params"]["loads"], e["state"]) == (seq, loads, "kept")
+        assert {v["stage"]: v["status"] for v in s.verifications(e["id"])} == {
+            st: "passed" for st in STAGES}
+    attn = benchfamilies.best_kernels(s, "attention", None)          # the latest attention run
+    assert attn["run"]["id"] == "20261201-125326-7b0be1"
+    best = next(e for e in attn["kept"] if e["id"] == attn["best_id"])
+    assert best["seq"] == 23 and best["params"]["use_exp2"] and best["params"]["loads"] == "tma"
+    # bench-first: reverted experiments were timed after the smoke test only
+    outcomes = s.stage_outcomes("20261201-122744-cd5dc2")
+    assert any(o["status"] == "slower" for o in outcomes)
+    s.close()
