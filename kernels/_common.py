@@ -181,6 +181,24 @@ def _num_sms(device):
     return 8
 '''
 
+# The shared-memory budget of one program, for candidates that size tiles and pipelines by it.
+SMEM_BUDGET_SRC = '''_SMEM = {}
+
+
+def _smem_budget(device):
+    """Shared memory (LDS on ROCm) one program may use, in bytes: the opt-in limit where torch
+    reports it (NVIDIA, torch >= 2.6), else 64 KB, which every NVIDIA and AMD GPU has. The
+    interpreter has no shared memory: no limit. Read once per device (a property query costs
+    microseconds of host time on every call)."""
+    if device.type != "cuda":
+        return 1 << 30
+    if device.index not in _SMEM:
+        props = torch.cuda.get_device_properties(device)
+        _SMEM[device.index] = (int(props.shared_memory_per_block_optin)
+                               if hasattr(props, "shared_memory_per_block_optin") else 64 * 1024)
+    return _SMEM[device.index]
+'''
+
 # Tensor descriptors (TMA) for candidates that have a descriptor path: matmul, attention.
 TMA_HELPERS_SRC = '''from triton.tools.tensor_descriptor import TensorDescriptor
 

@@ -209,22 +209,7 @@ MAX_HEAD_DIM = 256
 MAX_REGS_PER_THREAD = 192  # fp32 registers for the accumulator [BM, D] and scores [BM, BN]
 
 
-_SMEM = {}
-
-
-def _smem_budget(device):
-    """Shared memory (LDS on ROCm) one program may use, in bytes: the opt-in limit where torch
-    reports it (NVIDIA, torch >= 2.6), else 64 KB, which every NVIDIA and AMD GPU has. The
-    interpreter has no shared memory: no limit. Read once per device (a property query costs
-    microseconds of host time on every call)."""
-    if device.type != "cuda":
-        return 1 << 30
-    if device.index not in _SMEM:
-        props = torch.cuda.get_device_properties(device)
-        _SMEM[device.index] = (int(props.shared_memory_per_block_optin)
-                               if hasattr(props, "shared_memory_per_block_optin") else 64 * 1024)
-    return _SMEM[device.index]
-
+''' + C.SMEM_BUDGET_SRC + '''
 
 def _fit_attn(bm, bn, bd, stages, warps, sq, sk, itemsize, budget):
     """Clamp the query tile bm and key step bn to the sequence (min 16, the smallest tl.dot),

@@ -229,22 +229,7 @@ GEMM_HELPERS_SRC = '''
 MAX_ACC_PER_THREAD = 128   # fp32 accumulator registers per thread: BLOCK_M*BLOCK_N <= 4096*warps
 
 
-_SMEM = {}
-
-
-def _smem_budget(device):
-    """Shared memory (LDS on ROCm) one program may use, in bytes: the opt-in limit where torch
-    reports it (NVIDIA, torch >= 2.6), else 64 KB, which every NVIDIA and AMD GPU has. The
-    interpreter has no shared memory: no limit. Read once per device (a property query costs
-    microseconds of host time on every call)."""
-    if device.type != "cuda":
-        return 1 << 30
-    if device.index not in _SMEM:
-        props = torch.cuda.get_device_properties(device)
-        _SMEM[device.index] = (int(props.shared_memory_per_block_optin)
-                               if hasattr(props, "shared_memory_per_block_optin") else 64 * 1024)
-    return _SMEM[device.index]
-
+''' + C.SMEM_BUDGET_SRC + '''
 
 def _fit_gemm(bm, bn, bk, stages, warps, M, N, K, itemsize, budget, operands=2):
     """Clamp a tile [bm, bn] with K step bk and its pipeline depth to the problem and the device:
