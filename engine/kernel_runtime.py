@@ -264,6 +264,7 @@ class Runtime:
             if k.op is not None:
                 self.kernels[k.family] = k
         self.stats = {f: {"calls": 0, "fallthrough": 0} for f in self.kernels}
+        self.points = None     # the patch points its eager forwards replace (see ``routed``)
 
     def fits(self, family: str, key: tuple, tensors) -> Kernel | None:
         """The kernel of ``family`` if it was verified for this call, else None (PyTorch runs it)."""
@@ -498,15 +499,21 @@ def _points(families) -> list:
     return out
 
 
+_wrappers: dict = {}           # (owner, attribute, PyTorch's function) -> its routing wrapper
+
+
 def _install(points) -> None:
     with _patch_lock:
         for owner, attr in points:
             key = (owner, attr)
             if _patch_users.get(key, 0) == 0:
                 orig = _pytorch(getattr(owner, attr))
-                family, handler = HANDLERS[orig]
+                wrapped = _wrappers.get((owner, attr, orig))
+                if wrapped is None:            # built once: an eager forward installs it each call
+                    family, handler = HANDLERS[orig]
+                    wrapped = _wrappers[(owner, attr, orig)] = _wrapper(orig, family, handler)
                 _originals[key] = orig
-                setattr(owner, attr, _wrapper(orig, family, handler))
+                setattr(owner, attr, wrapped)
             _patch_users[key] = _patch_users.get(key, 0) + 1
 
 
@@ -524,7 +531,9 @@ class routed:
 
     def __init__(self, rt: Runtime):
         self.rt = rt
-        self.points = _points(set(rt.kernels))
+        if rt.points is None:                 # worked out once per runtime, not per forward
+            rt.points = _points(set(rt.kernels))
+        self.points = rt.points
 
     def __enter__(self):
         _install(self.points)
