@@ -155,7 +155,7 @@ def activation_found(found: dict | None) -> dict | None:
     e = min(sep, key=lambda e: e["latency_us"])
     block = e["params"].get("act_block", fused_mlp.DEFAULT["act_block"])
     src = fused_mlp.ACTIVATION.render({"act_block": block})
-    run = next((r for r in found.get("runs", []) if r["id"] == e.get("run_id")), found["run"])
+    run = next(r for r in found["runs"] if r["id"] == e["run_id"])
     note = (f"Best kernel: the SwiGLU kernel (act_block={block}) of run `{run['id']}`'s "
             f"fastest kept fused_mlp experiment of the \"separate\" variant (#{e['seq']}); the "
             f"loop searched the whole MLP, not this kernel alone.")
@@ -288,7 +288,7 @@ def family_table(fam, rows: list[dict], modes: list[str], found: dict | None) ->
         best, starter = _us(row, "best"), _us(row, "starter")
         exp = row.get("best_exp")
         at = (f"exp {exp['seq']}, {exp['created_at'] - exp['run_start']:.0f} s"
-              + (f" of `{exp['run_id']}`" if len(found.get("runs", ())) > 1 else "")
+              + (f" of `{exp['run_id']}`" if len(found["runs"]) > 1 else "")
               if exp is not None else "no run")
         sol = row.get("sol_us")
 
@@ -352,7 +352,7 @@ def _section(fam, rows, found, modes) -> list[str]:
     if found and found.get("note"):
         lines.append(found["note"])
     elif found:
-        runs = found.get("runs") or [found["run"]]
+        runs = found["runs"]
         what = ", ".join(f"`{r['id']}` ({r['model']})" for r in runs)
         lines.append(f"Best kernels from run{'s' if len(runs) > 1 else ''} {what}, "
                      f"{runs[0]['timing_mode']} timings, {len(found['kept'])} kept experiment(s) "

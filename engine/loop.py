@@ -554,10 +554,10 @@ class _Dispatch:
             exp.update(state="reverted", error=r["gated"])
         elif timing and not r["failed_stage"] and d.slot != self.pool.reference:
             target = self._target(exp["target_id"])
-            best = target["best_latency_us"]
-            margin = max(MIN_MARGIN, exp["noise"] or 0, target["best_noise"] or 0)
-            if (best is None or not self.pool.same_model(d.slot)
-                    or exp["latency_us"] < best * (1 - margin)):
+            if (not self.pool.same_model(d.slot)
+                    or not verify.not_faster(exp["latency_us"], exp["noise"],
+                                             target["best_latency_us"], target["best_noise"],
+                                             MIN_MARGIN)):
                 item["stages"] = stages
                 exp["first_latency_us"] = exp["latency_us"]
                 self.pool.submit(backends.Job(
@@ -614,16 +614,15 @@ class _Dispatch:
             update["no_improve"] = target["no_improve"] + 1
         elif exp.get("state") != "failed":
             lat = exp["latency_us"]
-            best_lat = target["best_latency_us"]
-            margin = max(MIN_MARGIN, exp["noise"] or 0, target["best_noise"] or 0)
-            if best_lat is None or lat < best_lat * (1 - margin):
+            slower = verify.not_faster(lat, exp["noise"], target["best_latency_us"],
+                                       target["best_noise"], MIN_MARGIN)
+            if not slower:
                 exp["state"] = "kept"
                 update.update(best_is_this=True, best_latency_us=lat, best_noise=exp["noise"],
                               speedup=exp["speedup"], no_improve=0)
             else:
                 exp["state"] = "reverted"
-                exp["error"] = (f"{lat:.1f} us is not faster than the best {best_lat:.1f} us by "
-                                f"more than the noise ({margin:.1%})")
+                exp["error"] = slower
                 update["no_improve"] = target["no_improve"] + 1
         else:
             update["no_improve"] = target["no_improve"] + 1

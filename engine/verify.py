@@ -38,6 +38,17 @@ STAGES = ("smoke", "shape_sweep", "stability", "determinism", "edge_cases")
 # "auto": bench-first on a GPU, full under the interpreter.
 VERIFY_ORDERS = ("auto", "full", "bench-first")
 
+
+def not_faster(latency_us, noise, best_us, best_noise, min_margin) -> str | None:
+    """Why a candidate timed at ``latency_us`` does not beat the best (``best_us``, None: there
+    is none), or None when it does: it must be faster by more than ``min_margin`` and by more
+    than either timing's relative noise. The loop's keep rule; bench-first's gate is the same."""
+    margin = max(min_margin, noise or 0, best_noise or 0)
+    if best_us is None or latency_us < best_us * (1 - margin):
+        return None
+    return (f"{latency_us:.1f} us is not faster than the best {best_us:.1f} us by more than the "
+            f"noise ({margin:.1%})")
+
 # Modules a candidate may import. Everything a kernel needs; nothing that reaches the process,
 # the clock, the file system, or this project's own reference implementations.
 ALLOWED_IMPORTS = {"torch", "triton", "math", "functools", "typing", "itertools", "operator",

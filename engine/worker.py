@@ -364,10 +364,10 @@ def _evaluate(req, state, snapshot, workdir, send) -> dict:
             return fail("benchmark", f"faster than the speed of light at shape {row['shape']}: "
                                      f"{row['us']:.2f} us < {row['sol_us']:.2f} us minimum")
     if gate:
-        margin = max(gate["min_margin"], timing["noise"] or 0, gate["best_noise"] or 0)
-        if timing["latency_us"] >= gate["best_us"] * (1 - margin):
-            why = (f"not verified further: {timing['latency_us']:.1f} us is not faster than the best "
-                   f"{gate['best_us']:.1f} us by more than the noise ({margin:.1%})")
+        slower = verify.not_faster(timing["latency_us"], timing["noise"], gate["best_us"],
+                                   gate["best_noise"], gate["min_margin"])
+        if slower:
+            why = "not verified further: " + slower
             stages.extend(verify.StageResult(st, "slower", detail=why).row()
                           for st in verify.STAGES[1:])
             result["gated"] = why

@@ -215,12 +215,6 @@ def _has_tma(device):
         _TMA_DEVICES[device.index] = torch.cuda.get_device_capability(device)[0] >= 9
     return _TMA_DEVICES[device.index]
 
-
-def _rows_ok(t):
-    """Unit last stride, 16-byte aligned base and leading strides: what a descriptor needs."""
-    item = t.element_size()
-    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
-            and all((s * item) % 16 == 0 for s in t.stride()[:-1]))
 '''
 
 IMPORTS_SRC = '''import torch

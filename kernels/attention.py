@@ -373,12 +373,22 @@ def {name}({args}):
 '''
 
 
+_ROWS_OK_SRC = '''
+
+def _rows_ok(t):
+    """Unit last stride, 16-byte aligned base and leading strides: what a descriptor needs."""
+    item = t.element_size()
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+            and all((s * item) % 16 == 0 for s in t.stride()[:-1]))
+'''
+
+
 def _launcher(p) -> str:
     scale = "scale * 1.4426950408889634   # log2(e): exp2 of base-2 scores" if p["use_exp2"] else "scale"
     if p["loads"] == "tma":
         launch = '''if _has_tma(q.device) and all(_rows_ok(t) for t in (q, k, v, o)):
         q_blk, kv_blk = [1, 1, bm, bd], [1, 1, bn, bd]
-        descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), blk)
+        descs = [TensorDescriptor.from_tensor(t, blk)
                  for t, blk in ((q, q_blk), (k, kv_blk), (v, kv_blk), (o, q_blk))]
         _attn_fwd_tma[grid](*descs, qk_scale, H, H // Hkv, SQ, SK, BLOCK_M=bm, BLOCK_N=bn,
                             BLOCK_D=bd, CAUSAL=bool(causal), IEEE=ieee, DOT_FP32=dot_fp32,
@@ -453,7 +463,7 @@ NUM_STAGES = {p["num_stages"]}        # software-pipelining depth of the key loo
 '''
     parts = [doc, _HELPERS_SRC, "\n", _kernel(p)]
     if p["loads"] == "tma":      # tiles through tensor descriptors where the GPU has TMA
-        parts += ["\n", C.TMA_HELPERS_SRC, "\n", _kernel(p, tma=True)]
+        parts += ["\n", C.TMA_HELPERS_SRC, _ROWS_OK_SRC, "\n", _kernel(p, tma=True)]
     return C.tidy("\n".join(parts + [_launcher(p)]))
 
 
