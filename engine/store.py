@@ -29,6 +29,87 @@ class StoreError(RuntimeError):
     """The database cannot be opened or written (bad path, permissions, not a database)."""
 
 
+class RunBusy(StoreError):
+    """Another live engine holds the run."""
+
+
+# A run's engine writes heartbeat_at about every HEARTBEAT_S; a holder silent for LEASE_S is gone
+# (its machine may be another one, whose processes this one cannot see).
+HEARTBEAT_S = 5.0
+LEASE_S = 60.0
+ACTIVE = ("running", "paused")     # statuses that claim a live engine
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def this_owner() -> dict:
+    """Who this process is, as a run's owner."""
+    import socket
+    return {"host": socket.gethostname(), "pid": os.getpid(), "boot_id": _boot_id(),
+            "started_at": _now()}
+
+
+def _json_or_none(v):
+    if not v:
+        return None
+    try:
+        return json.loads(v) if isinstance(v, str) else v
+    except json.JSONDecodeError:
+        return None
+
+
+def _same_owner(a: dict, b: dict) -> bool:
+    return (a.get("host"), a.get("pid"), a.get("boot_id")) == (b.get("host"), b.get("pid"),
+                                                              b.get("boot_id"))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError, ValueError, TypeError):
+        return True
+    return True
+
+
+def owner_gone(owner: dict | None, heartbeat_at: float | None, now: float | None = None) -> bool:
+    """True when the engine that claimed a run can no longer be running it: on this machine
+    (same host and boot) its process is gone; anywhere, it has been silent for LEASE_S."""
+    if not owner:
+        return True
+    now = _now() if now is None else now
+    if heartbeat_at is None or now - float(heartbeat_at) > LEASE_S:
+        return True
+    import socket
+    if owner.get("host") == socket.gethostname() and owner.get("boot_id") == _boot_id():
+        return not _pid_alive(owner.get("pid"))
+    return False
+
+
+def is_stale(run: dict, now: float | None = None) -> bool:
+    """A run whose status says an engine is on it (running, paused) but none is: its engine
+    was killed or its machine went down. Shown as stopped; resumable."""
+    if run.get("status") not in ACTIVE or run.get("recorded"):
+        return False
+    if "owner" not in run:            # a database from before ownership: trust the status
+        return False
+    return owner_gone(_json_or_none(run.get("owner")), run.get("heartbeat_at"), now)
+
+
+def effective_status(run: dict, now: float | None = None) -> str:
+    """The status to show: "stopped" for a stale run, else the stored one. A recorded run
+    (shipped from another machine) is never live, whatever its stored status."""
+    if run.get("recorded") and run.get("status") in ACTIVE:
+        return "stopped"
+    return "stopped" if is_stale(run, now) else run["status"]
+
+
 def _now() -> float:
     return time.time()
 
@@ -207,7 +288,59 @@ MIGRATIONS: list[tuple[str, str]] = [
         PRIMARY KEY (run_id, name)
     )
     """),
+    # Run ownership (one engine per run): owner is JSON {host, pid, boot_id, started_at} of the
+    # engine process that holds the run, heartbeat_at the last time it said it is alive (about
+    # every 5 s). A run whose status says running/paused but whose owner is gone (its process
+    # died, or no heartbeat for LEASE_S) is stale: shown as stopped and resumable. notes and tags
+    # (JSON list of strings) are the user's words about a run.
+    ("0006_run_ownership", """
+    ALTER TABLE runs ADD COLUMN owner TEXT;
+    ALTER TABLE runs ADD COLUMN heartbeat_at REAL;
+    ALTER TABLE runs ADD COLUMN notes TEXT;
+    ALTER TABLE runs ADD COLUMN tags TEXT
+    """),
+    # Targets keyed by (run, family, spec): spec is the JSON of the contract a match fixed (e.g.
+    # an RMSNorm over dims [1] without weight) or a generated region's description; '{}' is the
+    # family's plain contract. A model may hold the same family under two specs. The second
+    # baseline: torch.compile of the same op or region, timed apart (best of its modes).
+    ("0007_target_spec", """
+    CREATE TABLE targets_v7 (
+        id INTEGER PRIMARY KEY,
+        run_id TEXT NOT NULL REFERENCES runs(id),
+        family TEXT NOT NULL,
+        dtype TEXT NOT NULL,
+        shapes TEXT NOT NULL,
+        fraction REAL NOT NULL,
+        ref_latency_us REAL,
+        ref_noise REAL,
+        sol_latency_us REAL,
+        best_experiment_id INTEGER,
+        best_latency_us REAL,
+        best_noise REAL,
+        speedup REAL,
+        state TEXT NOT NULL,
+        experiments INTEGER NOT NULL DEFAULT 0,
+        no_improve INTEGER NOT NULL DEFAULT 0,
+        ref_shape_times TEXT,
+        spec TEXT NOT NULL DEFAULT '{}',  -- JSON: the contract a match fixed, or a region
+        label TEXT,                      -- how the target reads to a person (None: the family)
+        compile_latency_us REAL,         -- torch.compile of the same op/region, best of its modes
+        compile_noise REAL,
+        compile_mode TEXT,               -- the mode that was fastest
+        compile_shape_times TEXT,        -- JSON like ref_shape_times
+        UNIQUE(run_id, family, spec)
+    );
+    INSERT INTO targets_v7 (id, run_id, family, dtype, shapes, fraction, ref_latency_us,
+        ref_noise, sol_latency_us, best_experiment_id, best_latency_us, best_noise, speedup,
+        state, experiments, no_improve, ref_shape_times)
+        SELECT id, run_id, family, dtype, shapes, fraction, ref_latency_us, ref_noise,
+        sol_latency_us, best_experiment_id, best_latency_us, best_noise, speedup, state,
+        experiments, no_improve, ref_shape_times FROM targets;
+    DROP TABLE targets;
+    ALTER TABLE targets_v7 RENAME TO targets
+    """),
 ]
+KNOWN_MIGRATIONS = {name for name, _ in MIGRATIONS}
 
 STAGES = ("smoke", "shape_sweep", "stability", "determinism", "edge_cases")
 
@@ -231,23 +364,45 @@ class Store:
                 conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA foreign_keys=ON")
             self.db = sqlite_utils.Database(conn)
-            if not readonly:
+            if readonly:
+                self._check_version()
+            else:
                 self._migrate()
         except (sqlite3.Error, OSError) as e:
             raise StoreError(f"cannot open database {self.path}: {e}") from e
 
     # ---- schema -------------------------------------------------------------------------------
+    def _check_version(self) -> set:
+        """The migrations this file has had; refuses a file written by a newer Nightshift (its
+        schema has migrations this code does not know: writing to it could corrupt it)."""
+        c = self.db.conn
+        if not c.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
+                         "name = 'schema_version'").fetchone():
+            return set()
+        done = {r[0] for r in c.execute("SELECT name FROM schema_version")}
+        newer = sorted(done - KNOWN_MIGRATIONS)
+        if newer:
+            raise StoreError(f"database {self.path} has a newer schema ({newer[-1]}) than this "
+                             f"version of Nightshift knows; upgrade Nightshift to open it")
+        return done
+
     def _migrate(self) -> None:
         c = self.db.conn
+        done = self._check_version()
         c.execute("CREATE TABLE IF NOT EXISTS schema_version (name TEXT PRIMARY KEY, applied_at REAL)")
-        done = {r[0] for r in c.execute("SELECT name FROM schema_version")}
-        for name, sql in MIGRATIONS:
-            if name in done:
-                continue
-            with c:  # one transaction per migration
-                for stmt in [s for s in sql.split(";") if s.strip()]:
-                    c.execute(stmt)
-                c.execute("INSERT INTO schema_version VALUES (?, ?)", (name, _now()))
+        todo = [(n, sql) for n, sql in MIGRATIONS if n not in done]
+        if not todo:
+            return
+        # a migration that rebuilds a table drops the old one: foreign keys are checked after
+        c.execute("PRAGMA foreign_keys=OFF")
+        try:
+            for name, sql in todo:
+                with c:  # one transaction per migration
+                    for stmt in [s for s in sql.split(";") if s.strip()]:
+                        c.execute(stmt)
+                    c.execute("INSERT INTO schema_version VALUES (?, ?)", (name, _now()))
+        finally:
+            c.execute("PRAGMA foreign_keys=ON")
 
     def close(self) -> None:
         self.db.conn.close()
@@ -271,12 +426,52 @@ class Store:
         with self.db.conn:
             self.db["runs"].update(run_id, fields)
 
+    # ---- ownership: one engine per run ----------------------------------------------------------
+    def claim_run(self, run_id: str, owner: dict | None = None) -> dict:
+        """Make this process the run's one engine, atomically; raises RunBusy when another
+        live engine holds it. A holder that is gone (see ``is_stale``) is taken over."""
+        owner = owner or this_owner()
+        with self.db.conn:
+            self.db.conn.execute("BEGIN IMMEDIATE")   # no other writer between the read and write
+            row = self.db.conn.execute("SELECT owner, heartbeat_at FROM runs WHERE id = ?",
+                                       [run_id]).fetchone()
+            if row is None:
+                raise StoreError(f"no run {run_id!r} in {self.path}")
+            held = _json_or_none(row[0])
+            if held and not _same_owner(held, owner) and not owner_gone(held, row[1]):
+                raise RunBusy(f"run {run_id} is being run by another engine (pid {held.get('pid')} "
+                              f"on {held.get('host')}); stop it first, or wait for it to end")
+            self.db.conn.execute("UPDATE runs SET owner = ?, heartbeat_at = ? WHERE id = ?",
+                                 [json.dumps(owner), _now(), run_id])
+        return owner
+
+    def heartbeat(self, run_id: str) -> None:
+        with self.db.conn:
+            self.db.conn.execute("UPDATE runs SET heartbeat_at = ? WHERE id = ?", [_now(), run_id])
+
+    def release_run(self, run_id: str) -> None:
+        with self.db.conn:
+            self.db.conn.execute("UPDATE runs SET owner = NULL WHERE id = ?", [run_id])
+
+    def set_run_notes(self, run_id: str, notes: str | None = None,
+                      tags: list[str] | None = None) -> None:
+        """The user's notes and tags on a run (the dashboard's one write: it never touches a
+        run's results)."""
+        fields = {}
+        if notes is not None:
+            fields["notes"] = notes
+        if tags is not None:
+            fields["tags"] = json.dumps(sorted({t.strip() for t in tags if t.strip()}))
+        if fields:
+            with self.db.conn:
+                self.db["runs"].update(run_id, fields)
+
     def get_run(self, run_id: str) -> dict | None:
         rows = list(self.db.query("SELECT * FROM runs WHERE id = ?", [run_id]))
-        return _decode(rows[0], ("config", "device", "ceilings")) if rows else None
+        return _decode(rows[0], ("config", "device", "ceilings", "tags")) if rows else None
 
     def list_runs(self) -> list[dict]:
-        return [_decode(r, ("config", "device", "ceilings"))
+        return [_decode(r, ("config", "device", "ceilings", "tags"))
                 for r in self.db.query("SELECT * FROM runs ORDER BY created_at DESC")]
 
     # ---- profile and targets ------------------------------------------------------------------
@@ -295,22 +490,29 @@ class Store:
             "SELECT * FROM profile_ops WHERE run_id = ? ORDER BY time_us DESC", [run_id])]
 
     def add_target(self, run_id: str, family: str, dtype: str, shapes: list[dict],
-                   fraction: float) -> int:
+                   fraction: float, spec: dict | None = None, label: str | None = None) -> int:
+        """One target: a family (or generated region) under one contract ``spec`` ({}: the
+        family's plain contract), with its real shapes and Amdahl share ``fraction``."""
         with self.db.conn:
             return self.db["targets"].insert(dict(
                 run_id=run_id, family=family, dtype=dtype, shapes=json.dumps(shapes),
-                fraction=fraction, state="pending", experiments=0, no_improve=0)).last_pk
+                fraction=fraction, state="pending", experiments=0, no_improve=0,
+                spec=json.dumps(spec or {}, sort_keys=True), label=label)).last_pk
 
     def update_target(self, target_id: int, **fields) -> None:
-        for k in ("shapes", "ref_shape_times"):
-            if k in fields and not isinstance(fields[k], str):
-                fields[k] = json.dumps(fields[k])
+        for k in _TARGET_JSON:
+            if k in fields and fields[k] is not None and not isinstance(fields[k], str):
+                fields[k] = json.dumps(fields[k], sort_keys=(k == "spec"))
         with self.db.conn:
             self.db["targets"].update(target_id, fields)
 
     def targets(self, run_id: str) -> list[dict]:
-        return [_decode(r, ("shapes", "ref_shape_times")) for r in self.db.query(
+        rows = [_decode(r, _TARGET_JSON) for r in self.db.query(
             "SELECT * FROM targets WHERE run_id = ? ORDER BY fraction DESC, id", [run_id])]
+        for r in rows:   # a read-only reader may open a database of an older schema
+            r.setdefault("spec", {})
+            r["spec"] = r["spec"] or {}
+        return rows
 
     # ---- experiments --------------------------------------------------------------------------
     def record_experiment(self, exp: dict, verifications: list[dict],
@@ -422,6 +624,8 @@ class Store:
         return list(self.db.query(
             "SELECT * FROM e2e_timings WHERE check_id = ? ORDER BY id", [check_id]))
 
+
+_TARGET_JSON = ("shapes", "ref_shape_times", "spec", "compile_shape_times")
 
 EXPERIMENT_COLUMNS = (
     "id", "run_id", "target_id", "family", "seq", "created_at", "parent_id", "proposer",

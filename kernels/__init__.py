@@ -86,11 +86,24 @@ class Family:
         return tuple(int(s) for s in record["shape"])
 
 
-def get(name: str) -> Family:
-    """The family called ``name``; raises UnknownFamily with the valid names."""
+def get(name: str, spec: dict | None = None) -> Family:
+    """The family called ``name`` under the contract ``spec`` (None or {}: its plain contract);
+    raises UnknownFamily with the valid names.
+
+    ``spec`` is what a graph match fixed that the plain contract leaves open (an RMSNorm over
+    dims [1] without weight, say): a family that can be widened so defines
+    ``configure(spec) -> Family`` in its file, and the result is judged on exactly those
+    semantics. The spec is JSON, stored with the target and sent to the worker, so engine and
+    worker rebuild the same Family from it."""
     if name not in FAMILY_NAMES:
         raise UnknownFamily(f"unknown family {name!r}; known families: {', '.join(FAMILY_NAMES)}")
-    return importlib.import_module(f"kernels.{name}").FAMILY
+    mod = importlib.import_module(f"kernels.{name}")
+    if not spec:
+        return mod.FAMILY
+    configure = getattr(mod, "configure", None)
+    if configure is None:
+        raise UnknownFamily(f"family {name!r} has one contract; it takes no spec (got {spec!r})")
+    return configure(dict(spec))
 
 
 def all_families() -> list[Family]:
