@@ -68,9 +68,11 @@ class Done:
 class LocalSlot:
     """A worker process on this machine, pinned to one GPU index (or unpinned)."""
 
-    def __init__(self, name: str, interpret: bool, device_index: int | None):
+    def __init__(self, name: str, interpret: bool, device_index: int | None,
+                 db_path: str | None = None, fresh_retime: bool | None = None):
         self.name = name
-        self.worker = Worker(interpret=interpret, device_index=device_index, name=name)
+        self.worker = Worker(interpret=interpret, device_index=device_index, name=name,
+                             db_path=db_path, fresh_retime=fresh_retime)
         self.device_index = device_index
         self.host = socket.gethostname()
 
@@ -93,8 +95,9 @@ class RayWorkerActor:
     Ray sets CUDA_VISIBLE_DEVICES for an actor with num_gpus=1, and the worker's allow-listed
     environment passes it on, so the worker sees exactly the actor's GPU."""
 
-    def __init__(self, interpret: bool, name: str):
-        self.worker = Worker(interpret=interpret, device_index=None, name=name)
+    def __init__(self, interpret: bool, name: str, fresh_retime: bool | None = None):
+        self.worker = Worker(interpret=interpret, device_index=None, name=name,
+                             fresh_retime=fresh_retime)
 
     def start(self, timeout_s: float) -> dict:
         hello = self.worker.start(timeout_s=timeout_s)
@@ -121,11 +124,13 @@ class RayWorkerActor:
 class RaySlot:
     """A Ray actor (one GPU, or one CPU on a cluster without GPUs) holding one worker."""
 
-    def __init__(self, name: str, interpret: bool, num_gpus: float):
+    def __init__(self, name: str, interpret: bool, num_gpus: float,
+                 fresh_retime: bool | None = None):
         import ray
         self.ray = ray
         self.name = name
         self.interpret = interpret
+        self.fresh_retime = fresh_retime
         self.num_gpus = num_gpus
         self.device_index = None
         self.host = None
@@ -135,7 +140,7 @@ class RaySlot:
     def _new_actor(self) -> None:
         opts = {"num_gpus": self.num_gpus} if self.num_gpus else {"num_cpus": 1}
         self.actor = self._cls.options(max_restarts=0, max_task_retries=0, **opts).remote(
-            self.interpret, self.name)
+            self.interpret, self.name, self.fresh_retime)
 
     def _get(self, ref, timeout_s: float):
         ex = self.ray.exceptions
@@ -446,23 +451,25 @@ def kind(workers: int | None, ray_address: str | None) -> str:
     return "ray" if ray_address else ("local" if workers else "single")
 
 
-def make(workers: int | None, ray_address: str | None, interpret: bool) -> Pool:
-    """The pool a run's configuration asks for (see RunConfig.workers / ray_address)."""
+def make(workers: int | None, ray_address: str | None, interpret: bool,
+         db_path: str | None = None, fresh_retime: bool | None = None) -> Pool:
+    """The pool a run's configuration asks for (see RunConfig.workers / ray_address). Local
+    workers' sandboxes hide ``db_path``'s folder; ``fresh_retime`` (None: on a GPU) re-times
+    every would-be best in a fresh worker process."""
     backend = kind(workers, ray_address)
     if backend == "single":
-        return Pool([LocalSlot("w0", interpret, None)], "single")
+        return Pool([LocalSlot("w0", interpret, None, db_path, fresh_retime)], "single")
     if backend == "local":
-        if interpret:
-            slots = [LocalSlot(f"w{i}", True, None) for i in range(workers)]
-        else:
-            slots = [LocalSlot(f"w{i}", False, i) for i in range(workers)]
+        slots = [LocalSlot(f"w{i}", interpret, None if interpret else i, db_path, fresh_retime)
+                 for i in range(workers)]
         return Pool(slots, "local")
     ray = ray_connect(ray_address, workers)
     gpus = int(ray.cluster_resources().get("GPU", 0))
     n = workers or (gpus if gpus else 2)
     if not interpret and gpus < n:
         raise RuntimeError(f"the Ray cluster at {ray_address} has {gpus} GPU(s); {n} asked for")
-    slots = [RaySlot(f"w{i}", interpret, 1 if (gpus and not interpret) else 0) for i in range(n)]
+    slots = [RaySlot(f"w{i}", interpret, 1 if (gpus and not interpret) else 0, fresh_retime)
+             for i in range(n)]
     owns = getattr(ray, "_nightshift_owns", False)
     return Pool(slots, "ray", on_close=(ray.shutdown if owns else None))
 

@@ -57,6 +57,58 @@ def device_time_ms(fn, reps: int = 20, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
+def warm_up(fn, input_sets: list[dict], gpu: bool) -> None:
+    """Compile, autotune and fill caches before anything is timed."""
+    k = len(input_sets)
+    if gpu:
+        for i in range(max(3, k)):
+            fn(**input_sets[i % k])
+        _synchronize()
+    else:
+        fn(**input_sets[0])                           # the interpreter rewrites the kernel once
+
+
+def samples(fn, input_sets: list[dict], gpu: bool, n: int, offset: int = 0) -> list[float]:
+    """``n`` timed calls in microseconds, each on the next input set (from ``offset``): on a GPU
+    device events around the call after an L2 flush and a spin; else the host clock."""
+    k = len(input_sets)
+    out = []
+    for i in range(n):
+        inputs = input_sets[(offset + i) % k]
+        if gpu:
+            _flush_l2()
+            start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+            start.record()
+            fn(**inputs)
+            end.record()
+            end.synchronize()
+            out.append(start.elapsed_time(end) * 1e3)
+        else:
+            t0 = _perf_counter()
+            fn(**inputs)
+            out.append((_perf_counter() - t0) * 1e6)
+    return out
+
+
+def reps_for(est_us: float, gpu: bool, rounds: int = 3, target_ms: float = 60.0,
+             max_reps: int = 200) -> int:
+    """Repetitions per round for a call of about ``est_us``: ~target_ms a round on a GPU, a few
+    under the interpreter (each is already long)."""
+    est_ms = max(est_us / 1e3, 1e-3)
+    if gpu:
+        return int(min(max_reps, max(10, target_ms / est_ms / rounds)))
+    return int(min(5, max(2, 300.0 / est_ms / rounds)))
+
+
+def summarize(round_samples: list[list[float]]) -> dict:
+    """{"us": median of every sample, "noise": spread of the round medians / median, "samples"}."""
+    every = [x for r in round_samples for x in r]
+    med = statistics.median(every)
+    medians = [statistics.median(r) for r in round_samples]
+    noise = (max(medians) - min(medians)) / med if med > 0 else 0.0
+    return {"us": med, "noise": noise, "samples": len(every)}
+
+
 def time_call(fn, input_sets: list[dict], gpu: bool, rounds: int = 3,
               target_ms: float = 60.0, max_reps: int = 200) -> dict:
     """Time ``fn(**inputs)`` rotating through ``input_sets``.

@@ -57,7 +57,7 @@ from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from engine import verify
+from engine import allowlist, verify
 from engine.proposers import Proposal, ProposalContext, ProposerStopped
 
 LOCAL_PROVIDERS = {"ollama", "ollama_chat", "hosted_vllm", "vllm", "lm_studio", "llamafile"}
@@ -179,10 +179,8 @@ def _contract(family) -> list[str]:
         "- Family notes (how the built-in variants work):",
         "", notes, "",
         "## Rules: the verifier rejects a candidate that breaks any of them",
-        f"- imports: only {', '.join(sorted(verify.ALLOWED_IMPORTS))}; never the names "
-        f"{', '.join(sorted(verify.FORBIDDEN_NAMES))}; no dunder attributes; no attribute "
-        f"named {', '.join(sorted(verify.FORBIDDEN_TORCH_ATTRS))} (on torch or on a tensor; "
-        "tl.* and triton.* are fine).",
+        "- The source passes an allow list (anything not named here is rejected): "
+        + allowlist.rules_text(),
         "- Every value must be computed by your own @triton.jit kernel(s). Outside kernel "
         f"launches, PyTorch may only allocate, view, reshape and copy ({', '.join(host_ops)}); "
         "any other PyTorch op rejects the candidate.",

@@ -8,6 +8,7 @@ committed whole, so a run killed at any point resumes from the database with not
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 import time
 import traceback
@@ -16,12 +17,14 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 import kernels
 from engine import backends, plan, proposers, verify
-from engine.store import Store, StoreError
+from engine.store import HEARTBEAT_S, RunBusy, Store, StoreError
 from engine.worker import WorkerDied
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 MIN_MARGIN = 0.01   # never keep a change smaller than 1%, however quiet the measurement
 MAX_TARGET_SHAPES = 4
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+GPU_COMPILE_MODES = ["default", "max-autotune-no-cudagraphs"]
 
 
 class ConfigError(ValueError):
@@ -67,6 +70,12 @@ class RunConfig:
     # where those four stages were 86% of the recorded experiments' time, and full under the
     # interpreter (whose timings decide nothing worth skipping verification for).
     verify_order: str = "auto"
+    # Re-time every would-be best in a fresh worker process (engine/judge.py): None is on a GPU
+    # only (interpreter timings decide nothing worth a second process).
+    fresh_retime: bool | None = None
+    # torch.compile modes the reference is also timed in, per target (the faster of eager and
+    # the fastest mode is the baseline); None: default and max-autotune-no-cudagraphs on a GPU.
+    compile_modes: list[str] | None = None
 
     def validate(self) -> None:
         from engine import sources
@@ -84,12 +93,19 @@ class RunConfig:
             raise ConfigError("choose at least one family")
         if self.budget_experiments is not None and self.budget_experiments < 1:
             raise ConfigError("--budget-experiments must be a positive number of experiments")
-        if self.budget_minutes is not None and self.budget_minutes <= 0:
-            raise ConfigError("--budget-minutes must be positive")
+        if self.budget_minutes is not None and not (math.isfinite(self.budget_minutes)
+                                                    and self.budget_minutes > 0):
+            raise ConfigError("--budget-minutes must be a positive number of minutes")
+        if self.budget_experiments is not None and self.budget_experiments > 10_000_000:
+            raise ConfigError("--budget-experiments must be at most 10,000,000")
         if self.patience < 1:
             raise ConfigError("patience must be at least 1")
-        if self.worker_timeout_s <= 0:
-            raise ConfigError("worker timeout must be positive")
+        if not (math.isfinite(self.worker_timeout_s) and self.worker_timeout_s > 0):
+            raise ConfigError("worker timeout must be a positive number of seconds")
+        for m in self.compile_modes or ():
+            if m not in COMPILE_MODES:
+                raise ConfigError(f"unknown torch.compile mode {m!r}; choose from "
+                                  f"{', '.join(COMPILE_MODES)}")
         if self.proposer not in proposers.NAMES:
             raise ConfigError(f"unknown proposer {self.proposer!r}; known: "
                               f"{', '.join(proposers.NAMES)}")
@@ -200,9 +216,11 @@ def execute(cfg: RunConfig, control: Control | None = None, resume_run_id: str |
     ``api_key``: the LLM proposer's key (e.g. from the dashboard's secrets); held in memory only."""
     control = control or Control()
     store = Store(cfg.db)
+    beat = _Heartbeat(store.path, control)
     try:
         return _execute(cfg, control, store, resume_run_id, log, proposer, api_key)
     finally:
+        beat.stop()
         store.close()
 
 
@@ -270,6 +288,10 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=Non
         saved.db = cfg.db
         cfg = saved
         run_id = resume_run_id
+        try:
+            store.claim_run(run_id)       # one engine per run: a second one refuses here
+        except RunBusy as e:
+            raise ConfigError(str(e)) from None
         control.set(run_id=run_id)
         store.update_run(run_id, status="running", error=None)
         store.event(run_id, f"resumed with {run['experiments_done']} experiment(s) on record")
@@ -295,9 +317,20 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=Non
     pool = None
     try:
         control.set(state="running")
-        pool = backends.make(cfg.workers, cfg.ray_address, interpret)
+        pool = backends.make(cfg.workers, cfg.ray_address, interpret, db_path=str(store.path),
+                             fresh_retime=cfg.fresh_retime)
         hello = pool.start()
         store.save_workers(run_id, pool.snapshot())
+        box = hello.get("sandbox") or {}
+        if box.get("mode") in ("root", "user"):
+            store.event(run_id, f"sandbox: candidates run as uid {box.get('uid')} in their own "
+                                f"mount, PID and network namespaces ({box.get('mode')} mode); "
+                                f"hidden: {', '.join(box.get('hidden', []))}")
+        else:
+            store.event(run_id, f"sandbox unavailable ({box.get('why', 'unknown')}): candidate "
+                                f"code runs as this user, behind the allow list and the runtime "
+                                f"guard only", "warn")
+            log(f"warning: no OS sandbox for candidates ({box.get('why', 'unknown')})")
         for name, err in pool.start_errors.items():
             store.event(run_id, f"worker {name} did not start and is left out: {err}", "warn")
         if pool.backend != "single":
@@ -311,19 +344,31 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=Non
         if ceilings:
             log(f"measured ceilings: copy {ceilings['copy_gbps']:.0f} GB/s, "
                 f"bf16 matmul {ceilings['matmul_tflops']:.0f} TFLOP/s")
+        modes = cfg.compile_modes if cfg.compile_modes is not None else (
+            [] if interpret else GPU_COMPILE_MODES)
         for t in store.targets(run_id):
             if t["ref_latency_us"] is None:
                 r = pool.call(pool.reference,
-                              {"op": "time_reference", "family": t["family"], "dtype": t["dtype"],
-                               "shapes": t["shapes"], "seed": cfg.seed},
-                              timeout_s=cfg.worker_timeout_s)
+                              {"op": "time_reference", "family": t["family"], "spec": t["spec"],
+                               "dtype": t["dtype"], "shapes": t["shapes"], "seed": cfg.seed,
+                               "compile_modes": modes},
+                              timeout_s=cfg.worker_timeout_s * (1 + len(modes)))
                 if "error" in r:
                     raise RuntimeError(f"timing the {t['family']} reference failed: {r['error']}")
+                comp = r.get("compile") or {}
                 store.update_target(t["id"], ref_latency_us=r["latency_us"], ref_noise=r["noise"],
-                                    sol_latency_us=r["sol_us"], ref_shape_times=r["shape_times"])
+                                    sol_latency_us=r["sol_us"], ref_shape_times=r["shape_times"],
+                                    compile_latency_us=comp.get("latency_us"),
+                                    compile_noise=comp.get("noise"), compile_mode=comp.get("mode"),
+                                    compile_shape_times=comp.get("shape_times"))
                 log(f"{t['family']}: eager reference {r['latency_us']:.1f} us"
+                    + (f", torch.compile {comp['latency_us']:.1f} us ({comp['mode']})"
+                       if comp.get("latency_us") else "")
                     + (f", speed of light {r['sol_us']:.1f} us" if r["sol_us"] else "")
                     + (" [interpreter timing]" if interpret else ""))
+                if comp.get("error"):
+                    store.event(run_id, f"{t['family']}: torch.compile baseline not timed: "
+                                        f"{comp['error']}", "warn")
         if not store.targets(run_id):
             store.event(run_id, "the profile found no family with a kernel: nothing to optimize",
                         "warn")
@@ -348,11 +393,43 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=Non
         if status != "failed":
             store.update_run(run_id, status=status, current_target=None)
             control.set(state=status, current_target=None)
+        store.release_run(run_id)
         _summary(store, run_id, log)
     if status == "done" and cfg.e2e_check:
         from engine import integrate    # never raises: a failure is recorded and logged
         integrate.finish_run(store, run_id, log)
     return run_id
+
+
+class _Heartbeat:
+    """Tells the database every HEARTBEAT_S that this engine still holds the run (its own
+    connection, on its own thread), so a reader can tell a live run from a dead engine's."""
+
+    def __init__(self, path, control: Control):
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, args=(path, control), daemon=True,
+                                        name="nightshift-heartbeat")
+        self._thread.start()
+
+    def _beat(self, path, control: Control) -> None:
+        store = None
+        try:
+            while not self._stop.wait(HEARTBEAT_S):
+                run_id = control.status()["run_id"]      # known once the run row exists
+                if run_id is None:
+                    continue
+                try:
+                    store = store or Store(path)
+                    store.heartbeat(run_id)
+                except Exception:
+                    pass        # a busy database: the next beat tries again
+        finally:
+            if store is not None:
+                store.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
 
 
 class _Dispatch:

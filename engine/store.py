@@ -415,7 +415,8 @@ class Store:
             self.db["runs"].insert(dict(
                 id=run_id, created_at=_now(), updated_at=_now(), status="running", model=model,
                 config=json.dumps(config), device=json.dumps(device), timing_mode=timing_mode,
-                ceilings=json.dumps(ceilings or {}), experiments_done=0))
+                ceilings=json.dumps(ceilings or {}), experiments_done=0,
+                owner=json.dumps(this_owner()), heartbeat_at=_now()))
         return run_id
 
     def update_run(self, run_id: str, **fields) -> None:

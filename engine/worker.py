@@ -1,16 +1,20 @@
-"""The worker: a separate, reusable process that compiles, verifies and times candidates.
+"""The worker: a sandboxed, reusable process that runs candidates; and the engine's handle on it.
 
-Candidate code is untrusted. It runs only here, never in the engine: a crash (segfault, os.kill), a
-hang, an illegal memory access or a corrupted GPU context ends or poisons this process alone. The
-engine (``Worker``) then records the experiment as failed, with the stage it was in and the tail of
-the worker's stderr, starts a fresh worker and goes on.
+Candidate code is untrusted. It runs only in the worker (the *runner*), never in the engine: a
+crash, a hang, an illegal memory access or a corrupted GPU context ends or poisons that process
+alone. The runner holds nothing that decides a verdict: it builds a case's inputs from the seed it
+is given, calls the candidate under the guard and sends back the outputs; it runs the timing loop
+the judge asks for and sends back the samples. The judge (engine/judge.py), in the process that
+owns this handle, computes the expected outputs itself, compares, checks the timings and decides.
 
-Protocol: one JSON object per line. Requests on the worker's stdin; replies and progress lines
-(``{"progress": "<stage>"}``) on a private copy of its stdout taken before any candidate loads, while
-file descriptor 1 is pointed at stderr, so whatever a candidate prints cannot corrupt the protocol.
+The runner starts inside the OS sandbox (engine/sandbox.py): another uid, no network, its own
+PID namespace (nothing it starts outlives it), the engine's files out of sight, resource limits.
+Its environment is built from an allow list (``clean_env``): no API keys, tokens or secrets.
 
-The worker's environment is built from an allow-list (``clean_env``): no API keys, tokens or other
-secrets reach candidate code.
+Protocol: requests are JSON lines on the runner's stdin; replies are JSON lines on a private copy
+of its stdout taken before any candidate loads (file descriptor 1 then points at stderr, so
+nothing a candidate prints can corrupt the protocol), each followed by the raw bytes of the
+tensors it names in ``"payload"`` (their byte counts).
 """
 from __future__ import annotations
 
@@ -32,8 +36,13 @@ _ENV_ALLOW = re.compile(
     r"^(PATH|HOME|USER|LANG|LC_[A-Z]+|TZ|TMPDIR|PYTHONPATH|PYTHONHASHSEED|LD_LIBRARY_PATH|"
     r"CUDA_[A-Z_]+|NVIDIA_[A-Z_]+|HIP_[A-Z_]+|ROCR_[A-Z_]+|ROCM_[A-Z_]+|HSA_[A-Z_]+|"
     r"TRITON_[A-Z_]+|TORCH_[A-Z_]+|PYTORCH_[A-Z_]+|OMP_NUM_THREADS|MKL_NUM_THREADS|"
-    r"OPENBLAS_[A-Z_]+|XDG_CACHE_HOME|CC|CXX)$")
+    r"OPENBLAS_[A-Z_]+|XDG_CACHE_HOME|CC|CXX|NIGHTSHIFT_SANDBOX)$")
 _ENV_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION", re.I)
+MEMORY_POLL_S = 0.25
+# The runner's share of host memory (resident, all its processes) and of the GPU's memory
+# (PyTorch's allocator): beyond it a candidate fails, the machine does not.
+HOST_MEMORY_SHARE = 0.5
+GPU_MEMORY_SHARE = 0.5
 
 
 def clean_env(extra: dict | None = None) -> dict:
@@ -42,7 +51,37 @@ def clean_env(extra: dict | None = None) -> dict:
     env.update(extra or {})
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
     return {k: v for k, v in env.items() if not _ENV_SECRET.search(k)}
+
+
+def _host_memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 16 << 30
+
+
+def _tree_rss(pid: int) -> int:
+    """Resident bytes of ``pid`` and every process under it (the runner and anything it forked)."""
+    total, todo, seen = 0, [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{tid}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return total
 
 
 class WorkerDied(RuntimeError):
@@ -55,53 +94,117 @@ class WorkerDied(RuntimeError):
 
 
 class Worker:
-    """Engine-side handle on one worker process. Not thread-safe: one request at a time."""
+    """Engine-side handle on one runner process, and the judge's channel to it. Not thread-safe:
+    one request at a time. ``request`` answers the loop's requests (hello, evaluate,
+    time_reference) by driving the runner through engine/judge.py."""
 
-    def __init__(self, interpret: bool, device_index: int | None = None, name: str = "w0"):
+    def __init__(self, interpret: bool, device_index: int | None = None, name: str = "w0",
+                 db_path: str | None = None, fresh_retime: bool | None = None):
         self.interpret = interpret
         self.device_index = device_index
         self.name = name
+        self.index = int(re.sub(r"\D", "", name) or 0) if name else 0
+        self.db_path = db_path
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
         self._lines: queue.Queue = queue.Queue()
         self._stderr_path: str | None = None
         self.hello: dict | None = None
+        self.ceilings: dict | None = None      # measured once, by a runner no candidate touched
+        self.tainted = False                   # a candidate has been loaded into this runner
+        self.stage: str | None = None          # what the judge is doing (for WorkerDied)
+        self.memory_cap = int(_host_memory_bytes() * HOST_MEMORY_SHARE)
+        # Every would-be best is timed again in a fresh runner (a spare started ahead of time);
+        # by default where timings are real (a GPU).
+        self.fresh_retime = (not interpret) if fresh_retime is None else fresh_retime
+        self._lifeline_r: int | None = None
+        self._lifeline_w: int | None = None
+        self._spare: Worker | None = None
+        self._spare_thread: threading.Thread | None = None
+        self.is_spare = False
 
     # -- lifecycle ----------------------------------------------------------------------------
-    def start(self, timeout_s: float = 300.0) -> dict:
+    def _command(self) -> tuple[list, dict]:
+        from engine import sandbox
         extra = {}
         if self.interpret:
             extra["TRITON_INTERPRET"] = "1"
         if self.device_index is not None:
             extra["CUDA_VISIBLE_DEVICES"] = str(self.device_index)
+        policy = sandbox.default_policy(self.index, self.db_path, gpu=not self.interpret,
+                                        address_space_bytes=self.memory_cap)
+        self._lifeline_r, self._lifeline_w = sandbox.lifeline()
+        policy.lifeline_fd = self._lifeline_r
+        cmd = sandbox.command(policy, [sys.executable, "-u", "-m", "engine.worker"])
+        return cmd, clean_env(extra)
+
+    def start(self, timeout_s: float = 300.0) -> dict:
+        cmd, env = self._command()
         fd, self._stderr_path = tempfile.mkstemp(prefix="nightshift-worker-", suffix=".log")
         os.close(fd)
         stderr = open(self._stderr_path, "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-u", "-m", "engine.worker"], cwd=str(ROOT), env=clean_env(extra),
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
-            start_new_session=True, text=True, bufsize=1)
-        stderr.close()
+        keep = (self._lifeline_r,) if self._lifeline_r is not None else ()
+        try:
+            self.proc = subprocess.Popen(cmd, cwd=tempfile.gettempdir(), env=env,
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=stderr, start_new_session=True, bufsize=0,
+                                         pass_fds=keep)
+        finally:
+            stderr.close()
+            if self._lifeline_r is not None:
+                os.close(self._lifeline_r)       # the launcher holds it now
+                self._lifeline_r = None
         self._lines = queue.Queue()
         threading.Thread(target=self._read, args=(self.proc, self._lines), daemon=True).start()
-        self.hello = self.request({"op": "hello"}, timeout_s=timeout_s)
+        self.tainted = False
+        msg = {"op": "hello", "measure": self.ceilings is None}
+        self.hello = self.rpc(msg, deadline=time.monotonic() + timeout_s)[0]
+        if "error" in self.hello:
+            raise RuntimeError(f"worker failed to start: {self.hello['error']}")
+        if self.ceilings is None:
+            self.ceilings = self.hello.get("ceilings") or {}
+        self.hello["ceilings"] = self.ceilings
+        if self.fresh_retime and not self.is_spare:
+            self._start_spare()
         return self.hello
 
     @staticmethod
     def _read(proc, lines):
-        for line in proc.stdout:
-            lines.put(line)
+        out = proc.stdout
+        try:
+            while True:
+                line = out.readline()
+                if not line:
+                    break
+                try:
+                    msg = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                payloads = []
+                for n in msg.get("payload", []):
+                    buf = bytearray(n)
+                    view, got = memoryview(buf), 0
+                    while got < n:
+                        k = out.readinto(view[got:])
+                        if not k:
+                            raise EOFError
+                        got += k
+                    payloads.append(buf)
+                lines.put((msg, payloads))
+        except (EOFError, OSError, ValueError):
+            pass
         lines.put(None)  # EOF: the process is gone
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
     def close(self) -> None:
+        self._drop_spare()
         if self.proc is None:
             return
         if self.proc.poll() is None:
             try:
-                self.proc.stdin.write(json.dumps({"op": "exit"}) + "\n")
+                self.proc.stdin.write(b'{"op": "exit"}\n')
                 self.proc.stdin.flush()
                 self.proc.wait(timeout=5)
             except Exception:
@@ -114,13 +217,19 @@ class Worker:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 self.proc.kill()
-            self.proc.wait()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
         if self.proc is not None:
             for f in (self.proc.stdin, self.proc.stdout):
                 try:
                     f.close()
                 except Exception:
                     pass
+        if self._lifeline_w is not None:
+            os.close(self._lifeline_w)
+            self._lifeline_w = None
         self.proc = None
 
     def restart(self) -> dict:
@@ -134,53 +243,122 @@ class Worker:
         except Exception:
             return ""
 
-    # -- requests -----------------------------------------------------------------------------
-    def request(self, msg: dict, timeout_s: float = 300.0) -> dict:
-        """Send one request and wait for its reply. Raises WorkerDied on crash or timeout."""
+    # -- the fresh spare for re-timing would-be bests -----------------------------------------
+    def _start_spare(self) -> None:
+        if self._spare_thread is not None and self._spare_thread.is_alive():
+            return
+        spare = Worker(self.interpret, self.device_index, self.name, self.db_path,
+                       fresh_retime=False)
+        spare.is_spare = True
+        spare.ceilings = self.ceilings
+        self._spare = None
+
+        def boot():
+            try:
+                spare.start()
+                self._spare = spare
+            except Exception:
+                spare.kill()
+        self._spare_thread = threading.Thread(target=boot, daemon=True,
+                                              name=f"nightshift-{self.name}-spare")
+        self._spare_thread.start()
+
+    def take_spare(self, timeout_s: float) -> "Worker | None":
+        """A fresh runner no candidate has touched (waits for the one starting); a new spare
+        starts behind it. None if none could start in time."""
+        t = self._spare_thread
+        if t is None:
+            self._start_spare()
+            t = self._spare_thread
+        t.join(timeout=max(timeout_s, 0.1))
+        spare, self._spare, self._spare_thread = self._spare, None, None
+        self._start_spare()
+        return spare
+
+    def _drop_spare(self) -> None:
+        t, self._spare_thread = self._spare_thread, None
+        if t is not None:
+            t.join(timeout=60)
+        if self._spare is not None:
+            self._spare.kill()
+            self._spare = None
+
+    # -- the channel ------------------------------------------------------------------------
+    def send(self, msg: dict) -> None:
         if not self.alive():
-            raise WorkerDied("worker is not running", None)
-        stage = None
+            raise WorkerDied("worker is not running", self.stage)
         try:
-            self.proc.stdin.write(json.dumps(msg) + "\n")
+            self.proc.stdin.write((json.dumps(msg) + "\n").encode())
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
-            pass  # the reader will see EOF and report the death below
-        deadline = time.monotonic() + timeout_s
+            pass  # the reader will see EOF and report the death
+
+    def receive(self, deadline: float) -> tuple[dict, list]:
+        """The next reply and its payloads. Raises WorkerDied on a crash, a timeout or when the
+        runner's memory passes its cap (it is killed)."""
+        timeout_s = max(deadline - time.monotonic(), 0)
         while True:
             left = deadline - time.monotonic()
             try:
-                line = self._lines.get(timeout=max(left, 0.01))
+                item = self._lines.get(timeout=max(min(left, MEMORY_POLL_S), 0.01))
             except queue.Empty:
-                self.kill()
-                raise WorkerDied(f"timed out after {timeout_s:.0f} s (killed)", stage, timed_out=True)
-            if line is None:
+                if time.monotonic() >= deadline:
+                    self.kill()
+                    raise WorkerDied(f"timed out after {timeout_s:.0f} s (killed)", self.stage,
+                                     timed_out=True)
+                if self.proc is not None:
+                    rss = _tree_rss(self.proc.pid)
+                    if rss > self.memory_cap:
+                        self.kill()
+                        raise WorkerDied(f"used {rss / 2**30:.1f} GiB of host memory, over its "
+                                         f"limit of {self.memory_cap / 2**30:.1f} GiB (killed)",
+                                         self.stage)
+                continue
+            if item is None:
                 code = self.proc.wait() if self.proc else None
                 why = (f"killed by signal {-code}" if code is not None and code < 0
                        else f"exited with code {code}")
                 tail = self.stderr_tail()
                 self.kill()
-                raise WorkerDied(f"worker process {why}" + (f"\n{tail}" if tail else ""), stage)
-            try:
-                reply = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if "progress" in reply:
-                stage = reply["progress"]
-                continue
-            return reply
+                raise WorkerDied(f"worker process {why}" + (f"\n{tail}" if tail else ""),
+                                 self.stage)
+            return item
+
+    def rpc(self, msg: dict, deadline: float) -> tuple[dict, list]:
+        self.send(msg)
+        return self.receive(deadline)
+
+    # -- the loop's requests ------------------------------------------------------------------
+    def request(self, msg: dict, timeout_s: float = 300.0) -> dict:
+        """Answer one of the loop's requests; raises WorkerDied on crash or timeout."""
+        from engine import judge
+        deadline = time.monotonic() + timeout_s
+        self.stage = None
+        op = msg.get("op")
+        if op == "evaluate":
+            return judge.evaluate(self, msg, deadline)
+        if op == "time_reference":
+            return judge.time_reference(self, msg, deadline)
+        if op == "hello":
+            return dict(self.hello or {})
+        return {"error": f"unknown op {op!r}"}
 
 
 # =============================================================================================
-# the worker process
+# the runner process (inside the sandbox)
 # =============================================================================================
 def _main() -> None:
-    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    proto = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)                      # candidate prints go to stderr, not into the protocol
     sys.stdout = sys.stderr
 
-    def send(obj):
-        proto.write(json.dumps(obj, default=_jsonable) + "\n")
-        proto.flush()
+    def send(obj, payloads=()):
+        views = [memoryview(p).cast("B") for p in payloads]
+        if views:
+            obj = dict(obj, payload=[v.nbytes for v in views])
+        proto.write((json.dumps(obj, default=_jsonable) + "\n").encode())
+        for v in views:
+            proto.write(v)
 
     import torch  # noqa: F401  (imported before any candidate, as are the clocks in bench)
     from engine import bench, hw  # noqa: F401
@@ -190,11 +368,13 @@ def _main() -> None:
     verify.warm_imports()  # modules torch imports lazily re-bind torch attributes on first import
     for name in kernels.FAMILY_NAMES:
         kernels.get(name)
-    snapshot = verify.tamper_snapshot()
-    workdir = tempfile.mkdtemp(prefix="nightshift-cand-")
-    state = {"ceilings": None}
+    if torch.cuda.is_available():
+        torch.cuda.set_per_process_memory_fraction(GPU_MEMORY_SHARE)
+    workdir = tempfile.mkdtemp(prefix="cand-")
+    state = {"fn": None, "fam": None, "tainted": False, "sets": {}, "snapshot": None}
+    state["snapshot"] = verify.tamper_snapshot()
 
-    for line in sys.stdin:
+    for line in sys.stdin.buffer:
         try:
             req = json.loads(line)
         except json.JSONDecodeError:
@@ -204,20 +384,11 @@ def _main() -> None:
         if op == "exit":
             break
         try:
-            if op == "hello":
-                info = hw.detect()
-                if info["timing_mode"] == "gpu" and state["ceilings"] is None:
-                    state["ceilings"] = hw.measure_ceilings()
-                info["ceilings"] = state["ceilings"] or {}
-                info["pid"] = os.getpid()
-                info["env_names"] = sorted(os.environ)
-                send(info)
-            elif op == "time_reference":
-                send(_time_reference(req, state))
-            elif op == "evaluate":
-                send(_evaluate(req, state, snapshot, workdir, send))
-            else:
+            handler = _OPS.get(op)
+            if handler is None:
                 send({"error": f"unknown op {op!r}"})
+            else:
+                handler(req, state, send, workdir)
         except Exception as e:  # a bug in the engine's request, not the candidate's fault
             import traceback
             send({"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-2000:]})
@@ -234,170 +405,169 @@ def _device():
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _sets(fam, shape, dtype, device, gen, l2_bytes, gpu):
+def _op_hello(req, state, send, workdir):
+    from engine import hw
+    info = hw.detect()
+    info["ceilings"] = hw.measure_ceilings() if info["timing_mode"] == "gpu" and req.get(
+        "measure", True) else {}
+    info["pid"] = os.getpid()
+    info["uid"] = os.getuid()
+    info["env_names"] = sorted(os.environ)
+    try:
+        info["sandbox"] = json.loads(os.environ.get("NIGHTSHIFT_SANDBOX_REPORT", "{}"))
+    except json.JSONDecodeError:
+        info["sandbox"] = {"mode": "unknown"}
+    send(info)
+
+
+def _fatal(msg: str) -> bool:
+    m = msg.lower()
+    return any(s in m for s in ("cuda error", "illegal memory", "device-side assert", "hip error",
+                                "unspecified launch failure", "misaligned address"))
+
+
+def _tampered(state) -> str | None:
+    from engine import verify
+    return verify.tamper_check(state["snapshot"])
+
+
+def _op_load(req, state, send, workdir):
+    """Check (again, here: the allow list is the first line) and import a candidate."""
+    import kernels
+    from engine import verify
+    fam = kernels.get(req["family"], req.get("spec"))
+    state.update(fn=None, fam=fam, tainted=True)
+    why = verify.static_check(req["source"], fam.arg_names)
+    if why:
+        return send({"ok": False, "error": f"static check failed: {why}"})
+    try:
+        fn = verify.load_candidate(req["source"], workdir)
+    except Exception as e:
+        return send({"ok": False, "error": f"import failed: {type(e).__name__}: {str(e)[:500]}"})
+    tampered = _tampered(state)
+    if tampered:
+        return send({"ok": False, "error": tampered, "restart": True})
+    state["fn"] = fn
+    send({"ok": True})
+
+
+def _tensor_bytes(t):
+    """(meta, contiguous host bytes) of a tensor, any dtype."""
+    t = t.detach()
+    meta = {"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")}
+    flat = t.contiguous().reshape(-1)
+    if flat.device.type != "cpu":
+        flat = flat.cpu()
+    return meta, flat.view(__import__("torch").uint8).numpy()
+
+
+def _op_call(req, state, send, workdir):
+    """Run the loaded candidate on one case; send its outputs (the judge compares them)."""
+    from engine import verify
+    case = verify.Case.from_row(req["case"])
+    try:
+        outs = verify.run_case(state["fn"], state["fam"], case, _device(),
+                               int(req.get("repeats", 1)))
+    except verify.CandidateError as e:
+        tampered = _tampered(state)
+        return send({"ok": False, "error": tampered or str(e),
+                     "restart": bool(tampered) or _fatal(str(e))})
+    tampered = _tampered(state)
+    if tampered:
+        return send({"ok": False, "error": tampered, "restart": True})
+    metas, bufs = zip(*(_tensor_bytes(o) for o in outs))
+    send({"ok": True, "outputs": list(metas)}, bufs)
+
+
+def _op_prep(req, state, send, workdir):
+    """Inputs for timing one shape (rotated sets: together more than twice the L2) and the
+    warm-up: compile, autotune, caches. Kept until "drop"."""
     import torch
     from engine import bench
-    nbytes, _ = fam.cost(tuple(shape), getattr(torch, dtype))
-    k = bench.input_set_count(nbytes, l2_bytes, gpu)
-    return [fam.make_inputs(tuple(shape), getattr(torch, dtype), device, gen) for _ in range(k)]
-
-
-def _sol_us(fam, shape, dtype, ceilings) -> float | None:
-    import torch
-    if not ceilings:
-        return None
-    nbytes, flops = fam.cost(tuple(shape), getattr(torch, dtype))
-    t_mem = nbytes / (ceilings["copy_gbps"] * 1e3)
-    t_flop = flops / (ceilings["matmul_tflops"] * 1e6) if ceilings.get("matmul_tflops") else 0.0
-    return max(t_mem, t_flop)
-
-
-def _time_target(fn, fam, req, state):
-    """Time fn over the target's shapes; per-shape figures and the count-weighted total."""
-    import torch
-    from engine import bench
+    fam = state["fam"] if req.get("candidate", True) else _reference_family(req)
+    fn = state["fn"] if req.get("candidate", True) else fam.reference
     device = _device()
     gpu = device == "cuda"
     gen = torch.Generator(device=device)
     gen.manual_seed(int(req.get("seed", 0)) + 7919)
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 * 2**20) if gpu else 0
-    ceilings = state["ceilings"] if gpu else None
-    rows, total, noise = [], 0.0, 0.0
-    for s in req["shapes"]:
-        sets = _sets(fam, s["shape"], req["dtype"], device, gen, l2, gpu)
-        t = bench.time_call(fn, sets, gpu)
-        sol = _sol_us(fam, s["shape"], req["dtype"], ceilings)
-        rows.append({"shape": s["shape"], "count": s["count"], "us": t["us"], "noise": t["noise"],
-                     "sol_us": sol, "pct_sol": (100.0 * sol / t["us"]) if sol else None})
-        total += s["count"] * t["us"]
-        noise = max(noise, t["noise"])
-        del sets
-    sol_total = (sum(r["count"] * r["sol_us"] for r in rows) if ceilings else None)
-    return {"latency_us": total, "noise": noise, "shape_times": rows, "sol_us": sol_total,
-            "timing_mode": "gpu" if gpu else "interpreter"}
-
-
-def _time_reference(req, state) -> dict:
-    import kernels
-    fam = kernels.get(req["family"])
-    return _time_target(fam.reference, fam, req, state)
-
-
-def _evaluate(req, state, snapshot, workdir, send) -> dict:
-    """Load, verify (5 stages), time, re-check. Returns stages, timing and the verdict; with a
-    gate, "gated" (why) when the candidate was timed but, being slower, not verified further."""
-    import kernels
-    from engine import verify
-    fam = kernels.get(req["family"])
-    device = _device()
-    interpret = os.environ.get("TRITON_INTERPRET") == "1"
-    v = verify.Verifier(fam, req, device, interpret)
-    stages: list[dict] = []
-    result = {"stages": stages, "failed_stage": None, "error": None, "restart": False}
-    # verify=False: a re-time on the reference worker of a candidate that passed all five stages on
-    # another worker; it is still loaded, tamper-checked, timed and re-checked after timing here.
-    # gate={"best_us", "best_noise", "min_margin"} (bench-first order): smoke, then the timing, and
-    # the four costly stages only for a candidate faster than the best by more than the noise; a
-    # slower one is reverted whatever the rest would say, so verifying it is wasted (on the H200
-    # those four stages, the shape sweep most of all, were 86% of the recorded experiments' time).
-    gate = req.get("gate") if req.get("verify", True) and req.get("time", True) else None
-
-    def fail(stage, msg):
-        result.update(failed_stage=stage, error=msg)
-        if gate:
-            _skip_rest(stages)    # failed at the timing of the bench-first order: the rest not run
-        if _looks_fatal(msg):
-            result["restart"] = True  # a broken GPU context: this process must not go on
-        return result
-
-    send({"progress": "smoke"})
+    dtype = getattr(torch, req["dtype"])
+    nbytes, _ = fam.cost(tuple(req["shape"]), dtype)
+    k = bench.input_set_count(nbytes, l2, gpu)
+    sets = [fam.make_inputs(tuple(req["shape"]), dtype, device, gen) for _ in range(k)]
     try:
-        fn = verify.load_candidate(req["source"], workdir)
+        bench.warm_up(fn, sets, gpu)
     except Exception as e:
-        stages.append(verify.StageResult("smoke", "failed", detail=f"import failed: "
-                                         f"{type(e).__name__}: {str(e)[:500]}").row())
-        _skip_rest(stages)
-        return fail("smoke", f"import failed: {type(e).__name__}: {str(e)[:500]}")
-    tampered = verify.tamper_check(snapshot)
+        return send({"ok": False, "error": f"raised during timing: {type(e).__name__}: "
+                                           f"{str(e)[:400]}", "restart": _fatal(str(e))})
+    state["sets"][req["key"]] = (fn, sets)
+    tampered = _tampered(state)
     if tampered:
-        result["restart"] = True
-        stages.append(verify.StageResult("smoke", "failed", detail=tampered).row())
-        _skip_rest(stages)
-        return fail("smoke", tampered)
+        return send({"ok": False, "error": tampered, "restart": True})
+    send({"ok": True, "sets": k})
 
-    def run_stages(names) -> bool:
-        for stage in names:
-            send({"progress": stage})
-            r = v.run_stage(fn, stage)
-            tampered = verify.tamper_check(snapshot)
-            if tampered and r.status == "passed":
-                r = verify.StageResult(stage, "failed", detail=tampered, duration_s=r.duration_s)
-            stages.append(r.row())
-            if tampered:
-                result["restart"] = True
-            if r.status == "failed":
-                _skip_rest(stages)
-                fail(stage, r.detail)
-                return False
-        return True
 
-    todo = verify.STAGES if req.get("verify", True) else ()
-    if not run_stages(todo[:1] if gate else todo):
-        return result
-
-    if not req.get("time", True):
-        return result
-    send({"progress": "benchmark"})
+def _op_sample(req, state, send, workdir):
+    """``n`` timed calls (bench.samples) on the prepared sets; the judge computes the rest."""
+    from engine import bench
+    fn, sets = state["sets"][req["key"]]
     try:
-        timing = _time_target(fn, fam, req, state)
+        out = bench.samples(fn, sets, _device() == "cuda", int(req["n"]), int(req.get("offset", 0)))
     except Exception as e:
-        return fail("benchmark", f"raised during timing: {type(e).__name__}: {str(e)[:400]}")
-    tampered = verify.tamper_check(snapshot)
+        return send({"ok": False, "error": f"raised during timing: {type(e).__name__}: "
+                                           f"{str(e)[:400]}", "restart": _fatal(str(e))})
+    tampered = _tampered(state)
     if tampered:
-        result["restart"] = True
-        return fail("benchmark", tampered)
-    result["timing"] = timing
-    for row in timing["shape_times"]:
-        # Faster than bytes / measured copy rate (with 15% slack for measurement) is impossible:
-        # the candidate skipped work, or the timing was gamed. Rejected, not celebrated.
-        if row["sol_us"] and row["us"] < row["sol_us"] / 1.15:
-            return fail("benchmark", f"faster than the speed of light at shape {row['shape']}: "
-                                     f"{row['us']:.2f} us < {row['sol_us']:.2f} us minimum")
-    if gate:
-        slower = verify.not_faster(timing["latency_us"], timing["noise"], gate["best_us"],
-                                   gate["best_noise"], gate["min_margin"])
-        if slower:
-            why = "not verified further: " + slower
-            stages.extend(verify.StageResult(st, "slower", detail=why).row()
-                          for st in verify.STAGES[1:])
-            result["gated"] = why
-            return result
-        if not run_stages(verify.STAGES[1:]):
-            return result
+        return send({"ok": False, "error": tampered, "restart": True})
+    send({"ok": True, "samples": out})
 
-    send({"progress": "recheck"})
+
+def _op_drop(req, state, send, workdir):
+    state["sets"].pop(req["key"], None)
+    if _device() == "cuda":
+        import torch
+        torch.cuda.empty_cache()
+    send({"ok": True})
+
+
+def _reference_family(req):
+    import kernels
+    return kernels.get(req["family"], req.get("spec"))
+
+
+def _op_compile_reference(req, state, send, workdir):
+    """torch.compile of the family's reference in one mode (the user's alternative): the
+    compiled function replaces the reference for the next prep with "compiled": true."""
+    import torch
+    fam = _reference_family(req)
+    if state["tainted"]:
+        return send({"ok": False, "error": "a candidate was loaded in this runner"})
     try:
-        case = verify.Case(tuple(req["shapes"][0]["shape"]), req["dtype"])
-        if v.size(case.shape) > v.numel_cap:
-            case = v.cases("smoke")[0]
-        v.check(fn, case)
-    except verify.CandidateError as e:
-        return fail("recheck", f"wrong after timing: {e}")
-    return result
+        fn = torch.compile(fam.reference, mode=req["mode"], dynamic=False)
+    except Exception as e:
+        return send({"ok": False, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+    state["compiled"] = fn
+    send({"ok": True})
 
 
-def _skip_rest(stages):
-    from engine import verify
-    done = {s["stage"] for s in stages}
-    for st in verify.STAGES:
-        if st not in done:
-            stages.append(verify.StageResult(st, "skipped", detail="an earlier stage failed").row())
+def _op_prep_reference(req, state, send, workdir):
+    """Like prep, for the reference (eager, or its compiled form); refused once a candidate ran
+    here: a candidate must not be able to slow the baseline it is measured against."""
+    if state["tainted"]:
+        return send({"ok": False, "error": "a candidate was loaded in this runner"})
+    fam = _reference_family(req)
+    fn = state.get("compiled") if req.get("compiled") else fam.reference
+    saved = state["fn"], state["fam"]
+    state["fn"], state["fam"] = fn, fam
+    try:
+        _op_prep(dict(req, candidate=True), state, send, workdir)
+    finally:
+        state["fn"], state["fam"] = saved
 
 
-def _looks_fatal(msg: str) -> bool:
-    m = msg.lower()
-    return any(s in m for s in ("cuda error", "illegal memory", "device-side assert", "hip error",
-                                "unspecified launch failure", "misaligned address"))
+_OPS = {"hello": _op_hello, "load": _op_load, "call": _op_call, "prep": _op_prep,
+        "sample": _op_sample, "drop": _op_drop, "prep_reference": _op_prep_reference,
+        "compile_reference": _op_compile_reference}
 
 
 if __name__ == "__main__":

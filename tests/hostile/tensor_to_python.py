@@ -1,0 +1,27 @@
+"""Computes the result in Python: tensor values through .tolist(), back through torch.tensor."""
+import math
+import torch
+import triton
+import triton.language as tl
+
+@triton.jit
+def _k(x_ptr, y_ptr, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    m = offs < n_cols
+    x = tl.load(x_ptr + row * n_cols + offs, mask=m, other=-float("inf")).to(tl.float32)
+    x = x - tl.max(x, axis=0)
+    e = tl.exp(x)
+    y = e / tl.sum(e, axis=0)
+    tl.store(y_ptr + row * n_cols + offs, y.to(y_ptr.dtype.element_ty), mask=m)
+
+
+def kernel_fn(x):
+    rows = x.reshape(-1, x.shape[-1]).tolist()
+    out = []
+    for r in rows:
+        m = max(r)
+        e = [math.exp(v - m) for v in r]
+        out.append([v / sum(e) for v in e])
+    _k[(1,)](x, x, 1, BLOCK=16)
+    return torch.tensor(out, dtype=x.dtype).reshape(x.shape)
