@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 
 from engine.verify import VERIFY_ORDERS
@@ -151,7 +152,7 @@ def _shape(text: str) -> list[int]:
 
 def cmd_run(a) -> int:
     from engine.loop import ConfigError, RunConfig, execute
-    from engine.store import Store, StoreError
+    from engine.store import StoreError, check_writable
     budget = a.budget_experiments
     if budget is None and a.budget_minutes is None and not a.resume:
         budget = 40
@@ -168,17 +169,23 @@ def cmd_run(a) -> int:
                     workers=a.workers, ray_address=a.ray_address, verify_order=a.verify_order)
     try:
         cfg.validate()
-        Store(a.db).close()   # a database that cannot be opened fails here, before any work
+        check_writable(a.db)   # fails here, before any work, and creates nothing
     except (ConfigError, StoreError) as e:
         raise UsageError(str(e)) from None
+    # SIGTERM stops the run as Ctrl-C does: it ends "stopped", resumable, its worker gone
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         execute(cfg, resume_run_id=a.resume, log=lambda s: print(s, flush=True))
-    except ConfigError as e:
+    except (ConfigError, StoreError) as e:
         raise UsageError(str(e)) from None
     except KeyboardInterrupt:
         print("stopped; resume with --resume RUN", file=sys.stderr)
         return 130
     return 0
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def cmd_verify(a) -> int:
@@ -303,6 +310,8 @@ def cmd_export(a) -> int:
         return run_export(a)
     except ExportError as e:
         raise UsageError(str(e)) from None
+    except OSError as e:
+        raise UsageError(f"cannot write the package to {a.out}: {e.strerror or e}") from None
 
 
 def cmd_kernelbench(a) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 import threading
 import time
 import traceback
@@ -17,7 +18,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 import kernels
 from engine import backends, plan, proposers, verify
-from engine.store import HEARTBEAT_S, RunBusy, Store, StoreError
+from engine.store import DEFAULT_DB, HEARTBEAT_S, RunBusy, Store, StoreError
 from engine.worker import WorkerDied
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -215,13 +216,49 @@ def execute(cfg: RunConfig, control: Control | None = None, resume_run_id: str |
     ``proposer`` replaces the one ``cfg.proposer`` names (any object with ``propose``).
     ``api_key``: the LLM proposer's key (e.g. from the dashboard's secrets); held in memory only."""
     control = control or Control()
+    created = _new_paths(Path(cfg.db) if cfg.db else DEFAULT_DB)
     store = Store(cfg.db)
     beat = _Heartbeat(store.path, control)
     try:
         return _execute(cfg, control, store, resume_run_id, log, proposer, api_key)
+    except ConfigError:
+        # a usage error found before any run existed: leave no database behind that this call
+        # created (nothing was written to it but its schema)
+        if created and not store.list_runs():
+            beat.stop()
+            store.close()
+            _remove_created(created)
+        raise
     finally:
         beat.stop()
         store.close()
+
+
+def _new_paths(db: Path) -> list[Path]:
+    """The database file and the folders above it that do not exist yet (to remove again)."""
+    out, p = [], db.resolve()
+    if p.exists():
+        return []
+    out.append(p)
+    for parent in p.parents:
+        if parent.exists():
+            break
+        out.append(parent)
+    return out
+
+
+def _remove_created(paths: list[Path]) -> None:
+    db = paths[0]
+    for f in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
+        try:
+            f.unlink()
+        except OSError:
+            pass
+    for d in paths[1:]:
+        try:
+            d.rmdir()
+        except OSError:
+            break
 
 
 def _prepare(cfg: RunConfig, store: Store, control: Control, log) -> str:
@@ -239,6 +276,11 @@ def _prepare(cfg: RunConfig, store: Store, control: Control, log) -> str:
                               input_shape=cfg.input_shape, seed=cfg.seed, **cfg.model_overrides)
     except sources.SourceError as e:
         raise ConfigError(str(e)) from None
+    except (MemoryError, RuntimeError) as e:
+        if not _out_of_memory(e):
+            raise
+        raise ConfigError(f"{cfg.model} does not fit in memory at input shape "
+                          f"{cfg.input_shape or 'its default'}: {_first_line(e)}") from None
     model, inputs = loaded.model, loaded.inputs
     del loaded
     run_id = store.create_run(cfg.model, asdict(cfg), device, device["timing_mode"], None)
@@ -270,6 +312,21 @@ def _prepare(cfg: RunConfig, store: Store, control: Control, log) -> str:
             log("  other: " + ", ".join(f"{o['name']} {o['time_us']:.0f} us"
                                         for o in r["top_ops"][:5]))
     return run_id
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    import torch
+    return isinstance(e, (MemoryError, torch.OutOfMemoryError)) or any(
+        s in str(e).lower() for s in ("can't allocate memory", "out of memory",
+                                      "cannot allocate memory"))
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    text = [t for t in text if t.strip()]
+    line = text[-1] if text else type(e).__name__
+    # PyTorch's allocator message: "... you tried to allocate N bytes. Error code 12 (...)"
+    return line[line.find("you tried"):] if "you tried" in line else line[:300]
 
 
 def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=None) -> str:

@@ -345,6 +345,21 @@ KNOWN_MIGRATIONS = {name for name, _ in MIGRATIONS}
 STAGES = ("smoke", "shape_sweep", "stability", "determinism", "edge_cases")
 
 
+def check_writable(path: str | os.PathLike | None) -> None:
+    """Raise StoreError unless a run could be written to ``path``, creating nothing: an existing
+    file must be a database of a schema this version knows, open for writing; a new one must
+    have a folder it can be created in."""
+    p = Path(path) if path else DEFAULT_DB
+    if p.exists():
+        Store(p).close()
+        return
+    parent = p.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise StoreError(f"cannot open database {p}: {parent} is not a writable folder")
+
+
 class Store:
     """SQLite storage for runs. ``readonly=True`` opens the file with mode=ro (dashboard)."""
 
@@ -362,6 +377,9 @@ class Store:
                 conn = sqlite3.connect(str(self.path), check_same_thread=False, timeout=30)
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute("PRAGMA synchronous=NORMAL")
+                # a read-only file (or folder) fails now, with the open, not at the first write
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute("ROLLBACK")
             conn.execute("PRAGMA foreign_keys=ON")
             self.db = sqlite_utils.Database(conn)
             if readonly:

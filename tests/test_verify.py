@@ -22,7 +22,7 @@ def worker():
     w.close()
 
 
-def evaluate(worker, name, family="softmax", timeout=120.0, time=False, shapes=SHAPES, seed=1):
+def evaluate(worker, name, family="softmax", timeout=300.0, time=False, shapes=SHAPES, seed=1):
     source = (CAND / name).read_text() if name.endswith(".py") else name
     reason = verify.static_check(source, kernels.get(family).arg_names)
     if reason:
@@ -60,13 +60,13 @@ def test_unusual_but_correct_candidate_passes(worker):
     ("softmax_cache_by_shape.py", {"shape_sweep", "stability"}, "launched no triton kernel"),
     ("softmax_partial_write.py", {"smoke", "shape_sweep"}, "nan"),
     ("softmax_in_place.py", {"smoke"}, "modified its input"),
-    ("softmax_torch_ops.py", {"smoke"}, "aten.exp"),
+    ("softmax_torch_ops.py", {"static"}, "torch.exp is not"),
 ])
 def test_wrong_candidates_are_rejected(worker, name, stages, words):
     r = evaluate(worker, name)
     assert r["failed_stage"] in stages, (r["failed_stage"], r["error"])
     assert words in r["error"].lower(), r["error"]
-    if not r.get("died"):
+    if not r.get("died") and r["failed_stage"] != "static":
         failed = [s for s in r["stages"] if s["status"] == "failed"]
         assert len(failed) == 1 and failed[0]["failed_case"]
 
@@ -76,13 +76,13 @@ def test_returning_the_reference_is_rejected_statically():
     assert "softmax" in verify.static_check(src, ("x",))
 
 
-def test_returning_the_reference_is_rejected_at_runtime_too(worker):
-    # the same candidate with the static check bypassed: the runtime guard sees aten._softmax
+def test_returning_the_reference_is_refused_by_the_worker_too(worker):
+    # the same candidate sent without the engine's static check: the worker checks it again
     src = (CAND / "softmax_returns_torch.py").read_text()
     r = worker.request({"op": "evaluate", "family": "softmax", "source": src, "dtype": "float32",
                         "shapes": SHAPES, "seed": 2, "time": False}, timeout_s=120)
     assert r["failed_stage"] == "smoke"
-    assert "aten._softmax" in r["error"] or "aten.softmax" in r["error"]
+    assert "static check failed" in r["error"] and "torch.softmax" in r["error"]
 
 
 def test_hanging_candidate_times_out_and_worker_is_replaced(worker):
@@ -92,16 +92,17 @@ def test_hanging_candidate_times_out_and_worker_is_replaced(worker):
 
 
 def test_candidate_killing_its_process_is_contained(worker):
-    r = evaluate(worker, "softmax_kill_self.py")
+    r = evaluate(worker, "softmax_segfault.py")
     assert r.get("died") and not r["timed_out"]
-    assert "signal 9" in r["error"]
+    assert "signal 11" in r["error"]
     assert evaluate(worker, "softmax_two_kernels.py")["failed_stage"] is None
+    # reaching os to kill itself is refused before any worker sees it
+    assert evaluate(worker, "softmax_kill_self.py")["failed_stage"] == "static"
 
 
-def test_clock_patching_is_caught(worker):
+def test_clock_patching_is_refused(worker):
     r = evaluate(worker, "softmax_patch_clock.py", time=True)
-    assert r["failed_stage"] == "smoke"
-    assert "replaced" in r["error"] and ("elapsed_time" in r["error"] or "do_bench" in r["error"])
+    assert r["failed_stage"] == "static" and "assigning to an attribute" in r["error"]
 
 
 @pytest.mark.parametrize("source, words", [
@@ -110,7 +111,7 @@ def test_clock_patching_is_caught(worker):
     ("import triton\n@triton.jit\ndef k(): pass\ndef kernel_fn(y):\n    return y\n", "kernel_fn must take"),
     ("import torch\ndef kernel_fn(x):\n    return x.clone()\n", "triton"),
     ("import torch\nimport triton\n@triton.jit\ndef k(): pass\n"
-     "def kernel_fn(x):\n    return torch.nn.functional.softmax(x, -1)\n", "not allowed"),
+     "def kernel_fn(x):\n    return torch.nn.functional.softmax(x, -1)\n", "torch.nn is not"),
     ("import triton\nfrom kernels.softmax import FAMILY\n@triton.jit\ndef k(): pass\n"
      "def kernel_fn(x):\n    return FAMILY.reference(x)\n", "import"),
     ("import triton\n@triton.jit\ndef k(): pass\n"
