@@ -50,6 +50,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="full: all five stages before timing; bench-first: time after the smoke "
                         "test, verify further only what beats the best; auto (default): "
                         "bench-first on a GPU, full under the interpreter")
+    r.add_argument("--compile-modes", default=None, metavar="MODES",
+                   help="torch.compile modes each target's reference is also timed in (the "
+                        "faster of eager and the best mode is the baseline), comma-separated, "
+                        "or none; default on a GPU: default,max-autotune-no-cudagraphs")
     w = r.add_argument_group("scale-out (docs/scaling.md); default: one local worker")
     w.add_argument("--workers", type=int, default=None, metavar="N",
                    help="evaluate on N workers: a local pool, one per GPU (GPUs 0..N-1); with "
@@ -166,7 +170,10 @@ def cmd_run(a) -> int:
                     max_tokens_total=a.max_tokens, max_cost_usd=a.max_cost,
                     price_in_per_mtok=a.price_in, price_out_per_mtok=a.price_out,
                     llm_timeout_s=a.llm_timeout, llm_retries=a.llm_retries,
-                    workers=a.workers, ray_address=a.ray_address, verify_order=a.verify_order)
+                    workers=a.workers, ray_address=a.ray_address, verify_order=a.verify_order,
+                    compile_modes=(None if a.compile_modes is None else
+                                   [m.strip() for m in a.compile_modes.split(",")
+                                    if m.strip() and m.strip() != "none"]))
     try:
         cfg.validate()
         check_writable(a.db)   # fails here, before any work, and creates nothing

@@ -266,6 +266,22 @@ def _setup(policy: Policy, mode: str) -> dict:
     return report
 
 
+def _device_groups() -> list[int]:
+    """Groups that own GPU device nodes the worker could not open otherwise (/dev/nvidia* and
+    /dev/dri/* on NVIDIA, /dev/kfd on AMD), so the unprivileged uid keeps its GPU."""
+    import glob
+    import stat
+    gids = set()
+    for path in glob.glob("/dev/nvidia*") + glob.glob("/dev/dri/*") + ["/dev/kfd"]:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if not (st.st_mode & stat.S_IROTH and st.st_mode & stat.S_IWOTH) and st.st_gid != 0:
+            gids.add(st.st_gid)
+    return sorted(gids)
+
+
 def _limits(policy: Policy) -> None:
     import resource
     lims = [(resource.RLIMIT_NPROC, policy.nproc), (resource.RLIMIT_FSIZE, policy.file_size_bytes),
@@ -377,7 +393,7 @@ def main(argv: list[str]) -> None:
         report = _setup(policy, mode)
         _limits(policy)
         if mode == "root":
-            os.setgroups([])
+            os.setgroups(_device_groups())
             os.setgid(policy.uid)
             os.setuid(policy.uid)
         _die_with_parent(launcher)             # changing credentials clears the signal
