@@ -17,7 +17,8 @@ In the first two modes the worker's file system is the machine's, read-only, wit
 folder, the database's folder, the engine user's home, /home, /root, /tmp, /var/tmp, /dev/shm,
 /run, /mnt, /media and /srv covered by empty file systems; the code it imports (the project's
 engine/ and kernels/, the Python installation and its site-packages) is put back read-only, the
-Triton cache directory read-write; its working directory, HOME and TMPDIR are a private tmpfs.
+compile caches (Triton's, inductor's) read-write; its working directory, HOME and TMPDIR are a
+private tmpfs.
 Its process is PID 1 of its namespace: when it dies, the kernel kills every process it started,
 so no child survives it or holds its pipes; the launcher kills it when the engine dies (a
 lifeline pipe the engine holds closes) and PID 1 dies with the launcher (parent-death signal). Limits: processes, file size, open files, core dumps,
@@ -62,7 +63,7 @@ class Policy:
     uid: int = BASE_UID                   # root mode: the worker's own unprivileged uid
     hide: list = field(default_factory=list)
     keep: list = field(default_factory=list)       # put back read-only inside hidden folders
-    writable: list = field(default_factory=list)   # read-write (the Triton cache)
+    writable: list = field(default_factory=list)   # read-write (Triton's and inductor's caches)
     workdir: str = "/tmp/work"            # inside the private /tmp
     address_space_bytes: int | None = None
     nproc: int = 4096
@@ -76,7 +77,7 @@ class Policy:
 def default_policy(index: int = 0, db_path: str | None = None, gpu: bool = False,
                    address_space_bytes: int | None = None) -> Policy:
     """The policy for worker ``index``: hide the project, the database's folder and the homes;
-    keep the code the worker imports; a per-uid Triton cache."""
+    keep the code the worker imports; per-uid compile caches."""
     uid = BASE_UID + index
     home = os.path.expanduser("~")
     hide = [str(ROOT), home, *HIDDEN]
@@ -97,9 +98,9 @@ def default_policy(index: int = 0, db_path: str | None = None, gpu: bool = False
         if p not in keep:
             keep.append(p)
     if os.geteuid() == 0:
-        cache = f"/var/tmp/nightshift-sandbox/{uid}/triton"
+        cache = f"/var/tmp/nightshift-sandbox/{uid}"
     else:
-        cache = os.path.join(home, ".cache", "nightshift", "sandbox", "triton")
+        cache = os.path.join(home, ".cache", "nightshift", "sandbox", str(uid))
     limit = address_space_bytes if not gpu else None
     return Policy(uid=uid, hide=_dedupe(hide), keep=_dedupe(keep), writable=[cache],
                   address_space_bytes=limit,
@@ -115,8 +116,14 @@ def _dedupe(paths) -> list:
     return out
 
 
-def triton_cache(policy: Policy) -> str:
-    return policy.writable[0] if policy.writable else os.path.join(policy.workdir, ".triton")
+def cache_env(policy: Policy) -> dict:
+    """Where Triton and inductor keep compiled kernels inside the sandbox (they persist across
+    workers of the same uid), and who the worker says it is: its uid has no passwd entry, and
+    PyTorch names cache folders after the user."""
+    root = policy.writable[0] if policy.writable else policy.workdir
+    return {"TRITON_CACHE_DIR": os.path.join(root, "triton"),
+            "TORCHINDUCTOR_CACHE_DIR": os.path.join(root, "inductor"),
+            "USER": f"nightshift{policy.uid}", "LOGNAME": f"nightshift{policy.uid}"}
 
 
 def lifeline() -> tuple[int, int]:
@@ -218,11 +225,9 @@ def _setup(policy: Policy, mode: str) -> dict:
     keep = [(p, os.open(p, os.O_PATH), False) for p in policy.keep if os.path.exists(p)]
     for p in policy.writable:
         os.makedirs(p, exist_ok=True)
-        if mode == "root":
-            for d in (p, os.path.dirname(p), os.path.dirname(os.path.dirname(p))):
-                if d.startswith("/var/tmp/nightshift-sandbox/"):
-                    os.chown(d, policy.uid, policy.uid)
-                    os.chmod(d, 0o700)
+        if mode == "root" and p.startswith("/var/tmp/nightshift-sandbox/"):
+            os.chown(p, policy.uid, policy.uid)
+            os.chmod(p, 0o700)
         keep.append((p, os.open(p, os.O_PATH), True))
     hide = [h for h in policy.hide if os.path.isdir(h)]
     report["read_only_refused"] = _read_only_everything(skip=())
@@ -243,11 +248,13 @@ def _setup(policy: Policy, mode: str) -> dict:
             os.makedirs(os.path.dirname(p), exist_ok=True)
             open(p, "a").close()
         _mount(f"/proc/self/fd/{fd}", p, None, MS_BIND | MS_REC)
-        if not writable:
-            try:
-                _mount(None, p, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
-            except OSError:
-                pass
+        # a bind mount starts with its source's flags, and every source is read-only by now
+        flags = MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | (0 if writable else MS_RDONLY)
+        try:
+            _mount(None, p, None, flags)
+        except OSError:
+            if writable:
+                raise
         os.close(fd)
         report["kept"].append(p)
     for h in covered:                 # nothing may be written beside what was put back
@@ -401,8 +408,8 @@ def main(argv: list[str]) -> None:
         os.chdir(policy.workdir)
         report.update(uid=os.getuid(), limits={"nproc": policy.nproc,
                                                "address_space": policy.address_space_bytes})
-        env.update(HOME=policy.workdir, TMPDIR="/tmp", TRITON_CACHE_DIR=triton_cache(policy),
-                   NIGHTSHIFT_SANDBOX_REPORT=json.dumps(report))
+        env.update(HOME=policy.workdir, TMPDIR="/tmp", NIGHTSHIFT_SANDBOX_REPORT=json.dumps(report),
+                   **cache_env(policy))
         init = os.getpid()
         worker = os.fork()
         if worker == 0:

@@ -210,8 +210,8 @@ def warm_imports() -> None:
     import torch
     try:
         import torch._dynamo  # noqa: F401
-    except Exception:
-        pass
+    except Exception:           # a failed import is retried lazily, and fails there: say why
+        traceback.print_exc(file=sys.stderr)
     import triton.testing  # noqa: F401
     if torch.cuda.is_available():
         torch.cuda.init()  # lazy CUDA initialisation rebinds torch.cuda state: do it before the snapshot
