@@ -85,7 +85,7 @@ def _decode(meta: dict, buf, device: str):
     if len(buf) == 0:
         return torch.empty(shape, dtype=dtype, device=device)
     t = torch.frombuffer(buf, dtype=torch.uint8).view(dtype).reshape(shape)
-    return t.to(device)
+    return t.to(device, copy=True)      # a copy: the buffer is the runner's to overwrite
 
 
 def judge_case(worker, fam, case: verify.Case, device: str, deadline: float,
@@ -101,7 +101,14 @@ def judge_case(worker, fam, case: verify.Case, device: str, deadline: float,
         if reply.get("restart"):
             raise Rejected(worker.stage or "smoke", reply["error"], True)
         raise verify.CandidateError("", reply["error"])
-    outs = [_decode(m, b, device) for m, b in zip(reply["outputs"], payloads)]
+    if reply.get("shared"):
+        try:
+            outs = [_decode(m, worker.shared_read(int(m["offset"]), int(m["nbytes"])), device)
+                    for m in reply["outputs"]]
+        except (ValueError, TypeError, KeyError, RuntimeError, OSError) as e:
+            raise Rejected(worker.stage or "smoke", f"unreadable outputs: {e}", True) from None
+    else:
+        outs = [_decode(m, b, device) for m, b in zip(reply["outputs"], payloads)]
     return verify.judge_outputs(exp, outs)
 
 

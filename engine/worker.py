@@ -13,8 +13,9 @@ Its environment is built from an allow list (``clean_env``): no API keys, tokens
 
 Protocol: requests are JSON lines on the runner's stdin; replies are JSON lines on a private copy
 of its stdout taken before any candidate loads (file descriptor 1 then points at stderr, so
-nothing a candidate prints can corrupt the protocol), each followed by the raw bytes of the
-tensors it names in ``"payload"`` (their byte counts).
+nothing a candidate prints can corrupt the protocol). A call's outputs travel through a shared
+memory buffer the judge creates (a memfd passed to the runner; the reply gives offsets and
+sizes), or, where there is none, as raw bytes after the reply line (``"payload"``: byte counts).
 """
 from __future__ import annotations
 
@@ -119,6 +120,7 @@ class Worker:
         self.fresh_retime = (not interpret) if fresh_retime is None else fresh_retime
         self._lifeline_r: int | None = None
         self._lifeline_w: int | None = None
+        self.shared_fd: int | None = None
         self._spare: Worker | None = None
         self._spare_thread: threading.Thread | None = None
         self.is_spare = False
@@ -135,15 +137,35 @@ class Worker:
                                         address_space_bytes=self.memory_cap)
         self._lifeline_r, self._lifeline_w = sandbox.lifeline()
         policy.lifeline_fd = self._lifeline_r
+        if hasattr(os, "memfd_create"):
+            # outputs come back through shared memory (tens of MB a call at real shapes)
+            self.shared_fd = os.memfd_create(f"nightshift-{self.name}-outputs")
+            extra["NIGHTSHIFT_SHARED_FD"] = str(self.shared_fd)
         cmd = sandbox.command(policy, [sys.executable, "-u", "-m", "engine.worker"])
         return cmd, clean_env(extra)
+
+    def shared_read(self, offset: int, nbytes: int) -> bytearray:
+        """``nbytes`` of the runner's output buffer from ``offset``, copied out. Read with
+        pread, not a mapping: a runner that shrinks the buffer under the reader makes a short
+        read here (rejected), where a mapping would kill this process."""
+        if self.shared_fd is None:
+            raise ValueError("this worker has no shared output buffer")
+        buf = bytearray(nbytes)
+        got, view = 0, memoryview(buf)
+        while got < nbytes:
+            n = os.preadv(self.shared_fd, [view[got:]], offset + got)
+            if n <= 0:
+                raise ValueError(f"the worker's output buffer ends at {offset + got} bytes; "
+                                 f"it said {offset + nbytes}")
+            got += n
+        return buf
 
     def start(self, timeout_s: float = 300.0) -> dict:
         cmd, env = self._command()
         fd, self._stderr_path = tempfile.mkstemp(prefix="nightshift-worker-", suffix=".log")
         os.close(fd)
         stderr = open(self._stderr_path, "w")
-        keep = (self._lifeline_r,) if self._lifeline_r is not None else ()
+        keep = tuple(fd for fd in (self._lifeline_r, self.shared_fd) if fd is not None)
         try:
             self.proc = subprocess.Popen(cmd, cwd=tempfile.gettempdir(), env=env,
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -230,6 +252,9 @@ class Worker:
         if self._lifeline_w is not None:
             os.close(self._lifeline_w)
             self._lifeline_w = None
+        if self.shared_fd is not None:
+            os.close(self.shared_fd)
+            self.shared_fd = None
         self.proc = None
 
     def restart(self) -> dict:
@@ -372,6 +397,8 @@ def _main() -> None:
         torch.cuda.set_per_process_memory_fraction(GPU_MEMORY_SHARE)
     workdir = tempfile.mkdtemp(prefix="cand-")
     state = {"fn": None, "fam": None, "tainted": False, "sets": {}, "snapshot": None}
+    if os.environ.get("NIGHTSHIFT_SHARED_FD"):
+        state["shared"] = _Shared(int(os.environ["NIGHTSHIFT_SHARED_FD"]))
     state["snapshot"] = verify.tamper_snapshot()
 
     for line in sys.stdin.buffer:
@@ -461,6 +488,34 @@ def _tensor_bytes(t):
     return meta, flat.view(__import__("torch").uint8).numpy()
 
 
+class _Shared:
+    """The runner's end of the output buffer the judge handed it (a memfd): outputs are copied
+    straight from the device into it, with no pipe in between."""
+
+    def __init__(self, fd: int):
+        self.fd, self.map, self.size = fd, None, 0
+
+    def put(self, outs) -> list[dict]:
+        import mmap
+        import torch
+        flats = [o.detach().contiguous().reshape(-1).view(torch.uint8) for o in outs]
+        total = sum(f.numel() for f in flats)
+        if total > self.size:
+            if self.map is not None:
+                self.map.close()
+            os.ftruncate(self.fd, total)
+            self.map, self.size = mmap.mmap(self.fd, total), total
+        metas, off = [], 0
+        for o, f in zip(outs, flats):
+            n = f.numel()
+            if n:
+                torch.frombuffer(self.map, dtype=torch.uint8, count=n, offset=off).copy_(f)
+            metas.append({"shape": list(o.shape), "dtype": str(o.dtype).replace("torch.", ""),
+                          "offset": off, "nbytes": n})
+            off += n
+        return metas
+
+
 def _op_call(req, state, send, workdir):
     """Run the loaded candidate on one case; send its outputs (the judge compares them)."""
     from engine import verify
@@ -475,6 +530,10 @@ def _op_call(req, state, send, workdir):
     tampered = _tampered(state)
     if tampered:
         return send({"ok": False, "error": tampered, "restart": True})
+    shared = state.get("shared")
+    if shared is not None:
+        send({"ok": True, "outputs": shared.put(outs), "shared": True})
+        return
     metas, bufs = zip(*(_tensor_bytes(o) for o in outs))
     send({"ok": True, "outputs": list(metas)}, bufs)
 
