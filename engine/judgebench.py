@@ -60,10 +60,12 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--limit", type=int, default=None, help="at most this many kernels")
     p.add_argument("--out", default=None)
+    p.add_argument("--no-starters", action="store_true", help="only the recorded kernels")
     a = p.parse_args(argv)
     import torch
     gpu = torch.cuda.is_available()
-    todo = starters("bfloat16" if gpu else "float32", gpu) + kept_kernels(a.db)
+    todo = ([] if a.no_starters else starters("bfloat16" if gpu else "float32", gpu)) + \
+        kept_kernels(a.db)
     todo = todo[:a.limit] if a.limit else todo
     print(f"{len(todo)} kernels, {a.workers} workers, {'gpu' if gpu else 'interpreter'}",
           flush=True)
@@ -91,6 +93,10 @@ def main(argv=None) -> int:
         except WorkerDied as e:
             w.restart()
             res = dict(item, failed_stage=e.stage or "worker", error=str(e)[:300], stages=[])
+        except Exception as e:          # recorded with the kernel; the others go on
+            w.restart()
+            res = dict(item, failed_stage="judge", error=f"{type(e).__name__}: {str(e)[:300]}",
+                       stages=[])
         res["seconds"] = time.monotonic() - t0
         with lock:
             free.append(w)

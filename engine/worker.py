@@ -519,6 +519,7 @@ class _Shared:
 def _op_call(req, state, send, workdir):
     """Run the loaded candidate on one case; send its outputs (the judge compares them)."""
     from engine import verify
+    import torch
     case = verify.Case.from_row(req["case"])
     try:
         outs = verify.run_case(state["fn"], state["fam"], case, _device(),
@@ -527,6 +528,9 @@ def _op_call(req, state, send, workdir):
         tampered = _tampered(state)
         return send({"ok": False, "error": tampered or str(e),
                      "restart": bool(tampered) or _fatal(str(e))})
+    except (torch.OutOfMemoryError, MemoryError) as e:   # making the case's inputs ran out
+        return send({"ok": False, "error": f"out of memory at {case}: {str(e)[:300]}",
+                     "restart": True})
     tampered = _tampered(state)
     if tampered:
         return send({"ok": False, "error": tampered, "restart": True})
