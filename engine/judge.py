@@ -339,7 +339,10 @@ def evaluate(worker, req: dict, deadline: float) -> dict:
     # (not for the loop's re-time of another worker's result: that one was fresh-timed there)
     if req.get("fresh_retime", worker.fresh_retime and req.get("verify", True)):
         worker.stage = "benchmark"
-        fresh = _fresh_timing(worker, fam, req, deadline)
+        try:
+            fresh = _fresh_timing(worker, fam, req, deadline)
+        except Rejected as e:
+            return fail(e.stage, str(e), e.restart)
         if isinstance(fresh, str):
             result["retime_note"] = fresh
         else:
@@ -359,11 +362,15 @@ def _fresh_timing(worker, fam, req: dict, deadline: float):
     spare = worker.take_spare(max(deadline - time.monotonic(), 1.0))
     if spare is None:
         return "no fresh worker could be started for the re-time; the first timing stands"
+    from engine.worker import WorkerDied
     try:
         _load(spare, req["family"], req.get("spec"), req["source"], deadline)
         return time_shapes(spare, fam, req, deadline)
     except Rejected as e:
-        return f"the fresh re-time failed ({e}); the first timing stands"
+        raise Rejected("benchmark", f"in a fresh process: {e}", e.restart) from None
+    except WorkerDied as e:
+        # the candidate took down a fresh process that only timed it: not a best to keep
+        raise Rejected("benchmark", f"the fresh process timing it died: {e}") from None
     finally:
         spare.kill()
 

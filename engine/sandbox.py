@@ -238,8 +238,15 @@ def _setup(policy: Policy, mode: str) -> dict:
         _mount("tmpfs", h, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
         covered.append(h)
         report["hidden"].append(h)
+    # the worker's own scratch: a fresh /tmp (its working directory in it) and /dev/shm; before
+    # anything is put back, since what is put back may live under /tmp (a Ray job's code does)
+    scratch = ["/tmp"]
+    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=4g")
+    if os.path.isdir("/dev/shm"):
+        _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=1g")
+        scratch.append("/dev/shm")
     for p, fd, writable in sorted(keep, key=lambda k: len(k[0])):
-        if not _under(p, covered):
+        if not _under(p, covered + scratch):
             os.close(fd)
             continue
         if os.path.isdir(f"/proc/self/fd/{fd}"):
@@ -262,10 +269,6 @@ def _setup(policy: Policy, mode: str) -> dict:
             _mount(None, h, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
         except OSError:
             pass
-    # the worker's own scratch: a fresh /tmp (its working directory in it) and /dev/shm
-    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=4g")
-    if os.path.isdir("/dev/shm"):
-        _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=1g")
     os.makedirs(policy.workdir, exist_ok=True)
     if mode == "root":
         os.chown(policy.workdir, policy.uid, policy.uid)
