@@ -111,47 +111,21 @@ def summarize(round_samples: list[list[float]]) -> dict:
 
 def time_call(fn, input_sets: list[dict], gpu: bool, rounds: int = 3,
               target_ms: float = 60.0, max_reps: int = 200) -> dict:
-    """Time ``fn(**inputs)`` rotating through ``input_sets``.
+    """Time ``fn(**inputs)`` rotating through ``input_sets``, all in this process (our own
+    kernels and references: the tools; candidates are timed through engine/judge.py, which
+    drives ``warm_up`` and ``samples`` in the worker and checks them from outside).
 
     Returns {"us": median microseconds over all samples, "noise": (max - min) / median of the
     per-round medians, "samples": n}. ``target_ms`` sizes the repetitions per round from a first
     estimate; under the interpreter a few repetitions are enough (each is already long).
     """
-    k = len(input_sets)
+    warm_up(fn, input_sets, gpu)
     if gpu:
-        for i in range(max(3, k)):                    # warm-up: compile, autotune, caches
-            fn(**input_sets[i % k])
-        _synchronize()
-        est_ms = device_time_ms(lambda: fn(**input_sets[0]), reps=3, warmup=0)
-        reps = int(min(max_reps, max(10, target_ms / max(est_ms, 1e-3) / rounds)))
+        est_us = device_time_ms(lambda: fn(**input_sets[0]), reps=3, warmup=0) * 1e3
     else:
-        fn(**input_sets[0])                           # warm-up: the interpreter rewrites the kernel once
-        t0 = _perf_counter()
-        fn(**input_sets[0 % k])
-        est_ms = (_perf_counter() - t0) * 1e3
-        reps = int(min(5, max(2, 300.0 / max(est_ms, 1e-3) / rounds)))
-    round_medians, all_samples = [], []
-    for r in range(rounds):
-        samples = []
-        for i in range(reps):
-            inputs = input_sets[(r * reps + i) % k]
-            if gpu:
-                _flush_l2()
-                start, end = _Event(enable_timing=True), _Event(enable_timing=True)
-                start.record()
-                fn(**inputs)
-                end.record()
-                end.synchronize()
-                samples.append(start.elapsed_time(end) * 1e3)
-            else:
-                t0 = _perf_counter()
-                fn(**inputs)
-                samples.append((_perf_counter() - t0) * 1e6)
-        round_medians.append(statistics.median(samples))
-        all_samples.extend(samples)
-    med = statistics.median(all_samples)
-    noise = (max(round_medians) - min(round_medians)) / med if med > 0 else 0.0
-    return {"us": med, "noise": noise, "samples": len(all_samples)}
+        est_us = samples(fn, input_sets, gpu, 1)[0]
+    reps = reps_for(est_us, gpu, rounds, target_ms, max_reps)
+    return summarize([samples(fn, input_sets, gpu, reps, r * reps) for r in range(rounds)])
 
 
 def input_set_count(bytes_per_set: int, l2_bytes: int, gpu: bool, cap_bytes: int = 2 * 2**30) -> int:
