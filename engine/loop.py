@@ -591,7 +591,7 @@ class _Dispatch:
         store.update_run(self.run_id, current_target=target["family"], current_reason=why)
         self.control.set(current_target=target["family"])
 
-        fam = kernels.get(target["family"])
+        fam = kernels.get(target["family"], target.get("spec") or None)
         run_exps = self._experiments()
         history = list(self.by_target.get(target["id"], []))
         pending = [x["pending"] for x in self.inflight.values()
@@ -624,8 +624,8 @@ class _Dispatch:
             stages = [dict(stage=s, status="skipped", detail=what + msg[:300]) for s in verify.STAGES]
             self._commit({"exp": exp, "t0": t0}, stages)
             return "recorded"
-        req = {"op": "evaluate", "family": fam.name, "source": prop.source,
-               "dtype": target["dtype"], "shapes": target["shapes"],
+        req = {"op": "evaluate", "family": fam.name, "spec": target.get("spec") or {},
+               "source": prop.source, "dtype": target["dtype"], "shapes": target["shapes"],
                "seed": self.cfg.seed * 1_000_003 + len(seen) + 1}
         # the gate compares with the best's timing, so only where every worker is the reference's
         # GPU model (else a candidate slower here may still be faster on the reference)
