@@ -119,5 +119,4 @@ def message(text, limit: int = 300) -> str:
         text = _PREFIX.sub("", text, count=1)
     if not text:
         return "failed"
-    text = text[0].upper() + text[1:]
     return text if len(text) <= limit else text[: limit - 1] + "…"
