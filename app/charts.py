@@ -68,7 +68,7 @@ def _title(text: str, interpreter: bool) -> dict:
     # a chart can never pass interpreter numbers off as GPU performance.
     if interpreter:
         text += f"<br><sup>{INTERPRETER_LABEL}</sup>"
-    return dict(text=text, x=0, xanchor="left", automargin=True)
+    return dict(text=text, x=0, xanchor="left")
 
 
 def _empty(fig: go.Figure, message: str) -> go.Figure:
@@ -296,8 +296,7 @@ def stage_figure(outcomes: pd.DataFrame) -> go.Figure:
         fig.add_trace(go.Bar(y=labels, x=x.astype(int), name=name, marker_color=colour,
                              orientation="h",
                              hovertemplate="%{y}: %{x} " + name + "<extra></extra>"))
-    fig.update_layout(barmode="stack", title=dict(text="Verifier outcomes per stage", x=0,
-                                                  automargin=True),
+    fig.update_layout(barmode="stack", title=dict(text="Verifier outcomes per stage", x=0),
                       xaxis_title="experiments", height=340, margin=dict(t=60, b=80, l=20, r=20),
                       legend=_legend_below(), uirevision="stages")
     fig.update_yaxes(autorange="reversed", automargin=True)
@@ -352,7 +351,7 @@ def roofline_figure(points: pd.DataFrame, copy_gbps: float, matmul_tflops: float
                            "of the copy roof<extra>" + label + "</extra>")))
     fig.update_xaxes(type="log", title_text="arithmetic intensity (flop / byte)")
     fig.update_yaxes(type="log", title_text="achieved FLOP/s", tickformat="~s")
-    fig.update_layout(title=dict(text=title, x=0, automargin=True), height=420,
+    fig.update_layout(title=dict(text=title, x=0), height=420,
                       margin=dict(t=60, b=50, l=70, r=20), legend=_legend_below(),
                       uirevision="roofline")
     return fig
@@ -439,8 +438,7 @@ def compare_speedup_figure(rows: pd.DataFrame, colours: dict[str, str] | None = 
             pattern="/" if interp else "", offsetgroup=run))
     if not rows.empty:
         _ratio_axis(fig, rows["speedup"], "best speedup over eager × (log)")
-    fig.update_layout(barmode="group", title=dict(text="Per-family speedup by run", x=0,
-                                                  automargin=True),
+    fig.update_layout(barmode="group", title=dict(text="Per-family speedup by run", x=0),
                       height=420, margin=dict(t=60, b=40, l=60, r=20),
                       legend=_legend_below(), uirevision="compare_speedup")
     return fig
@@ -458,8 +456,7 @@ def compare_projection_figure(curves: dict[str, pd.DataFrame],
             line=dict(shape="hv", width=2, color=colours.get(run, RUN_COLOURS[i % 10])),
             name=run, hovertemplate="after seq %{x}: %{y:.3f}×<extra>" + run + "</extra>"))
     fig.add_hline(y=1.0, line=dict(color=GUIDE, dash="dash", width=1))
-    fig.update_layout(title=dict(text="Projected end-to-end speedup over experiments", x=0,
-                                 automargin=True),
+    fig.update_layout(title=dict(text="Projected end-to-end speedup over experiments", x=0),
                       xaxis_title="experiment seq", yaxis_title="model speedup ×", height=360,
                       margin=dict(t=60, b=40, l=60, r=20),
                       legend=_legend_below(), uirevision="compare_projection")
@@ -504,8 +501,7 @@ def compare_curves_figure(curves: dict[str, pd.DataFrame],
     fig.update_yaxes(type="log", range=rng, **_log_ticks(rng))
     fig.update_yaxes(title_text="best so far × eager", row=1, col=1)
     fig.update_xaxes(title_text="experiments on it", tick0=1, rangemode="tozero")
-    fig.update_layout(title=dict(text="Kernel curves: best so far per family", x=0,
-                                 automargin=True), height=380,
+    fig.update_layout(title=dict(text="Kernel curves: best so far per family", x=0), height=380,
                       margin=dict(t=70, b=60, l=60, r=20), legend=_legend_below(),
                       uirevision="compare_curves")
     return fig
@@ -558,7 +554,7 @@ def parcoords_figure(pf: pd.DataFrame, params: list[str]) -> go.Figure:
                                    showscale=False),
         labelangle=0, labelside="top", unselected=dict(line=dict(opacity=0.05))))
     fig.update_layout(title=dict(text="Parameters → speedup (one line per experiment; failed "
-                                      "in red)", x=0, automargin=True),
+                                      "in red)", x=0),
                       height=420, margin=dict(t=110, b=30, l=70, r=110), uirevision="parcoords")
     return fig
 
@@ -609,7 +605,7 @@ def param_scatter_figure(pf: pd.DataFrame, params: list[str]) -> go.Figure:
         for c in range(1, cols + 1):
             fig.add_hline(y=1.0, line=dict(color=GUIDE, dash="dash", width=1), row=r, col=c)
     fig.update_layout(title=dict(text="Speedup against each parameter (failed at the bottom)",
-                                 x=0, automargin=True),
+                                 x=0),
                       height=200 * nrows + 140, margin=dict(t=80, b=70, l=50, r=20),
                       legend=_legend_below(), uirevision="param_scatter")
     return fig
@@ -659,7 +655,7 @@ def time_figure(pf: pd.DataFrame, run_exps: pd.DataFrame, bucket_s: float) -> go
                       row=2, col=1)
     fig.update_yaxes(title_text="exp / h", rangemode="tozero", row=2, col=1)
     fig.update_xaxes(title_text="wall-clock time (UTC)", row=2, col=1)
-    fig.update_layout(title=dict(text="Over time", x=0, automargin=True), height=460,
+    fig.update_layout(title=dict(text="Over time", x=0), height=460,
                       margin=dict(t=80, b=70, l=60, r=20), legend=_legend_below(),
                       uirevision="time")
     return fig
@@ -679,7 +675,7 @@ def importance_figure(imp: pd.DataFrame) -> go.Figure:
                              hovertemplate="%{y}: explains %{x:.0%} of the spread<extra></extra>"))
         fig.update_xaxes(range=[0, 1.25], tickformat=".0%", title_text="variance explained")
         fig.update_yaxes(automargin=True)
-    fig.update_layout(title=dict(text="Parameter importance", x=0, automargin=True),
+    fig.update_layout(title=dict(text="Parameter importance", x=0),
                       height=max(220, 40 * len(imp) + 120), showlegend=False,
                       margin=dict(t=60, b=50, l=20, r=30), uirevision="importance")
     return fig

@@ -139,7 +139,8 @@ def _pick_two(mine: pd.DataFrame, target: dict) -> tuple[int, int]:
 def _metrics(target: dict, mine: pd.DataFrame, interpreter: bool) -> None:
     tag = " (interpreter)" if interpreter else ""
     b = data.baselines(target)
-    c = st.columns(6)
+    # two rows of three: at six across, "not timed" and "128 (4 kept)" were cut
+    c = st.columns(3) + st.columns(3)
     c[0].metric("Share of model time", fmt.share(target["fraction"]))
     c[1].metric("Eager / forward" + tag, fmt.us(b["eager_us"]))
     c[2].metric("torch.compile / forward" + tag,
@@ -158,23 +159,32 @@ def _metrics(target: dict, mine: pd.DataFrame, interpreter: bool) -> None:
                    icon=":material/trending_down:")
 
 
+DIFF_LINES_INLINE = 60   # sources longer than this get a scrolling box of DIFF_HEIGHT_PX
+DIFF_HEIGHT_PX = 560
+
+
 def _diff(a: dict, b: dict, family: str) -> None:
     st.subheader(f"Code: #{a['seq']} → #{b['seq']}")
     mode = st.radio("Diff", ("unified", "side by side"), key="k_diffmode", horizontal=True,
                     label_visibility="collapsed")
     old, new = a["source"].splitlines(), b["source"].splitlines()
-    if a["id"] == b["id"]:
-        st.caption("A and B are the same experiment: its source is below.")
-        st.code(a["source"], language="python")
-    elif mode == "unified":
-        diff = "\n".join(difflib.unified_diff(old, new, f"#{a['seq']} ({a['state']})",
-                                              f"#{b['seq']} ({b['state']})", lineterm="", n=3))
-        st.code(diff or "(identical sources)", language="diff", wrap_lines=True)
-    else:
-        table = difflib.HtmlDiff(wrapcolumn=60).make_table(
-            old, new, f"#{a['seq']}", f"#{b['seq']}", context=True, numlines=3)
-        with st.container(key="k_sbs"):
-            st.html(f"<style>{DIFF_CSS}</style><div class='nsdiff'>{table}</div>")
+    # a long diff scrolls in its own box, so the page below it stays within reach
+    box = st.container(height=DIFF_HEIGHT_PX, key="k_diff") \
+        if max(len(old), len(new)) > DIFF_LINES_INLINE else st.container(key="k_diff")
+    with box:
+        if a["id"] == b["id"]:
+            st.caption("A and B are the same experiment: its source is below.")
+            st.code(a["source"], language="python")
+        elif mode == "unified":
+            diff = "\n".join(difflib.unified_diff(old, new, f"#{a['seq']} ({a['state']})",
+                                                  f"#{b['seq']} ({b['state']})", lineterm="",
+                                                  n=3))
+            st.code(diff or "(identical sources)", language="diff", wrap_lines=True)
+        else:
+            table = difflib.HtmlDiff(wrapcolumn=60).make_table(
+                old, new, f"#{a['seq']}", f"#{b['seq']}", context=True, numlines=3)
+            with st.container(key="k_sbs"):
+                st.html(f"<style>{DIFF_CSS}</style><div class='nsdiff'>{table}</div>")
     with st.expander(f"Full source of #{b['seq']}"):
         st.code(b["source"], language="python")
     with st.expander(f"The eager reference ({family}) every candidate is timed and checked "

@@ -1,10 +1,13 @@
 """The "Live run" page: watch the selected run as the engine works on it, and steer it.
 
-The live view is one fragment that re-reads SQLite every REFRESH_S (st.fragment(run_every=...):
-Streamlit schedules it, nothing here sleeps or loops), whatever the run's state: a stopped run
-may be continued (here, or by an engine elsewhere), a paused one resumed, so the page follows
-its run through every change without a reload. A refresh that finds nothing new reads a few rows
-and reuses its figures. Runs are started on the New run page.
+The live view is one fragment that re-reads SQLite every REFRESH_S while an engine is on the run
+(st.fragment(run_every=...): Streamlit schedules it, nothing here sleeps or loops). A page on a
+run that no engine holds draws it once and keeps only a small watcher fragment that reads the
+run's row every WATCH_S: when the run comes back to life (continued here or by an engine
+elsewhere) or changes, the watcher reruns the page, which then polls again. So the page follows
+its run through stop, continue, pause and resume without a reload, and a finished run costs
+the server and the browser almost nothing (polling it every second took a quarter of a core
+in each). Runs are started on the New run page.
 """
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ from app.shared import (BUSY_STATES, PRESENT_FONT, engine_handle, engine_owns, r
 # Re-read period of a live run. A new experiment shows within one period plus a render, well
 # inside the 3 s the issue asks for; shorter would spend the 2 cores' time on redraws.
 REFRESH_S = 1.0
+# How often a page on a run no engine holds looks whether one took it up again: one row read.
+WATCH_S = 3.0
 RESUMABLE = ("stopped", "interrupted")  # runs.status values the engine can pick up again
 STATES = ("kept", "reverted", "failed")
 # The workers table's columns, most telling first (it sits beside a chart: the last may scroll)
@@ -37,12 +42,48 @@ def page() -> None:
                 "database with runs.")
         st.page_link("app/new_run.py", label="New run", icon=":material/play_arrow:")
         return
-    # Always polled. Polling only a live run froze the page when a stopped run was continued
-    # from its own Continue button: the button is inside the fragment, so only the fragment
-    # reran, with the run_every it was made with (none); a full st.rerun() from the fragment
-    # instead races its timer in the browser ("'setIn' cannot be called on an ElementNode").
-    # The key keeps the fragment's identity stable across reruns.
-    st.fragment(live_view, run_every=REFRESH_S, key="live_view")(db_path, run_id)
+    active, mark = _activity(db_path, run_id)
+    # Decorated here rather than at import so that run_every can follow the run: a live run is
+    # polled, one no engine holds is watched (below). The key keeps the fragment's identity
+    # stable across reruns. A full st.rerun() is only ever asked for by a fragment without a
+    # timer running at the same moment: one made from a polled fragment raced its timer in the
+    # browser ("'setIn' cannot be called on an ElementNode", Streamlit 1.67).
+    st.fragment(live_view, run_every=REFRESH_S if active else None, key="live_view")(
+        db_path, run_id, active)
+    if not active:
+        st.fragment(_watch, run_every=WATCH_S, key="live_watch")(db_path, run_id, mark)
+
+
+def _activity(db_path: str, run_id: str) -> tuple[bool, tuple | None]:
+    """(whether an engine is on the run, what the watcher compares): the engine here works on
+    it, or its row says running or paused with a live owner (data.shown). The mark is the row's
+    shown status, experiment count, last update and stored status."""
+    owned = engine_owns(run_id)
+    if owned and owned["state"] in BUSY_STATES:
+        return True, None
+    try:
+        store = data.open_store(db_path)
+    except data.StoreError:
+        return False, None
+    if store is None:
+        return False, None
+    try:
+        run = data.get_run(store, run_id)
+    finally:
+        store.close()
+    if not run:
+        return False, None
+    return data.is_active(run), (run["status"], run["experiments_done"], run["updated_at"],
+                                 run["stored_status"])
+
+
+def _watch(db_path: str, run_id: str, mark) -> None:
+    """The watcher of a run no engine holds: when its row changed (an engine took it up, an
+    experiment landed, a status changed) or this process's engine started on it, rerun the
+    whole page, which then polls it. Renders nothing."""
+    active, now = _activity(db_path, run_id)
+    if active or (now is not None and now != mark):
+        st.rerun()
 
 
 def _continue(run: dict, db_path: str) -> None:
@@ -58,7 +99,10 @@ def _continue(run: dict, db_path: str) -> None:
     try:
         eng.start(cfg, resume_run_id=run["id"])
     except Exception as e:
-        st.session_state["control_error"] = f"Could not resume: {type(e).__name__}: {e}"
+        st.session_state["control_error"] = f"Could not resume: {fmt.message(e)}"
+        return
+    # a callback cannot rerun the page; the fragment run after it does (live_view)
+    st.session_state["live_follow"] = True
 
 
 def _control(action: str) -> None:
@@ -66,11 +110,16 @@ def _control(action: str) -> None:
     try:
         getattr(eng, action)()
     except Exception as e:
-        st.session_state["control_error"] = f"{action} failed: {type(e).__name__}: {e}"
+        st.session_state["control_error"] = f"{action} failed: {fmt.message(e)}"
 
 
 # ---- live view --------------------------------------------------------------------------------
-def live_view(db_path: str, run_id: str) -> None:
+def live_view(db_path: str, run_id: str, active: bool = True) -> None:
+    """The live view of one run. active: the fragment is polled (an engine is on the run);
+    when it is not, a control that starts the engine (Continue run, which reruns only this
+    fragment) is followed by a rerun of the whole page so that the page polls again."""
+    if not active and st.session_state.pop("live_follow", False):
+        st.rerun()
     try:
         store = data.open_store(db_path)
     except data.StoreError as e:

@@ -114,9 +114,9 @@ def page() -> None:
                         file_name=f"{stem}-charts.zip", mime="application/zip", key="dl_png",
                         icon=":material/image:", on_click="ignore", disabled=not ok)
     if ok:
-        st.caption(f"The HTML report opens offline (plotly.js is inside it). PNGs are 2× and "
-                   f"name the run, model, device and day; kaleido renders them with {where}, "
-                   "which takes a few seconds.")
+        st.caption(f"The HTML report opens offline (plotly.js is inside it). PNGs are drawn at "
+                   f"twice their size and name the run, model, device and day; kaleido renders "
+                   f"them with {where}, which takes a few seconds.")
     else:
         st.info(f"PNG export is not available here: {where}. The HTML report and CSV work "
                 "without it.")

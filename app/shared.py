@@ -93,6 +93,10 @@ def sidebar() -> None:
     Runs page arrive as url_db / pending_db and pending_run_id and are applied here, before the
     widgets are drawn."""
     ss = st.session_state
+    # The choices live under plain keys (db_path, view_db, run_id, present); each widget has
+    # its own key, seeded from the plain one before it is drawn and copied back when it
+    # changes. A widget's own state does not survive st.switch_page (the Runs page's buttons):
+    # the database field fell back to its default there.
     ss.setdefault("db_path", data.default_db_path())
     st.html(SIDEBAR_CSS)
     recorded = data.recorded_db_paths()
@@ -101,7 +105,8 @@ def sidebar() -> None:
     if asked_db and not any(_same_db(asked_db, r) for r in recorded):
         ss["db_path"] = asked_db   # a run in another database of yours: that is the chosen one
     sb = st.sidebar
-    sb.text_input("Database", key="db_path",
+    ss["db_path_box"] = ss["db_path"]
+    sb.text_input("Database", key="db_path_box", on_change=_new_database,
                   help="SQLite file the engine writes; relative paths are from the repository root.")
     chosen = ss["db_path"]
     sources = [chosen] + [r for r in recorded if not _same_db(r, chosen)]
@@ -111,7 +116,7 @@ def sidebar() -> None:
     elif pending:
         want = chosen                  # a run just started lives in the chosen database
     else:
-        want = ss.get(key)
+        want = ss.get(key) or ss.get("view_db")
     empty = data.count_runs(chosen) == 0
     if want not in sources:
         want = sources[1] if empty and len(sources) > 1 else chosen
@@ -161,8 +166,21 @@ def sidebar() -> None:
     r = runs[ss["run_id"]]
     sb.caption(f"{r['id']} · {r['experiments_done']} experiments"
                + (" · recorded" if r.get("recorded") else ""))
-    sb.toggle("Presentation mode", key="present",
+    ss["present_box"] = bool(ss.get("present"))
+    sb.toggle("Presentation mode", key="present_box", on_change=_copy,
+              args=("present_box", "present"),
               help="No sidebar or toolbar, large type; the link keeps it (present=1).")
+
+
+def _copy(widget_key: str, plain_key: str) -> None:
+    st.session_state[plain_key] = st.session_state[widget_key]
+
+
+def _new_database() -> None:
+    """A database typed in: it is the chosen one, and the pages show its runs."""
+    ss = st.session_state
+    ss["db_path"] = ss["db_path_box"]
+    ss["view_db"] = None
 
 
 # A sidebar wide enough for a run's label (model, status, date) and a database path, uncut.
@@ -203,8 +221,9 @@ def plot(fig, key: str) -> None:
     plotly logo, and the mode bar's PNG button at 2x."""
     if st.session_state.get("present"):
         fig.update_layout(font=PRESENT_FONT)
-    st.plotly_chart(fig, key=key, config={"displaylogo": False,
-                                          "toImageButtonOptions": {"scale": 2}})
+    with st.container(key=f"plot_{key}"):   # a stable handle for the page's CSS and tests
+        st.plotly_chart(fig, key=key, config={"displaylogo": False,
+                                              "toImageButtonOptions": {"scale": 2}})
 
 
 def run_header(run: dict, exps=None) -> bool:

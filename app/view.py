@@ -1,8 +1,8 @@
 """The view in the URL: which database, run, target, experiments and compared runs a page shows,
 so a reload keeps it and a link opens the same view in another browser.
 
-The page itself is the URL's path (st.navigation's url_path: /live, /kernels, ...). The rest is
-query parameters:
+The page itself is the URL's path (st.navigation's url_path: /runs, /kernels, ...; Live run, the
+default page, is the root /). The rest is query parameters:
 
 | parameter | what | read by |
 |---|---|---|
@@ -91,15 +91,3 @@ def write() -> None:
     have = {k: (qp.get_all(k) if isinstance(want.get(k), list) else qp.get(k)) for k in qp.keys()}
     if have != want:
         qp.from_dict(want)
-
-
-def link(page: str, **params) -> str:
-    """A relative link to a page with a view, e.g. link("kernels", db=..., run=..., target=3)."""
-    from urllib.parse import urlencode
-    flat = []
-    for k, v in params.items():
-        if v is None:
-            continue
-        for x in (v if isinstance(v, (list, tuple)) else [v]):
-            flat.append((k, str(x)))
-    return f"./{page}" + (f"?{urlencode(flat)}" if flat else "")

@@ -135,7 +135,7 @@ def test_live_page_renders_newest_run(db):
     at = _app().run()
     assert not at.exception, at.exception
     # sidebar: the db path from $NIGHTSHIFT_DB, runs newest first, the newest selected
-    assert at.sidebar.text_input(key="db_path").value == str(db["path"])
+    assert at.sidebar.text_input(key="db_path_box").value == str(db["path"])
     sel = _run_select(at)
     # newest first; a label says model, status and when, and fits the sidebar
     assert [o.split(" · ")[:2] for o in sel.options] == [["llama-tiny", "running"],
