@@ -13,6 +13,7 @@ Rules every figure follows:
 """
 from __future__ import annotations
 
+import json
 import math
 import zlib
 
@@ -22,7 +23,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from app import fmt
-from app.data import INTERPRETER_LABEL, stage_order
+from app.data import INTERPRETER_LABEL, param_values, stage_order
 
 STATE_STYLE = {  # experiment state -> (colour, marker symbol)
     "kept": ("#2ca02c", "circle"),
@@ -132,21 +133,79 @@ def speedup_figure(exps: pd.DataFrame, best: pd.DataFrame, interpreter: bool = F
     exps: experiments (target_id, seq, family, state, speedup, failed_stage, hypothesis, error);
     best: data.best_so_far(exps) (target_id, seq, best); names: target id -> its name (else the
     family). Each facet has the best-so-far step line, a marker per experiment coloured by
-    state, and the baseline at 1×.
+    state, and the baseline at 1×; one legend entry per kind, for all facets.
 
     Failed experiments have no valid speedup: their markers sit on a floor line under every
     real value, and the hover names the verifier stage that failed. The y range is set here;
-    the Live run page's chart component keeps the user's zoom over it across refreshes."""
-    names = names or {}
+    the Live run page's chart component keeps the user's zoom over it across refreshes. Built
+    from the same parts as speedup_spec (the Live run page's incremental JSON)."""
+    parts = _speedup_parts(exps, best, interpreter, names or {})
+    fig = go.Figure(layout=parts["layout"])
+    fig.add_traces([go.Scatter(**t, _validate=False) for t in parts["legend"]]
+                   + [go.Scatter(**t, _validate=False) for tid in parts["order"]
+                      for t in _target_traces(parts, tid)])
+    return fig
+
+
+def speedup_spec(exps: pd.DataFrame, best: pd.DataFrame, interpreter: bool,
+                 names: dict[int, str], cache: dict, look: dict) -> tuple[str, int]:
+    """speedup_figure as the Live run page's chart component takes it (JSON, height), built
+    incrementally: each target's traces are kept as JSON in ``cache`` (the page's session) and
+    remade only when that target got an experiment (or its facet moved, or the floor under the
+    failed markers did). A new experiment then costs one target's traces and the layout, not
+    10,000 markers: the figure was most of a refresh's time. look: layout settings the page
+    puts over every live figure (app/livechart.LOOK: template, background, font)."""
+    parts = _speedup_parts(exps, best, interpreter, names, cache)
+    traces = [json.dumps(t, separators=(",", ":")) for t in parts["legend"]]
+    keep = {}
+    for tid in parts["order"]:
+        key = (tid, parts["row"][tid], parts["floor"], parts["titles"][tid],
+               parts["counts"].get(tid), parts["last_id"].get(tid))
+        hit = cache.get(tid)
+        text = hit[1] if hit and hit[0] == key else ",".join(
+            json.dumps(t, separators=(",", ":")) for t in _target_traces(parts, tid))
+        keep[tid] = (key, text)
+        if text:
+            traces.append(text)
+    layout_memo = cache.get("_layout")
+    cache.clear()
+    cache.update(keep)
+    if layout_memo:
+        cache["_layout"] = layout_memo
+    layout = dict(parts["layout"], **look)
+    spec = '{"data":[' + ",".join(traces) + '],"layout":' + \
+        json.dumps(layout, separators=(",", ":"), cls=_Encoder) + "}"
+    return spec, int(parts["height"])
+
+
+class _Encoder(json.JSONEncoder):
+    """numpy scalars and arrays in a layout (make_subplots' domains) as plain JSON."""
+
+    def default(self, o):
+        if isinstance(o, np.ndarray):
+            return o.tolist()
+        if isinstance(o, np.generic):
+            return o.item()
+        return super().default(o)
+
+
+def _speedup_parts(exps: pd.DataFrame, best: pd.DataFrame, interpreter: bool,
+                   names: dict[int, str], cache: dict | None = None) -> dict:
+    """What speedup_figure and speedup_spec share: the facets (targets in name order), the y
+    floor, per-target rows of exps and best, the legend entries and the layout (a dict). With
+    a cache, the layout is kept under "_layout" and remade only when the facets, the y range
+    or the seq ticks changed (plotly's subplot layout is a tenth of a second to make)."""
     if exps.empty:
         fig = _empty(go.Figure(), "no experiments yet")
         fig.update_layout(title=_title("Per-kernel speedup", interpreter), height=300,
                           uirevision="speedup")
-        return fig
-    tids = pd.to_numeric(exps["target_id"], errors="coerce").fillna(-1).astype(int)
-    fam_of = dict(zip(tids, exps["family"]))
-    order = sorted(set(tids), key=lambda t: (names.get(t) or str(fam_of.get(t)), t))
-    titles = [names.get(t) or str(fam_of.get(t)) for t in order]
+        return dict(layout=fig.layout.to_plotly_json(), legend=[],
+                    order=[], height=300, floor=None, row={}, titles={}, counts={}, last_id={})
+    tids = pd.to_numeric(exps["target_id"], errors="coerce").fillna(-1).astype(int).to_numpy()
+    uniq, first = np.unique(tids, return_index=True)
+    fam = exps["family"].to_numpy()
+    titles = {int(t): names.get(int(t)) or str(fam[i]) for t, i in zip(uniq, first)}
+    order = sorted(titles, key=lambda t: (titles[t], t))
 
     spd = pd.to_numeric(exps["speedup"], errors="coerce")
     valid = spd[spd > 0]
@@ -155,63 +214,48 @@ def speedup_figure(exps: pd.DataFrame, best: pd.DataFrame, interpreter: bool = F
     floor = lo / 2  # where failed experiments are drawn: below everything that has a speedup
     # one y range for every facet, so targets compare at a glance (log axis range is in log10)
     y_range = [math.log10(floor) - 0.15, max(math.log10(hi), -math.log10(lo)) + 0.15]
-
     n = len(order)
     height = 170 * n + 170
+    ticks = _seq_ticks(exps["seq"].max())
+    lkey = (tuple(titles[t] for t in order), tuple(round(v, 6) for v in y_range),
+            tuple(sorted(ticks.items())), interpreter)
+    memo = (cache or {}).get("_layout")
+    layout = memo[1] if memo and memo[0] == lkey else _speedup_layout(
+        [titles[t] for t in order], y_range, ticks, interpreter, height)
+    if cache is not None:
+        cache["_layout"] = (lkey, layout)
+    states = set(exps["state"].dropna())
+
+    # legend entries drawn nowhere: one per kind for all facets, whatever each facet holds
+    legend = [dict(x=[None], y=[None], mode="lines", name="best so far", legendgroup="best",
+                   line=dict(shape="hv", color=BEST_COLOUR, width=2), hoverinfo="skip")]
+    for state, (colour, symbol) in STATE_STYLE.items():
+        if state in states:
+            legend.append(dict(x=[None], y=[None], mode="markers", name=state, legendgroup=state,
+                               hoverinfo="skip",
+                               marker=dict(color=colour, symbol=symbol, size=9,
+                                           line=dict(width=2 if symbol != "circle" else 0,
+                                                     color=colour))))
+    by_t = {int(t): idx for t, idx in pd.Series(np.arange(len(tids))).groupby(tids)}
+    best_tid = pd.to_numeric(best["target_id"], errors="coerce").fillna(-1).astype(int) \
+        if not best.empty else pd.Series(dtype=int)
+    ids = exps["id"].to_numpy() if "id" in exps else np.arange(len(exps))
+    return dict(layout=layout, legend=legend,
+                order=order, height=height, floor=floor, titles=titles,
+                row={t: r for r, t in enumerate(order, start=1)}, exps=exps, spd=spd,
+                rows_of=by_t, best=best, best_tid=best_tid,
+                counts={t: len(v) for t, v in by_t.items()},
+                last_id={t: int(ids[v.to_numpy()[-1]]) for t, v in by_t.items()})
+
+
+def _speedup_layout(titles: list[str], y_range: list[float], ticks: dict, interpreter: bool,
+                    height: int) -> dict:
+    """The speedup figure's layout as a plain dict: one facet per target, shared x, the 1×
+    baseline in each, one log y setting for all."""
+    n = len(titles)
     # ~50 px between facets whatever their number (the spacing is a fraction of the plot area)
     fig = make_subplots(rows=n, cols=1, shared_xaxes=True, subplot_titles=titles,
                         vertical_spacing=min(0.3, 50 / (height - 180)))
-    shown: set[str] = set()  # one legend entry per trace kind, not per facet
-    # Hover texts for every experiment at once, as one string each: plotly validates a numpy
-    # array of strings in one step, where a list of per-point tuples (customdata) or a pandas
-    # Series costs it a Python loop; at 10,000 experiments that is most of a refresh.
-    hyp = _short_series(exps["hypothesis"])
-    failed_text = ("<b>failed at " + exps["failed_stage"].fillna("?").astype(str) + "</b><br>"
-                   + hyp + "<br>" + _short_series(exps["error"]))
-    hover_all = hyp.where(exps["state"] != "failed", failed_text)
-    seq_all, spd_all = exps["seq"].to_numpy(), spd.to_numpy()
-    tid_all, state_all = tids.to_numpy(), exps["state"].to_numpy()
-    hover_np = hover_all.to_numpy()
-    best_tid = pd.to_numeric(best["target_id"], errors="coerce").fillna(-1).astype(int) \
-        if not best.empty else pd.Series(dtype=int)
-    best_by = {t: g.sort_values("seq") for t, g in best.groupby(best_tid)} if not best.empty \
-        else {}
-    traces, rows = [], []  # added in one call: one add_trace per trace costs ~3 ms each
-    for row, tid in enumerate(order, start=1):
-        label = titles[row - 1]
-        in_t = tid_all == tid
-        fb = best_by.get(tid, best.iloc[:0])
-        traces.append(go.Scatter(
-            x=fb["seq"].to_numpy(), y=fb["best"].astype(float).to_numpy(), mode="lines",
-            line=dict(shape="hv", color=BEST_COLOUR, width=2),
-            name="best so far", legendgroup="best", showlegend="best" not in shown,
-            hovertemplate="seq %{x}<br>best so far %{y:.3g}×<extra>" + label + "</extra>",
-            _validate=False))
-        rows.append(row)
-        shown.add("best")
-        for state, (colour, symbol) in STATE_STYLE.items():
-            sel = in_t & (state_all == state)
-            if not sel.any():
-                continue
-            y = spd_all[sel]
-            if state == "failed":
-                y = np.where(y > 0, y, floor)
-                hover = "seq %{x}: %{hovertext}<extra>" + label + "</extra>"
-            else:
-                hover = ("seq %{x}: <b>" + state + "</b> %{y:.3g}×<br>%{hovertext}"
-                         "<extra>" + label + "</extra>")
-            # _validate=False: plotly's per-property checks cost more than the whole rest of
-            # a refresh at 10,000 points, and these traces are built here from known columns
-            traces.append(go.Scatter(
-                x=seq_all[sel], y=y, mode="markers", name=state, legendgroup=state,
-                showlegend=state not in shown, hovertext=hover_np[sel],
-                hovertemplate=hover,
-                marker=dict(color=colour, symbol=symbol, size=9,
-                            line=dict(width=2 if symbol != "circle" else 0, color=colour)),
-                _validate=False))
-            rows.append(row)
-            shown.add(state)
-    fig.add_traces(traces, rows=rows, cols=[1] * len(rows))
     # The baseline at 1x in every facet, and one y axis setting for all: made in one call each
     # (per-facet add_hline / update_yaxes calls cost more than the traces at a few facets).
     fig.update_layout(shapes=[
@@ -220,13 +264,56 @@ def speedup_figure(exps: pd.DataFrame, best: pd.DataFrame, interpreter: bool = F
              line=dict(color=GUIDE, dash="dash", width=1)) for r in range(1, n + 1)])
     # plain numbers at each decade (or 1-2-5 steps within one), not 10^-1 with minor labels
     fig.update_yaxes(title_text="speedup ×", type="log", range=y_range, **_log_ticks(y_range))
-    fig.update_xaxes(**_seq_ticks(exps["seq"].max()))
+    fig.update_xaxes(**ticks)
     fig.update_xaxes(title_text="experiment seq", row=n, col=1)
     fig.update_layout(title=_title("Per-kernel speedup over eager", interpreter),
                       height=height, margin=dict(t=90, b=90, l=60, r=20),
                       # in the bottom margin, whatever the number of facets
                       legend=_legend_below(), hovermode="closest", uirevision="speedup")
-    return fig
+    layout = fig.layout.to_plotly_json()
+    layout.pop("template", None)    # the page's look decides (charts are themed where drawn)
+    return layout
+
+
+def _target_traces(parts: dict, tid: int) -> list[dict]:
+    """One target's traces as plotly dicts: its best-so-far line and a marker trace per state,
+    on its facet's axes. Hover texts are one string per experiment."""
+    row, label, floor = parts["row"][tid], parts["titles"][tid], parts["floor"]
+    axis = "" if row == 1 else str(row)
+    idx = parts["rows_of"][tid].to_numpy()
+    e = parts["exps"].iloc[idx]
+    spd = parts["spd"].to_numpy()[idx]
+    hyp = _short_series(e["hypothesis"])
+    failed_text = ("<b>failed at " + e["failed_stage"].fillna("?").astype(str) + "</b><br>"
+                   + hyp + "<br>" + _short_series(e["error"]))
+    hover = hyp.where(e["state"] != "failed", failed_text).to_numpy()
+    seq, state_all = e["seq"].to_numpy(), e["state"].to_numpy()
+    best = parts["best"]
+    fb = best[(parts["best_tid"] == tid).to_numpy()].sort_values("seq") if not best.empty \
+        else best
+    out = [dict(x=fb["seq"].astype(int).tolist(),
+                y=[None if pd.isna(v) else float(v) for v in fb["best"]], mode="lines",
+                line=dict(shape="hv", color=BEST_COLOUR, width=2), name="best so far",
+                legendgroup="best", showlegend=False, xaxis="x" + axis, yaxis="y" + axis,
+                hovertemplate="seq %{x}<br>best so far %{y:.3g}×<extra>" + label + "</extra>")]
+    for state, (colour, symbol) in STATE_STYLE.items():
+        sel = state_all == state
+        if not sel.any():
+            continue
+        y = spd[sel]
+        if state == "failed":
+            y = np.where(y > 0, y, floor)
+            tmpl = "seq %{x}: %{hovertext}<extra>" + label + "</extra>"
+        else:
+            tmpl = ("seq %{x}: <b>" + state + "</b> %{y:.3g}×<br>%{hovertext}"
+                    "<extra>" + label + "</extra>")
+        out.append(dict(
+            x=seq[sel].astype(int).tolist(), y=[float(v) for v in y], mode="markers",
+            name=state, legendgroup=state, showlegend=False, hovertext=hover[sel].tolist(),
+            hovertemplate=tmpl, xaxis="x" + axis, yaxis="y" + axis,
+            marker=dict(color=colour, symbol=symbol, size=9,
+                        line=dict(width=2 if symbol != "circle" else 0, color=colour))))
+    return out
 
 
 def amdahl_figure(proj: pd.DataFrame, limit: float | None = None,
@@ -240,11 +327,14 @@ def amdahl_figure(proj: pd.DataFrame, limit: float | None = None,
     measured: data.e2e_frame (seq, speedup, label): end-to-end speedups measured with kept
     kernels in the model, drawn as diamonds over the projection when there are any."""
     fig = go.Figure()
+    # 10,000 points on a live page: built without plotly's per-property checks (known columns)
     fig.add_trace(go.Scatter(
-        x=proj["seq"], y=proj["projected"], mode="lines+markers",
+        x=proj["seq"].to_numpy(), y=proj["projected"].to_numpy(), mode="lines+markers",
         line=dict(shape="hv", width=2, color=BEST_COLOUR),
-        marker=dict(size=5), name="projected (Amdahl)", customdata=proj["family"].fillna("—"),
-        hovertemplate="after seq %{x} (%{customdata})<br>projected %{y:.3f}×<extra></extra>"))
+        marker=dict(size=5), name="projected (Amdahl)",
+        customdata=proj["family"].fillna("—").astype(str).to_numpy(),
+        hovertemplate="after seq %{x} (%{customdata})<br>projected %{y:.3f}×<extra></extra>",
+        _validate=False))
     has_measured = measured is not None and not measured.empty
     if has_measured:
         fig.add_trace(go.Scatter(
@@ -520,17 +610,16 @@ def parcoords_figure(pf: pd.DataFrame, params: list[str]) -> go.Figure:
         return fig
     dims = []
     for p in params:
-        col = pf[p]
-        num = pd.to_numeric(col, errors="coerce")
-        if num.notna().all() and col.map(lambda v: not isinstance(v, bool)).all():
-            vals = sorted(num.unique())
-            dims.append(dict(label=p, values=num.astype(float),
-                             tickvals=vals if len(vals) <= 12 else None,
-                             ticktext=[f"{v:g}" for v in vals] if len(vals) <= 12 else None))
+        vals, numeric = param_values(pf[p])
+        if numeric:
+            ticks = sorted(vals.unique())
+            dims.append(dict(label=p, values=vals,
+                             tickvals=ticks if len(ticks) <= 12 else None,
+                             ticktext=[f"{v:g}" for v in ticks] if len(ticks) <= 12 else None))
         else:
-            cats = sorted(col.astype(str).unique())
+            cats = sorted(vals.unique())
             code = {c: i for i, c in enumerate(cats)}
-            dims.append(dict(label=p, values=col.astype(str).map(code), tickvals=list(range(len(cats))),
+            dims.append(dict(label=p, values=vals.map(code), tickvals=list(range(len(cats))),
                              ticktext=cats, range=[-0.5, len(cats) - 0.5]))
     spd = pd.to_numeric(pf["speedup"], errors="coerce")
     ok = spd > 0
@@ -577,12 +666,9 @@ def param_scatter_figure(pf: pd.DataFrame, params: list[str]) -> go.Figure:
     shown = set()
     for i, p in enumerate(params):
         r, c = divmod(i, cols)
-        col = pf[p]
-        num = pd.to_numeric(col, errors="coerce")
-        numeric = num.notna().all() and col.map(lambda v: not isinstance(v, bool)).all()
-        order = [f"{v:g}" for v in sorted(num.unique())] if numeric else \
-            sorted(col.astype(str).unique())
-        xs = num.map(lambda v: f"{v:g}") if numeric else col.astype(str)
+        vals, numeric = param_values(pf[p])
+        order = [f"{v:g}" for v in sorted(vals.unique())] if numeric else sorted(vals.unique())
+        xs = vals.map(lambda v: f"{v:g}") if numeric else vals
         for state, (colour, symbol) in STATE_STYLE.items():
             sel = pf["state"] == state
             if not sel.any():

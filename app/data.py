@@ -239,9 +239,24 @@ def baselines(t: dict) -> dict:
                 slower=slower, verdict=verdict, **vs)
 
 
-def stage_outcomes_frame(store: Store, run_id: str) -> pd.DataFrame:
-    """Store.stage_outcomes as a frame: one row per (stage, status) with count n."""
-    return pd.DataFrame(store.stage_outcomes(run_id), columns=["stage", "status", "n"])
+def stage_outcomes_frame(store: Store, run_id: str, since_id: int = 0) -> pd.DataFrame:
+    """Store.stage_outcomes as a frame: one row per (stage, status) with count n; with since_id,
+    only over the experiments after that id (what a refresh adds)."""
+    if not since_id:
+        return pd.DataFrame(store.stage_outcomes(run_id), columns=["stage", "status", "n"])
+    return pd.DataFrame(list(store.db.query(
+        """SELECT v.stage, v.status, COUNT(*) AS n FROM experiments e
+           JOIN verifications v ON v.experiment_id = e.id
+           WHERE e.run_id = ? AND e.id > ? GROUP BY v.stage, v.status""", [run_id, since_id])),
+        columns=["stage", "status", "n"])
+
+
+def add_stage_outcomes(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    """Two stage_outcomes_frame counts added (stage, status -> n), in a's order then b's."""
+    if b.empty:
+        return a
+    both = pd.concat([a, b], ignore_index=True)
+    return both.groupby(["stage", "status"], as_index=False, sort=False)["n"].sum()
 
 
 def events_frame(store: Store, run_id: str, limit: int = 200) -> pd.DataFrame:
@@ -972,9 +987,24 @@ def params_frame(store: Store, run_id: str, target_id: int) -> tuple[pd.DataFram
                                      "created_at"] + [col[k] for k in names])
     kept = pd.to_numeric(df["speedup"], errors="coerce").where(df["state"] == "kept")
     df["best"] = kept.cummax().ffill()
-    varying = [col[k] for k in names if df[col[k]].astype(str).nunique(dropna=False) > 1]
+    varying = [col[k] for k in names
+               if param_values(df[col[k]])[0].astype(str).nunique(dropna=False) > 1]
     fixed = {col[k]: df[col[k]].iloc[0] for k in names if col[k] not in varying and len(df)}
     return df, varying, fixed
+
+
+def param_values(col: pd.Series) -> tuple[pd.Series, bool]:
+    """A parameter column as (values, numeric): numbers when every experiment has a number
+    there (not a bool), else text, a missing value written "—" (an experiment that did not
+    set it, e.g. one from an LLM proposer)."""
+    missing = col.isna()
+    num = pd.to_numeric(col, errors="coerce")
+    if not missing.any() and num.notna().all() and \
+            not col.map(lambda v: isinstance(v, bool)).any():
+        return num.astype(float), True
+    text = col.map(lambda v: f"{v:g}" if isinstance(v, (int, float)) and not isinstance(v, bool)
+                   else str(v))
+    return text.where(~missing, "—").astype(object), False
 
 
 def param_importance(pf: pd.DataFrame, params: list[str], min_timed: int = 4) -> pd.DataFrame:
@@ -995,7 +1025,7 @@ def param_importance(pf: pd.DataFrame, params: list[str], min_timed: int = 4) ->
         return pd.DataFrame(columns=cols)
     out = []
     for p in params:
-        groups = timed[p].astype(str)
+        groups = param_values(timed[p])[0].astype(str)
         means = y.groupby(groups).transform("mean")
         between = float(((means - y.mean()) ** 2).sum())
         out.append(dict(parameter=p, importance=min(1.0, between / total),

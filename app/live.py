@@ -138,10 +138,16 @@ def live_view(db_path: str, run_id: str, active: bool = True) -> None:
         exps = data.experiments_frame(store, run_id, cache)
         targets = data.targets_frame(store, run_id)
         # verifier rows land with their experiment, in one transaction: no new experiment, no
-        # new outcome, so the counting query (a join over every verification) is skipped
+        # new outcome; a new one adds its own rows to the counts (not a join over all 50,000)
         seen = (cache["key"], cache["last_id"])
         if cache.get("outcomes_for") != seen:
-            cache.update(outcomes=data.stage_outcomes_frame(store, run_id), outcomes_for=seen)
+            before = cache.get("outcomes_for")
+            if before and before[0] == seen[0]:
+                outcomes = data.add_stage_outcomes(cache["outcomes"], data.stage_outcomes_frame(
+                    store, run_id, since_id=before[1]))
+            else:
+                outcomes = data.stage_outcomes_frame(store, run_id)
+            cache.update(outcomes=outcomes, outcomes_for=seen)
         outcomes = cache["outcomes"]
         events = data.events_frame(store, run_id, limit=200)
         measured = data.e2e_frame(store, run_id)
@@ -174,18 +180,28 @@ def _derived(run, exps, targets, outcomes, measured, workers, interpreter) -> di
         return memo
     proj = data.amdahl_projection(exps, targets)
     tnames = dict(zip(targets["id"].astype(int), targets["name"])) if not targets.empty else {}
-    figs = dict(speedup=charts.speedup_figure(exps, data.best_so_far(exps), interpreter, tnames),
-                amdahl=charts.amdahl_figure(proj, data.amdahl_limit(targets), interpreter,
+    figs = dict(amdahl=charts.amdahl_figure(proj, data.amdahl_limit(targets), interpreter,
                                             measured=measured),
                 stages=charts.stage_figure(outcomes))
     if names:
         figs["workers"] = charts.workers_figure(exps, list(names), ref)
+    font = PRESENT_FONT if present else None
     if present:
         for fig in figs.values():
             fig.update_layout(font=PRESENT_FONT)
+    # the speedup chart is built incrementally (charts.speedup_spec): its traces per target are
+    # kept in the session and remade only for the target that got an experiment
+    traces = st.session_state.setdefault("live_speedup_traces", {})
+    if traces.get("_for") != (run["id"], present, interpreter):
+        traces.clear()
+        traces["_for"] = (run["id"], present, interpreter)
+    per_target = traces.setdefault("targets", {})
+    speedup = charts.speedup_spec(exps, data.best_so_far(exps), interpreter, tnames, per_target,
+                                  livechart.look(font))
     # kept as JSON with their heights: a refresh with nothing new sends the same strings again
-    memo = dict(key=key, proj=proj, **{name: (livechart.spec(fig), int(fig.layout.height or 450))
-                                       for name, fig in figs.items()})
+    memo = dict(key=key, proj=proj, speedup=speedup,
+                **{name: (livechart.spec(fig), int(fig.layout.height or 450))
+                   for name, fig in figs.items()})
     st.session_state["live_memo"] = memo
     return memo
 

@@ -361,9 +361,13 @@ def test_speedup_figure():
     assert "rmsnorm" in titles and "softmax" in titles  # one facet per family
     by_name = {}
     for t in fig.data:
-        by_name.setdefault(t.name, []).append(t)
+        if t.showlegend is False:          # the drawn traces; legend entries are drawn nowhere
+            by_name.setdefault(t.name, []).append(t)
     assert set(by_name) == {"best so far", "kept", "reverted", "failed"}
-    assert len(by_name["best so far"]) == 2
+    assert len(by_name["best so far"]) == 2    # one per facet
+    # one legend entry per kind, for every facet
+    assert sorted(t.name for t in fig.data if t.showlegend is not False) == \
+        ["best so far", "failed", "kept", "reverted"]
     failed = by_name["failed"][0]
     # no valid speedup: drawn on a floor under every real value of the log axis
     assert list(failed.y) == [0.5, 0.5]  # lowest value is the 1x baseline -> floor 0.5
@@ -459,3 +463,31 @@ def test_experiments_frame_reads_incrementally(db):
     second = data.experiments_frame(store, db["interp"], cache)
     assert second["seq"].tolist() == list(range(1, len(PLAN) + 2))
     assert cache["last_id"] == second["id"].max()
+
+
+def test_the_live_speedup_spec_is_the_figure_and_is_remade_per_target():
+    """speedup_spec (the Live run page's JSON) draws what speedup_figure draws, and after one
+    new experiment it remakes only the traces of the target that got it."""
+    import json
+    exps = _exps(PLAN)
+    names = {1: "rmsnorm", 2: "softmax"}
+    cache: dict = {}
+    from app import livechart
+    spec, height = charts.speedup_spec(exps, data.best_so_far(exps), True, names, cache,
+                                       livechart.look())
+    fig = charts.speedup_figure(exps, data.best_so_far(exps), True, names)
+    got = json.loads(spec)
+    assert height == fig.layout.height
+    assert [(t["name"], len(t["x"])) for t in got["data"]] == \
+        [(t.name, len(t.x)) for t in fig.data]
+    assert got["layout"]["yaxis"]["range"] == list(fig.layout.yaxis.range)
+    assert got["layout"]["template"] == {} and got["layout"]["uirevision"] == "speedup"
+    kept = {tid: text for tid, (key, text) in cache.items() if tid != "_layout"}
+    more = pd.concat([exps, _exps(PLAN + [("softmax", "reverted", None, 1.1)]).iloc[[-1]]],
+                     ignore_index=True)
+    spec2, _ = charts.speedup_spec(more, data.best_so_far(more), True, names, cache,
+                                   livechart.look())
+    assert cache[1][1] is kept[1]            # rmsnorm's traces reused as they were
+    assert cache[2][1] != kept[2]            # softmax's remade with its new point
+    assert sum(len(t["x"]) for t in json.loads(spec2)["data"] if t["mode"] == "markers"
+               and t["x"] != [None]) == len(PLAN) + 1
