@@ -100,7 +100,8 @@ def ratio_column_format(values) -> str:
     return SMALL_RATIO_COL if vals and min(vals) < 0.1 else RATIO_COL
 
 
-_CHAIN = re.compile(r"\s*\((?:[\w.]+(?:Error|Exception|Exit|Interrupt))\b:?(?P<rest>.*)\)\s*$", re.S)
+_CHAIN = re.compile(r"\s*\((?:[\w.]+(?:Error|Exception|Exit|Interrupt))\b:?(?P<rest>.*)\)\s*$",
+                    re.S)
 _ERRNO = re.compile(r"\[Errno -?\d+\][^\n;()]*")
 _PREFIX = re.compile(r"^(?:[\w.]+\.)?(?:[A-Z]\w*(?:Error|Exception)):\s*")
 

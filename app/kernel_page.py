@@ -200,13 +200,15 @@ DIFF_CSS = """
 .nsdiff table.diff {font-family: ui-monospace, Menlo, monospace; font-size: 12px;
   border-collapse: collapse; width: 100%; table-layout: fixed;}
 .nsdiff table.diff colgroup:nth-of-type(1), .nsdiff table.diff colgroup:nth-of-type(4) {width: 0;}
-.nsdiff table.diff colgroup:nth-of-type(2), .nsdiff table.diff colgroup:nth-of-type(5) {width: 3.2em;}
+.nsdiff table.diff colgroup:nth-of-type(2),
+.nsdiff table.diff colgroup:nth-of-type(5) {width: 3.2em;}
 .nsdiff td {padding: 0 4px; vertical-align: top; white-space: pre-wrap !important;
   overflow-wrap: anywhere; word-break: break-all;}
 .nsdiff td.diff_header {opacity: .6; text-align: right;}
 .nsdiff th {text-align: left; padding: 2px 4px; overflow-wrap: anywhere;}
 .nsdiff .diff_next {padding: 0; font-size: 0; overflow: hidden;}
-.nsdiff .diff_add {background: rgba(46,160,67,.28);} .nsdiff .diff_chg {background: rgba(210,153,34,.30);}
+.nsdiff .diff_add {background: rgba(46,160,67,.28);}
+.nsdiff .diff_chg {background: rgba(210,153,34,.30);}
 .nsdiff .diff_sub {background: rgba(248,81,73,.28);}
 """
 

@@ -56,8 +56,8 @@ def page() -> None:
     run = rep["run"]
     run_header(run, rep["exps"])
     head = data.headline(rep)
-    st.caption(f"{run['model']} · {rep['dtype']} · {data.device_label(run)} · run {run['id']} · "
-               f"{run['status']}")
+    st.caption(f"{run['model']} · {rep['dtype']} · {data.device_label(run)} · "
+               f"run {run['id']} · {run['status']}")
     with st.container(key="headline", border=True):
         st.metric(head["label"], head["text"])
         st.caption(head["note"][0].upper() + head["note"][1:])

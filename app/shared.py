@@ -107,7 +107,8 @@ def sidebar() -> None:
     sb = st.sidebar
     ss["db_path_box"] = ss["db_path"]
     sb.text_input("Database", key="db_path_box", on_change=_new_database,
-                  help="SQLite file the engine writes; relative paths are from the repository root.")
+                  help="SQLite file the engine writes; relative paths are from the repository "
+                       "root.")
     chosen = ss["db_path"]
     sources = [chosen] + [r for r in recorded if not _same_db(r, chosen)]
     key = f"view_choice:{chosen}"

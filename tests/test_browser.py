@@ -49,6 +49,9 @@ FAMILY = "rmsnorm"
 RUN_WAIT_S = 150   # for the run to finish; past that the page's Stop button ends it
 STOP_WAIT_S = 90   # the engine stops after the experiment in flight (~15-30 s interpreted)
 SHOW_WITHIN_S = 3.0  # a new experiment must be on the page this soon after its row landed
+# A change of state must be on the page this soon: the watcher looks every 3 s, then the page
+# reruns; 10 s leaves room for a machine whose two cores other work shares.
+FOLLOW_WITHIN_S = 10.0
 # Recorded runs the tests open (data/*.db, read-only)
 GPT2 = ("data/recorded_h200.db", "20261130-030352-e079e8")          # 16 exps, 3 targets
 LLAMA = ("data/recorded_h200.db", "20261130-030304-a8b2d6")         # older, 2 exps
@@ -541,17 +544,17 @@ def test_the_page_follows_its_run_through_stop_continue_pause_resume(app, browse
     assert _wait_metric(page, "run_status", "stopped")
     assert _metric(page, "exp_count") == "6"
     _update_run(db, run_id, claim=True, status="running")         # continued elsewhere
-    _wait_metric(page, "run_status", "running", SHOW_WITHIN_S + 2)
+    _wait_metric(page, "run_status", "running", FOLLOW_WITHIN_S)
     _add_experiment(db, run_id, "rmsnorm", 2.5)
-    _wait_metric(page, "exp_count", "7", SHOW_WITHIN_S + 2)
+    _wait_metric(page, "exp_count", "7", FOLLOW_WITHIN_S)
     _update_run(db, run_id, status="paused")
-    _wait_metric(page, "run_status", "paused", SHOW_WITHIN_S + 2)
+    _wait_metric(page, "run_status", "paused", FOLLOW_WITHIN_S)
     _update_run(db, run_id, status="running")
-    _wait_metric(page, "run_status", "running", SHOW_WITHIN_S + 2)
+    _wait_metric(page, "run_status", "running", FOLLOW_WITHIN_S)
     _add_experiment(db, run_id, "softmax", 1.4)
-    _wait_metric(page, "exp_count", "8", SHOW_WITHIN_S + 2)
+    _wait_metric(page, "exp_count", "8", FOLLOW_WITHIN_S)
     _update_run(db, run_id, release=True, status="stopped")
-    _wait_metric(page, "run_status", "stopped", SHOW_WITHIN_S + 2)
+    _wait_metric(page, "run_status", "stopped", FOLLOW_WITHIN_S)
     _no_error(page)
     page.context.close()
 
@@ -597,7 +600,7 @@ def test_a_zoom_keeps_both_axes_across_refreshes(app, browser):
     page.wait_for_timeout(400)
     before = frame.evaluate(RANGES_JS)
     _add_experiment(db, run_id, "rmsnorm", 6.0)       # the best so far: the y range grows
-    _wait_metric(page, "exp_count", "7", SHOW_WITHIN_S + 2)
+    _wait_metric(page, "exp_count", "7", FOLLOW_WITHIN_S)
     deadline = time.monotonic() + 15
     after = before
     while time.monotonic() < deadline:
