@@ -50,8 +50,8 @@ RUN_WAIT_S = 150   # for the run to finish; past that the page's Stop button end
 STOP_WAIT_S = 90   # the engine stops after the experiment in flight (~15-30 s interpreted)
 SHOW_WITHIN_S = 3.0  # a new experiment must be on the page this soon after its row landed
 # A change of state must be on the page this soon: the watcher looks every 3 s, then the page
-# reruns; 10 s leaves room for a machine whose two cores other work shares.
-FOLLOW_WITHIN_S = 10.0
+# reruns (2-4 s here); 20 s leaves room for a machine whose two cores other work shares.
+FOLLOW_WITHIN_S = 20.0
 # Recorded runs the tests open (data/*.db, read-only)
 GPT2 = ("data/recorded_h200.db", "20261130-030352-e079e8")          # 16 exps, 3 targets
 LLAMA = ("data/recorded_h200.db", "20261130-030304-a8b2d6")         # older, 2 exps
@@ -678,7 +678,8 @@ def test_nothing_is_cut(app, browser):
     every event message whole, the run selector's label whole, Compare's tables and the
     side-by-side diff inside the page."""
     page = _page(browser, height=900)
-    _open(page, _url(app, "", **_view(GPT2)), "Live run")
+    # a run whose model is a long op: spec, and whose events are long lines
+    _open(page, _url(app, "", **_view(ATTN_638)), "Live run")
     _charts(page, 3)
     _settled(page)
     page.wait_for_timeout(800)
@@ -686,13 +687,12 @@ def test_nothing_is_cut(app, browser):
     log = page.locator(".nslog")
     log.wait_for(timeout=10_000)
     assert not page.evaluate(OVERFLOW_JS, ".nslog div"), "an event message is cut"
-    assert "profiled gpt2: 21235 us per forward" in log.inner_text()
-    for db_run in (GPT2, ATTN_638):     # a short model name, and a long op: spec
-        page.goto(_url(app, "", **_view(db_run)))
-        run = page.locator("[data-testid='stSidebar']").get_by_role("combobox", name="Run",
-                                                                   exact=True)
-        run.wait_for(timeout=30_000)
-        assert run.evaluate("e => e.scrollWidth <= e.clientWidth + 1"), run.input_value()
+    assert "target -> attention: 100.0% of model time; 76% of speed of light, up to 24.5% of " \
+           "end-to-end time left; not tried yet" in log.inner_text()
+    run = page.locator("[data-testid='stSidebar']").get_by_role("combobox", name="Run",
+                                                               exact=True)
+    assert run.input_value().startswith("op:attention:… · stopped · ")
+    assert run.evaluate("e => e.scrollWidth <= e.clientWidth + 1"), run.input_value()
 
     _goto(page, "Compare runs")
     page.locator("[data-testid='stTable']").first.wait_for(timeout=30_000)
@@ -701,7 +701,9 @@ def test_nothing_is_cut(app, browser):
     assert not _fits(page), _fits(page)
 
     _open(page, _url(app, "kernels", **_view(GPT2)), "Kernels")
-    page.get_by_text("side by side", exact=True).click()
+    _charts(page, 5, timeout_ms=60_000)
+    _settled(page)
+    page.get_by_text("side by side", exact=True).click(timeout=60_000)
     page.locator(".nsdiff").wait_for(timeout=30_000)
     assert not page.evaluate(OVERFLOW_JS, ".nsdiff"), "the side-by-side diff is cut"
     page.context.close()
@@ -881,7 +883,9 @@ def test_dark_mode_charts_take_the_theme(app, browser):
         .map(gd => getComputedStyle(gd.querySelector('.gtitle')).fill)""")
     assert fills and all(page.evaluate(lum, f) > 0.6 for f in fills), fills
     _open(page, _url(app, "kernels", **_view(GPT2)), "Kernels")
-    page.get_by_text("side by side", exact=True).click()
+    _charts(page, 5, timeout_ms=60_000)
+    _settled(page)
+    page.get_by_text("side by side", exact=True).click(timeout=60_000)
     cell = page.locator(".nsdiff td.diff_add, .nsdiff span.diff_add, .nsdiff span.diff_chg").first
     cell.wait_for(timeout=30_000)
     assert page.evaluate(lum, cell.evaluate("e => getComputedStyle(e).color")) > 0.6
