@@ -1,15 +1,24 @@
 """nightshift dashboard: `streamlit run streamlit_app.py`.
 
-The entry point only declares the pages and draws the sidebar every page shares; the pages live
-in app/ (one file each, run by st.navigation). The database path defaults to $NIGHTSHIFT_DB, else
-data/runs.db; with no runs there, the pages open the run recorded on an H200 that ships in data/.
+The entry point only declares the pages, reads and writes the view in the URL (app/view.py) and
+draws the sidebar every page shares; the pages live in app/ (one file each, run by
+st.navigation). The database path defaults to $NIGHTSHIFT_DB, else data/runs.db; with no runs
+there, the pages open the runs recorded on an H200 that ship in data/.
 """
+from pathlib import Path
+
 import streamlit as st
 
-from app.shared import sidebar
+from app import view
+from app.shared import presentation, sidebar
 
-st.set_page_config(page_title="nightshift", page_icon=":material/bolt:", layout="wide")
+# A local file, not an emoji or ":material/...:" icon: Streamlit fetches those favicons from a
+# CDN, and the dashboard makes no request that leaves the machine.
+ICON = str(Path(__file__).resolve().parent / "app" / "static" / "favicon.png")
+
+st.set_page_config(page_title="nightshift", page_icon=ICON, layout="wide")
 page = st.navigation([
+    st.Page("app/runs_page.py", title="Runs", icon=":material/table_rows:", url_path="runs"),
     st.Page("app/live.py", title="Live run", icon=":material/monitoring:", url_path="live",
             default=True),
     st.Page("app/new_run.py", title="New run", icon=":material/play_arrow:", url_path="new"),
@@ -18,5 +27,9 @@ page = st.navigation([
             url_path="compare"),
     st.Page("app/report.py", title="Report", icon=":material/summarize:", url_path="report"),
 ])
+view.load_once()
 sidebar()
+presentation()
+view.start_page()
 page.run()
+view.write()

@@ -1,32 +1,67 @@
 """Plotly figure builders: pure functions from pandas DataFrames (as app/data.py makes them) to
 go.Figure. No Streamlit and no database here, so each chart is unit-testable on its own.
 
-Every figure sets a constant ``uirevision``: the page redraws the charts every refresh, and a
-constant uirevision tells plotly.js to keep the user's zoom, pan and legend toggles across redraws.
+Rules every figure follows:
+- A speedup is a ratio, drawn on a log axis centred on 1×; a bar starts at 1× and goes up for
+  a kernel faster than its baseline, down for a slower one (a 0.735× kernel is a bar hanging
+  below the 1× line, never a sliver rising from the bottom of the axis).
+- Every figure sets a constant ``uirevision`` (plotly.js keeps zoom, pan and legend choices
+  across redraws) and no colour that only works on one background: text and lines take the
+  page's theme (light or dark), the few fixed colours are mid-tones readable on both.
+- Titles are short (the page says the rest), so they fit a half-width column.
+- A run has one colour on every page (run_colour).
 """
 from __future__ import annotations
 
+import json
 import math
+import zlib
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from app.data import INTERPRETER_LABEL, stage_order
+from app import fmt
+from app.data import INTERPRETER_LABEL, param_values, stage_order
 
 STATE_STYLE = {  # experiment state -> (colour, marker symbol)
     "kept": ("#2ca02c", "circle"),
     "reverted": ("#ff7f0e", "circle-open"),
     "failed": ("#d62728", "x"),
 }
-STATUS_COLOURS = {"passed": "#2ca02c", "failed": "#d62728", "skipped": "#b0b0b0",
-                  "slower": "#9ecae1"}
+STATUS_COLOURS = {"passed": "#2ca02c", "failed": "#d62728", "skipped": "#9a9a9a",
+                  "slower": "#6baed6"}
 # "slower": not run because the candidate, timed after its smoke test, did not beat the best
 STATUS_NAMES = {"slower": "not run (slower)"}
 BEST_COLOUR = "#1f77b4"
-# one colour per run on the Compare page (Streamlit's theme would give every run a shade of blue)
-RUN_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+FASTER_COLOUR = "#2ca02c"   # a bar above 1×
+SLOWER_COLOUR = "#d62728"   # a bar below 1×: slower than its baseline
+GUIDE = "#8c8c8c"           # reference lines and notes: a mid grey, readable light and dark
+# Run colours: a run keeps its colour on every page (hashed from its id)
+RUN_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+               "#bcbd22", "#d62728", "#7f7f7f")
+
+
+def run_colour(run_id: str) -> str:
+    """The run's colour, the same on every page and in every export: a hash of its id."""
+    return RUN_COLOURS[zlib.crc32(str(run_id).encode()) % len(RUN_COLOURS)]
+
+
+def run_colours(run_ids: list[str]) -> dict[str, str]:
+    """Colours for runs shown together: each its own run_colour, except that a run whose colour
+    an earlier one (in id order) already has takes the next free one, so two runs side by side
+    never share a colour."""
+    out, used = {}, set()
+    for rid in sorted(run_ids):
+        base = RUN_COLOURS.index(run_colour(rid))
+        for k in range(len(RUN_COLOURS)):
+            c = RUN_COLOURS[(base + k) % len(RUN_COLOURS)]
+            if c not in used or k == len(RUN_COLOURS) - 1:
+                break
+        out[rid] = c
+        used.add(c)
+    return {rid: out[rid] for rid in run_ids}
 
 
 def _title(text: str, interpreter: bool) -> dict:
@@ -39,7 +74,7 @@ def _title(text: str, interpreter: bool) -> dict:
 
 def _empty(fig: go.Figure, message: str) -> go.Figure:
     fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
-                       font=dict(size=14, color="#888"))
+                       font=dict(size=14, color=GUIDE))
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
     return fig
@@ -52,13 +87,27 @@ def _seq_ticks(max_seq) -> dict:
 
 
 def _ratio_range(series) -> list[float]:
-    """A y range for end-to-end speedups: around 1x and every value, with a little room.
+    """A linear y range for end-to-end speedups: around 1x and every value, with a little room.
 
     Not from zero: a projection moving from 1.00x to 1.08x must be visible, not a flat line."""
     vals = [float(v) for s in series for v in s if pd.notna(v) and math.isfinite(float(v))]
     lo, hi = min(vals + [1.0]), max(vals + [1.0])
     pad = max(0.02, (hi - lo) * 0.12)
     return [lo - pad, hi + pad]
+
+
+def log_range_around_one(values, pad: float = 0.12) -> list[float]:
+    """A log axis range (log10 units) centred on 1×, wide enough for every value: a ratio and
+    its inverse are equally far from the middle, so faster and slower read alike."""
+    vals = [abs(math.log10(float(v))) for v in values
+            if v is not None and pd.notna(v) and float(v) > 0]
+    half = max(vals + [math.log10(1.25)]) + pad
+    return [-half, half]
+
+
+def _log_ticks(rng: list[float]) -> dict:
+    """Readable ticks on a log ratio axis: 1-2-5 steps within two decades, decades beyond."""
+    return dict(tickformat="~g", dtick=1 if rng[1] - rng[0] > 2 else "D2")
 
 
 def _short(text, n: int = 90) -> str:
@@ -73,103 +122,198 @@ def _short_series(texts: pd.Series, n: int = 90) -> pd.Series:
     return t.where(t.str.len() <= n, t.str.slice(0, n - 1) + "…")
 
 
-def speedup_figure(exps: pd.DataFrame, best: pd.DataFrame, interpreter: bool = False) -> go.Figure:
-    """Per-kernel speedup over experiments, one facet per family, on a log axis.
+def _legend_below() -> dict:
+    return dict(orientation="h", yref="container", y=0, yanchor="bottom", x=0)
 
-    exps: experiments (seq, family, state, speedup, failed_stage, hypothesis, error);
-    best: data.best_so_far(exps) (family, seq, best). Each facet has the best-so-far step line,
-    a marker per experiment coloured by state, and the reference baseline at 1x.
 
-    The axis is logarithmic because speedups are ratios (2x and 0.5x are equally far from 1x)
-    and because interpreter runs sit orders of magnitude below 1x. Failed experiments have no
-    valid speedup: their markers sit on a floor line under every real value, and the hover
-    names the verifier stage that failed."""
-    families = sorted(exps["family"].dropna().unique()) if not exps.empty else []
-    if not families:
+def speedup_figure(exps: pd.DataFrame, best: pd.DataFrame, interpreter: bool = False,
+                   names: dict[int, str] | None = None) -> go.Figure:
+    """Per-kernel speedup over experiments, one facet per target, on a log axis around 1×.
+
+    exps: experiments (target_id, seq, family, state, speedup, failed_stage, hypothesis, error);
+    best: data.best_so_far(exps) (target_id, seq, best); names: target id -> its name (else the
+    family). Each facet has the best-so-far step line, a marker per experiment coloured by
+    state, and the baseline at 1×; one legend entry per kind, for all facets.
+
+    Failed experiments have no valid speedup: their markers sit on a floor line under every
+    real value, and the hover names the verifier stage that failed. The y range is set here;
+    the Live run page's chart component keeps the user's zoom over it across refreshes. Built
+    from the same parts as speedup_spec (the Live run page's incremental JSON)."""
+    parts = _speedup_parts(exps, best, interpreter, names or {})
+    fig = go.Figure(layout=parts["layout"])
+    fig.add_traces([go.Scatter(**t, _validate=False) for t in parts["legend"]]
+                   + [go.Scatter(**t, _validate=False) for tid in parts["order"]
+                      for t in _target_traces(parts, tid)])
+    return fig
+
+
+def speedup_spec(exps: pd.DataFrame, best: pd.DataFrame, interpreter: bool,
+                 names: dict[int, str], cache: dict, look: dict) -> tuple[str, int]:
+    """speedup_figure as the Live run page's chart component takes it (JSON, height), built
+    incrementally: each target's traces are kept as JSON in ``cache`` (the page's session) and
+    remade only when that target got an experiment (or its facet moved, or the floor under the
+    failed markers did). A new experiment then costs one target's traces and the layout, not
+    10,000 markers: the figure was most of a refresh's time. look: layout settings the page
+    puts over every live figure (app/livechart.LOOK: template, background, font)."""
+    parts = _speedup_parts(exps, best, interpreter, names, cache)
+    traces = [json.dumps(t, separators=(",", ":")) for t in parts["legend"]]
+    keep = {}
+    for tid in parts["order"]:
+        key = (tid, parts["row"][tid], parts["floor"], parts["titles"][tid],
+               parts["counts"].get(tid), parts["last_id"].get(tid))
+        hit = cache.get(tid)
+        text = hit[1] if hit and hit[0] == key else ",".join(
+            json.dumps(t, separators=(",", ":")) for t in _target_traces(parts, tid))
+        keep[tid] = (key, text)
+        if text:
+            traces.append(text)
+    layout_memo = cache.get("_layout")
+    cache.clear()
+    cache.update(keep)
+    if layout_memo:
+        cache["_layout"] = layout_memo
+    layout = dict(parts["layout"], **look)
+    spec = '{"data":[' + ",".join(traces) + '],"layout":' + \
+        json.dumps(layout, separators=(",", ":"), cls=_Encoder) + "}"
+    return spec, int(parts["height"])
+
+
+class _Encoder(json.JSONEncoder):
+    """numpy scalars and arrays in a layout (make_subplots' domains) as plain JSON."""
+
+    def default(self, o):
+        if isinstance(o, np.ndarray):
+            return o.tolist()
+        if isinstance(o, np.generic):
+            return o.item()
+        return super().default(o)
+
+
+def _speedup_parts(exps: pd.DataFrame, best: pd.DataFrame, interpreter: bool,
+                   names: dict[int, str], cache: dict | None = None) -> dict:
+    """What speedup_figure and speedup_spec share: the facets (targets in name order), the y
+    floor, per-target rows of exps and best, the legend entries and the layout (a dict). With
+    a cache, the layout is kept under "_layout" and remade only when the facets, the y range
+    or the seq ticks changed (plotly's subplot layout is a tenth of a second to make)."""
+    if exps.empty:
         fig = _empty(go.Figure(), "no experiments yet")
         fig.update_layout(title=_title("Per-kernel speedup", interpreter), height=300,
                           uirevision="speedup")
-        return fig
+        return dict(layout=fig.layout.to_plotly_json(), legend=[],
+                    order=[], height=300, floor=None, row={}, titles={}, counts={}, last_id={})
+    tids = pd.to_numeric(exps["target_id"], errors="coerce").fillna(-1).astype(int).to_numpy()
+    uniq, first = np.unique(tids, return_index=True)
+    fam = exps["family"].to_numpy()
+    titles = {int(t): names.get(int(t)) or str(fam[i]) for t, i in zip(uniq, first)}
+    order = sorted(titles, key=lambda t: (titles[t], t))
 
-    valid = exps["speedup"].astype(float)
-    valid = valid[valid > 0]
+    spd = pd.to_numeric(exps["speedup"], errors="coerce")
+    valid = spd[spd > 0]
     lo = min(float(valid.min()), 1.0) if len(valid) else 1.0
     hi = max(float(valid.max()), 1.0) if len(valid) else 1.0
     floor = lo / 2  # where failed experiments are drawn: below everything that has a speedup
-    # one y range for every facet, so families compare at a glance (log axis range is in log10)
-    y_range = [math.log10(floor) - 0.15, math.log10(hi) + 0.15]
-
-    n = len(families)
+    # one y range for every facet, so targets compare at a glance (log axis range is in log10)
+    y_range = [math.log10(floor) - 0.15, max(math.log10(hi), -math.log10(lo)) + 0.15]
+    n = len(order)
     height = 170 * n + 170
+    ticks = _seq_ticks(exps["seq"].max())
+    lkey = (tuple(titles[t] for t in order), tuple(round(v, 6) for v in y_range),
+            tuple(sorted(ticks.items())), interpreter)
+    memo = (cache or {}).get("_layout")
+    layout = memo[1] if memo and memo[0] == lkey else _speedup_layout(
+        [titles[t] for t in order], y_range, ticks, interpreter, height)
+    if cache is not None:
+        cache["_layout"] = (lkey, layout)
+    states = set(exps["state"].dropna())
+
+    # legend entries drawn nowhere: one per kind for all facets, whatever each facet holds
+    legend = [dict(x=[None], y=[None], mode="lines", name="best so far", legendgroup="best",
+                   line=dict(shape="hv", color=BEST_COLOUR, width=2), hoverinfo="skip")]
+    for state, (colour, symbol) in STATE_STYLE.items():
+        if state in states:
+            legend.append(dict(x=[None], y=[None], mode="markers", name=state, legendgroup=state,
+                               hoverinfo="skip",
+                               marker=dict(color=colour, symbol=symbol, size=9,
+                                           line=dict(width=2 if symbol != "circle" else 0,
+                                                     color=colour))))
+    by_t = {int(t): idx for t, idx in pd.Series(np.arange(len(tids))).groupby(tids)}
+    best_tid = pd.to_numeric(best["target_id"], errors="coerce").fillna(-1).astype(int) \
+        if not best.empty else pd.Series(dtype=int)
+    ids = exps["id"].to_numpy() if "id" in exps else np.arange(len(exps))
+    return dict(layout=layout, legend=legend,
+                order=order, height=height, floor=floor, titles=titles,
+                row={t: r for r, t in enumerate(order, start=1)}, exps=exps, spd=spd,
+                rows_of=by_t, best=best, best_tid=best_tid,
+                counts={t: len(v) for t, v in by_t.items()},
+                last_id={t: int(ids[v.to_numpy()[-1]]) for t, v in by_t.items()})
+
+
+def _speedup_layout(titles: list[str], y_range: list[float], ticks: dict, interpreter: bool,
+                    height: int) -> dict:
+    """The speedup figure's layout as a plain dict: one facet per target, shared x, the 1×
+    baseline in each, one log y setting for all."""
+    n = len(titles)
     # ~50 px between facets whatever their number (the spacing is a fraction of the plot area)
-    fig = make_subplots(rows=n, cols=1, shared_xaxes=True, subplot_titles=families,
+    fig = make_subplots(rows=n, cols=1, shared_xaxes=True, subplot_titles=titles,
                         vertical_spacing=min(0.3, 50 / (height - 180)))
-    shown: set[str] = set()  # one legend entry per trace kind, not per facet
-    # Hover texts for every experiment at once, as one string each: plotly validates a numpy
-    # array of strings in one step, where a list of per-point tuples (customdata) or a pandas
-    # Series costs it a Python loop; at 10,000 experiments that is most of a refresh.
-    hyp = _short_series(exps["hypothesis"])
-    failed_text = ("<b>failed at " + exps["failed_stage"].fillna("?").astype(str) + "</b><br>"
-                   + hyp + "<br>" + _short_series(exps["error"]))
-    hover_all = hyp.where(exps["state"] != "failed", failed_text)
-    seq_all, spd_all = exps["seq"].to_numpy(), exps["speedup"].astype(float).to_numpy()
-    fam_all, state_all = exps["family"].to_numpy(), exps["state"].to_numpy()
-    hover_np = hover_all.to_numpy()
-    best_by = {f: g.sort_values("seq") for f, g in best.groupby("family")}
-    traces, rows = [], []  # added in one call: one add_trace per trace costs ~3 ms each
-    for row, fam in enumerate(families, start=1):
-        in_fam = fam_all == fam
-        fb = best_by.get(fam, best.iloc[:0])
-        traces.append(go.Scatter(
-            x=fb["seq"].to_numpy(), y=fb["best"].astype(float).to_numpy(), mode="lines",
-            line=dict(shape="hv", color=BEST_COLOUR, width=2),
-            name="best so far", legendgroup="best", showlegend="best" not in shown,
-            hovertemplate="seq %{x}<br>best so far %{y:.3g}×<extra>" + fam + "</extra>",
-            _validate=False))
-        rows.append(row)
-        shown.add("best")
-        for state, (colour, symbol) in STATE_STYLE.items():
-            sel = in_fam & (state_all == state)
-            if not sel.any():
-                continue
-            y = spd_all[sel]
-            if state == "failed":
-                y = np.where(y > 0, y, floor)
-                hover = "seq %{x}: %{hovertext}<extra>" + fam + "</extra>"
-            else:
-                hover = ("seq %{x}: <b>" + state + "</b> %{y:.3g}×<br>%{hovertext}"
-                         "<extra>" + fam + "</extra>")
-            # _validate=False: plotly's per-property checks cost more than the whole rest of
-            # a refresh at 10,000 points, and these traces are built here from known columns
-            traces.append(go.Scatter(
-                x=seq_all[sel], y=y, mode="markers", name=state, legendgroup=state,
-                showlegend=state not in shown, hovertext=hover_np[sel],
-                hovertemplate=hover,
-                marker=dict(color=colour, symbol=symbol, size=9,
-                            line=dict(width=2 if symbol != "circle" else 0, color=colour)),
-                _validate=False))
-            rows.append(row)
-            shown.add(state)
-    fig.add_traces(traces, rows=rows, cols=[1] * len(rows))
-    # The reference at 1x in every facet, and one y axis setting for all: made in one call each
+    # The baseline at 1x in every facet, and one y axis setting for all: made in one call each
     # (per-facet add_hline / update_yaxes calls cost more than the traces at a few facets).
     fig.update_layout(shapes=[
         dict(type="line", xref=f"x{r if r > 1 else ''} domain", x0=0, x1=1,
              yref=f"y{r if r > 1 else ''}", y0=1.0, y1=1.0,
-             line=dict(color="#888", dash="dash", width=1)) for r in range(1, n + 1)])
+             line=dict(color=GUIDE, dash="dash", width=1)) for r in range(1, n + 1)])
     # plain numbers at each decade (or 1-2-5 steps within one), not 10^-1 with minor labels
-    fig.update_yaxes(title_text="speedup ×", type="log", range=y_range, tickformat="~g",
-                     dtick=1 if y_range[1] - y_range[0] > 2 else "D2")
-    fig.update_xaxes(**_seq_ticks(exps["seq"].max()))
+    fig.update_yaxes(title_text="speedup ×", type="log", range=y_range, **_log_ticks(y_range))
+    fig.update_xaxes(**ticks)
     fig.update_xaxes(title_text="experiment seq", row=n, col=1)
-    sub = "dashed: reference 1×" + ("; failed at the bottom" if (exps["state"] == "failed").any()
-                                    else "")
-    fig.update_layout(title=_title(f"Per-kernel speedup ({sub})", interpreter),
+    fig.update_layout(title=_title("Per-kernel speedup over eager", interpreter),
                       height=height, margin=dict(t=90, b=90, l=60, r=20),
                       # in the bottom margin, whatever the number of facets
-                      legend=dict(orientation="h", yref="container", y=0, yanchor="bottom"),
-                      hovermode="closest", uirevision="speedup")
-    return fig
+                      legend=_legend_below(), hovermode="closest", uirevision="speedup")
+    layout = fig.layout.to_plotly_json()
+    layout.pop("template", None)    # the page's look decides (charts are themed where drawn)
+    return layout
+
+
+def _target_traces(parts: dict, tid: int) -> list[dict]:
+    """One target's traces as plotly dicts: its best-so-far line and a marker trace per state,
+    on its facet's axes. Hover texts are one string per experiment."""
+    row, label, floor = parts["row"][tid], parts["titles"][tid], parts["floor"]
+    axis = "" if row == 1 else str(row)
+    idx = parts["rows_of"][tid].to_numpy()
+    e = parts["exps"].iloc[idx]
+    spd = parts["spd"].to_numpy()[idx]
+    hyp = _short_series(e["hypothesis"])
+    failed_text = ("<b>failed at " + e["failed_stage"].fillna("?").astype(str) + "</b><br>"
+                   + hyp + "<br>" + _short_series(e["error"]))
+    hover = hyp.where(e["state"] != "failed", failed_text).to_numpy()
+    seq, state_all = e["seq"].to_numpy(), e["state"].to_numpy()
+    best = parts["best"]
+    fb = best[(parts["best_tid"] == tid).to_numpy()].sort_values("seq") if not best.empty \
+        else best
+    out = [dict(x=fb["seq"].astype(int).tolist(),
+                y=[None if pd.isna(v) else float(v) for v in fb["best"]], mode="lines",
+                line=dict(shape="hv", color=BEST_COLOUR, width=2), name="best so far",
+                legendgroup="best", showlegend=False, xaxis="x" + axis, yaxis="y" + axis,
+                hovertemplate="seq %{x}<br>best so far %{y:.3g}×<extra>" + label + "</extra>")]
+    for state, (colour, symbol) in STATE_STYLE.items():
+        sel = state_all == state
+        if not sel.any():
+            continue
+        y = spd[sel]
+        if state == "failed":
+            y = np.where(y > 0, y, floor)
+            tmpl = "seq %{x}: %{hovertext}<extra>" + label + "</extra>"
+        else:
+            tmpl = ("seq %{x}: <b>" + state + "</b> %{y:.3g}×<br>%{hovertext}"
+                    "<extra>" + label + "</extra>")
+        out.append(dict(
+            x=seq[sel].astype(int).tolist(), y=[float(v) for v in y], mode="markers",
+            name=state, legendgroup=state, showlegend=False, hovertext=hover[sel].tolist(),
+            hovertemplate=tmpl, xaxis="x" + axis, yaxis="y" + axis,
+            marker=dict(color=colour, symbol=symbol, size=9,
+                        line=dict(width=2 if symbol != "circle" else 0, color=colour))))
+    return out
 
 
 def amdahl_figure(proj: pd.DataFrame, limit: float | None = None,
@@ -177,15 +321,20 @@ def amdahl_figure(proj: pd.DataFrame, limit: float | None = None,
     """Projected end-to-end speedup over experiments: data.amdahl_projection as a step line.
 
     limit: the Amdahl ceiling 1 / (1 - Σf), what the model would gain if every targeted kernel
-    took no time at all; drawn when finite, so the projection is read against what is possible.
-    measured: data.e2e_frame (seq, speedup, label): end-to-end speedups measured with the kept
-    kernels swapped in, drawn as diamonds over the projection when there are any."""
+    took no time at all. Drawn as a line when it is near the data; when it is far above (a 73×
+    limit over a projection at 1.1×) the axis follows the data and the limit is written at the
+    top instead, so the projection never flattens into a line at the bottom.
+    measured: data.e2e_frame (seq, speedup, label): end-to-end speedups measured with kept
+    kernels in the model, drawn as diamonds over the projection when there are any."""
     fig = go.Figure()
+    # 10,000 points on a live page: built without plotly's per-property checks (known columns)
     fig.add_trace(go.Scatter(
-        x=proj["seq"], y=proj["projected"], mode="lines+markers",
+        x=proj["seq"].to_numpy(), y=proj["projected"].to_numpy(), mode="lines+markers",
         line=dict(shape="hv", width=2, color=BEST_COLOUR),
-        marker=dict(size=5), name="projected (Amdahl)", customdata=proj["family"].fillna("—"),
-        hovertemplate="after seq %{x} (%{customdata})<br>projected %{y:.3f}×<extra></extra>"))
+        marker=dict(size=5), name="projected (Amdahl)",
+        customdata=proj["family"].fillna("—").astype(str).to_numpy(),
+        hovertemplate="after seq %{x} (%{customdata})<br>projected %{y:.3f}×<extra></extra>",
+        _validate=False))
     has_measured = measured is not None and not measured.empty
     if has_measured:
         fig.add_trace(go.Scatter(
@@ -194,44 +343,53 @@ def amdahl_figure(proj: pd.DataFrame, limit: float | None = None,
                                          line=dict(width=1, color="#145214")),
             customdata=measured["label"].fillna("").astype(str),
             hovertemplate="measured after seq %{x}: %{y:.3f}× %{customdata}<extra></extra>"))
-    fig.add_hline(y=1.0, line=dict(color="#888", dash="dash", width=1))
-    if limit is not None and 1.005 < limit < float("inf"):  # (at ~1x it would hide the baseline)
+    fig.add_hline(y=1.0, line=dict(color=GUIDE, dash="dash", width=1))
+    values = [proj["projected"]] + ([measured["speedup"].astype(float)] if has_measured else [])
+    rng = _ratio_range(values)
+    finite = limit is not None and 1.005 < limit < float("inf")
+    if finite and limit <= rng[1] + 2 * (rng[1] - rng[0]):
+        # near the data: drawn, and the axis stretched to it
+        rng = _ratio_range(values + [pd.Series([limit])])
         fig.add_hline(y=limit, line=dict(color="#9467bd", dash="dot", width=1),
-                      annotation_text=f"Amdahl limit {limit:.2f}×",
+                      annotation_text=f"Amdahl limit {fmt.ratio(limit)}",
                       annotation_position="bottom right")
-    title = ("End-to-end speedup: projected (Amdahl) and measured" if has_measured
-             else "Projected end-to-end speedup (Amdahl)")
+    elif finite:
+        fig.add_annotation(text=f"Amdahl limit {fmt.ratio(limit)} (off the top of the axis)",
+                           xref="paper", yref="paper", x=1, y=1, xanchor="right",
+                           yanchor="top", showarrow=False, font=dict(size=11, color="#9467bd"))
+    title = "End-to-end: projected and measured" if has_measured else \
+        "Projected end-to-end speedup"
     fig.update_layout(title=_title(title, interpreter),
                       xaxis_title="experiment seq", yaxis_title="model speedup ×", height=320,
                       margin=dict(t=70, b=40, l=60, r=20), showlegend=has_measured,
                       legend=dict(orientation="h", x=1, xanchor="right", y=1.02, yanchor="bottom"),
                       uirevision="amdahl")
-    values = [proj["projected"]] + ([measured["speedup"].astype(float)] if has_measured else [])
-    if limit is not None and limit < float("inf"):
-        values.append(pd.Series([limit]))
-    fig.update_yaxes(range=_ratio_range(values))
+    fig.update_yaxes(range=rng)
     fig.update_xaxes(**_seq_ticks(proj["seq"].max()))
     return fig
 
 
 def stage_figure(outcomes: pd.DataFrame) -> go.Figure:
     """Verifier outcomes per stage: stacked passed / failed / skipped / slower counts, stages in
-    order (slower: stages bench-first did not run for a candidate that lost on time).
+    pipeline order from the top (slower: stages bench-first did not run for a candidate that
+    lost on time). Horizontal bars: a stage name is never cut or turned on its side.
 
     outcomes: data.stage_outcomes_frame (stage, status, n)."""
     fig = go.Figure()
     stages = stage_order(outcomes)
     counts = (outcomes.pivot_table(index="stage", columns="status", values="n", aggfunc="sum")
               .reindex(stages).fillna(0) if not outcomes.empty else pd.DataFrame(index=stages))
+    labels = [s.replace("_", " ") for s in stages]
     for status, colour in STATUS_COLOURS.items():
-        y = counts[status] if status in counts else pd.Series(0, index=stages)
+        x = counts[status] if status in counts else pd.Series(0, index=stages)
         name = STATUS_NAMES.get(status, status)
-        fig.add_trace(go.Bar(x=stages, y=y.astype(int), name=name, marker_color=colour,
-                             hovertemplate="%{x}: %{y} " + name + "<extra></extra>"))
+        fig.add_trace(go.Bar(y=labels, x=x.astype(int), name=name, marker_color=colour,
+                             orientation="h",
+                             hovertemplate="%{y}: %{x} " + name + "<extra></extra>"))
     fig.update_layout(barmode="stack", title=dict(text="Verifier outcomes per stage", x=0),
-                      yaxis_title="experiments", height=340, margin=dict(t=60, b=80, l=60, r=20),
-                      legend=dict(orientation="h", yref="container", y=0, yanchor="bottom"),
-                      uirevision="stages")
+                      xaxis_title="experiments", height=340, margin=dict(t=60, b=80, l=20, r=20),
+                      legend=_legend_below(), uirevision="stages")
+    fig.update_yaxes(autorange="reversed", automargin=True)
     return fig
 
 
@@ -259,15 +417,15 @@ def roofline_figure(points: pd.DataFrame, copy_gbps: float, matmul_tflops: float
     roof_x = [lo, ridge, hi] if ridge else [lo, hi]
     roof_y = [min(bw * x, peak) if peak else bw * x for x in roof_x]
     fig.add_trace(go.Scatter(
-        x=roof_x, y=roof_y, mode="lines", line=dict(color="#444", width=2), name="measured roofs",
+        x=roof_x, y=roof_y, mode="lines", line=dict(color=GUIDE, width=2), name="measured roofs",
         hovertemplate="%{y:.3s}FLOP/s at %{x:.3g} flop/byte<extra>roof</extra>"))
     fig.add_annotation(x=math.log10(lo * 1.5), y=math.log10(bw * lo * 1.5), xref="x", yref="y",
                        text=f"copy {copy_gbps:,.0f} GB/s", showarrow=False, yshift=14,
-                       textangle=0, xanchor="left", font=dict(size=11, color="#444"))
+                       textangle=0, xanchor="left", font=dict(size=11, color=GUIDE))
     if peak:
         fig.add_annotation(x=math.log10(hi), y=math.log10(peak), xref="x", yref="y",
                            text=f"bf16 matmul {matmul_tflops:,.0f} TFLOP/s", showarrow=False,
-                           yshift=10, xanchor="right", font=dict(size=11, color="#444"))
+                           yshift=10, xanchor="right", font=dict(size=11, color=GUIDE))
     labels = list(dict.fromkeys(points["label"])) if not points.empty else []
     for i, label in enumerate(labels):
         p = points[points["label"] == label]
@@ -276,89 +434,336 @@ def roofline_figure(points: pd.DataFrame, copy_gbps: float, matmul_tflops: float
         fig.add_trace(go.Scatter(
             x=p["intensity"], y=p["flops_per_s"], mode="markers", name=label,
             marker=dict(size=12, symbol=ROOFLINE_SYMBOLS[i % len(ROOFLINE_SYMBOLS)],
-                        color=colour, line=dict(width=1, color="#222")),
+                        color=colour, line=dict(width=1, color=GUIDE)),
             customdata=list(zip(p["shape"], p["us"], p["bytes_per_s"] / 1e9, pct)),
-            hovertemplate=("%{customdata[0]}: %{customdata[1]:.1f} µs<br>%{y:.3s}FLOP/s, "
-                           "%{customdata[2]:,.0f} GB/s = %{customdata[3]:.0f}% of the copy roof"
-                           "<extra>" + label + "</extra>")))
+            hovertemplate=("%{customdata[0]}: %{customdata[1]:.1f} µs per call<br>"
+                           "%{y:.3s}FLOP/s, %{customdata[2]:,.0f} GB/s = %{customdata[3]:.0f}% "
+                           "of the copy roof<extra>" + label + "</extra>")))
     fig.update_xaxes(type="log", title_text="arithmetic intensity (flop / byte)")
     fig.update_yaxes(type="log", title_text="achieved FLOP/s", tickformat="~s")
-    fig.update_layout(title=dict(text=title, x=0), height=420, margin=dict(t=60, b=50, l=70, r=20),
-                      legend=dict(orientation="h", yref="container", y=0, yanchor="bottom"),
+    fig.update_layout(title=dict(text=title, x=0), height=420,
+                      margin=dict(t=60, b=50, l=70, r=20), legend=_legend_below(),
                       uirevision="roofline")
     return fig
 
 
-# ---- runs: best per family, and several runs side by side --------------------------------------
-def family_speedup_figure(summary: pd.DataFrame, interpreter: bool = False,
-                          title: str = "Best kernel per family: speedup over eager") -> go.Figure:
-    """One bar per family: the best kept kernel's speedup over the eager reference (log axis,
-    baseline 1x); the hover tells the share of model time and % of speed of light.
+# ---- speedups as bars from 1× ------------------------------------------------------------------
+def _ratio_bars(x, ratios, colour, name: str, hover_extra=None, pattern: str = "",
+                offsetgroup=None) -> go.Bar:
+    """Bars that start at 1× and end at each ratio (up when faster, down when slower), on a log
+    axis: base=1 and length ratio - 1, so plotly draws [1, ratio]. Each bar is labelled with the
+    ratio as app/fmt writes it; the marker colour may be one colour or one per bar."""
+    r = [float(v) for v in ratios]
+    hover = [f"{fmt.ratio(v)}" + (f"<br>{e}" if e else "")
+             for v, e in zip(r, hover_extra or [""] * len(r))]
+    return go.Bar(x=list(x), y=[v - 1.0 for v in r], base=[1.0] * len(r), name=name,
+                  marker=dict(color=colour, pattern_shape=pattern),
+                  text=[fmt.ratio(v) for v in r], textposition="outside", cliponaxis=False,
+                  hovertext=hover, hovertemplate="%{x}: %{hovertext}<extra>" + name + "</extra>",
+                  offsetgroup=offsetgroup)
 
-    summary: data.target_summary (family, fraction, speedup, pct_sol, best_us, eager_us)."""
+
+def _ratio_axis(fig: go.Figure, values, title: str) -> None:
+    rng = log_range_around_one(values, pad=0.18)
+    fig.add_hline(y=1.0, line=dict(color=GUIDE, width=1.5))
+    fig.update_yaxes(type="log", range=rng, title_text=title, **_log_ticks(rng))
+
+
+def family_speedup_figure(summary: pd.DataFrame, interpreter: bool = False,
+                          title: str = "Best kernel per target") -> go.Figure:
+    """One bar per target from 1×: the best kept kernel's speedup over eager, and over
+    torch.compile where the engine timed it (a second bar). A bar below the line is a kernel
+    slower than that baseline, in red, and its hover says so.
+
+    summary: data.target_summary (name, speedup, vs_compile, slower, verdict, fraction)."""
     fig = go.Figure()
     s = summary.dropna(subset=["speedup"]) if not summary.empty else summary
     if s.empty:
         fig = _empty(fig, "no kept kernel yet")
     else:
-        fig.add_trace(go.Bar(
-            x=s["family"], y=s["speedup"].astype(float), marker_color=BEST_COLOUR,
-            text=[f"{v:.3g}×" for v in s["speedup"]], textposition="outside",
-            customdata=list(zip(s["fraction"].fillna(0) * 100, s["pct_sol"].fillna(-1))),
-            hovertemplate="%{x}: %{y:.3g}× eager<br>%{customdata[0]:.1f}% of model time"
-                          "<extra></extra>"))
-        fig.add_hline(y=1.0, line=dict(color="#888", dash="dash", width=1))
-        fig.update_yaxes(type="log", tickformat="~g", title_text="speedup ×")
-    fig.update_layout(title=_title(title, interpreter), height=340, showlegend=False,
-                      margin=dict(t=70, b=40, l=60, r=20), uirevision="family_speedup")
+        x = s["name"] if "name" in s else s["family"]
+        eager = s["speedup"].astype(float)
+        share = [f"{100 * float(f):.1f}% of model time" if pd.notna(f) else ""
+                 for f in s["fraction"]]
+        fig.add_trace(_ratio_bars(
+            x, eager, [FASTER_COLOUR if v >= 1 else SLOWER_COLOUR for v in eager],
+            "vs eager", [f"{v}<br>{w}" for v, w in zip(s.get("verdict", [""] * len(s)), share)],
+            offsetgroup="eager"))
+        values = list(eager)
+        comp = pd.to_numeric(s.get("vs_compile"), errors="coerce") if "vs_compile" in s else None
+        if comp is not None and comp.notna().any():
+            have = comp.notna()
+            fig.add_trace(_ratio_bars(
+                x[have], comp[have],
+                ["#98df8a" if v >= 1 else "#ff9896" for v in comp[have]], "vs torch.compile",
+                pattern="/", offsetgroup="compile"))
+            values += list(comp[have])
+            fig.update_layout(barmode="group", showlegend=True, legend=_legend_below())
+        else:
+            fig.update_layout(showlegend=False)
+        _ratio_axis(fig, values, "speedup × (log, 1× = baseline)")
+    fig.update_layout(title=_title(title, interpreter), height=360,
+                      margin=dict(t=70, b=60, l=60, r=20), uirevision="family_speedup")
     return fig
 
 
-def compare_speedup_figure(rows: pd.DataFrame) -> go.Figure:
-    """Per-family best speedups of several runs side by side: grouped bars, one colour per run.
+def compare_speedup_figure(rows: pd.DataFrame, colours: dict[str, str] | None = None) -> go.Figure:
+    """Per-family best speedups of several runs side by side: grouped bars from 1×, one colour
+    per run (charts.run_colours), below the line when slower than eager.
 
-    rows: run (label), family, speedup, interpreter (bool). Interpreter runs are hatched and
-    say so in the legend: their speedups only compare candidates with each other."""
+    rows: run (label), run_id, family, speedup, interpreter (bool). Interpreter runs are hatched
+    and say so in the legend: their speedups only compare candidates with each other."""
     fig = go.Figure()
     rows = rows.dropna(subset=["speedup"]) if not rows.empty else rows
     if rows.empty:
         fig = _empty(fig, "no kept kernel in these runs")
-    for i, run in enumerate(dict.fromkeys(rows["run"]) if not rows.empty else []):
+    colours = colours or {}
+    for run in (dict.fromkeys(rows["run"]) if not rows.empty else []):
         r = rows[rows["run"] == run]
         interp = bool(r["interpreter"].any())
-        fig.add_trace(go.Bar(
-            x=r["family"], y=r["speedup"].astype(float),
-            name=run + (" (interpreter timing)" if interp else ""),
-            marker_color=RUN_COLOURS[i % len(RUN_COLOURS)],
-            marker_pattern_shape="/" if interp else "",
-            text=[f"{v:.3g}×" for v in r["speedup"]], textposition="outside",
-            hovertemplate="%{x}: %{y:.3g}×<extra>" + run + "</extra>"))
+        rid = r["run_id"].iloc[0] if "run_id" in r else run
+        fig.add_trace(_ratio_bars(
+            r["family"], r["speedup"].astype(float), colours.get(rid, run_colour(rid)),
+            run + (" (interpreter timing)" if interp else ""),
+            pattern="/" if interp else "", offsetgroup=run))
     if not rows.empty:
-        fig.add_hline(y=1.0, line=dict(color="#888", dash="dash", width=1))
-        fig.update_yaxes(type="log", tickformat="~g", title_text="best speedup over eager ×")
+        _ratio_axis(fig, rows["speedup"], "best speedup over eager × (log)")
     fig.update_layout(barmode="group", title=dict(text="Per-family speedup by run", x=0),
-                      height=400, margin=dict(t=60, b=40, l=60, r=20),
-                      legend=dict(orientation="h", yref="container", y=0, yanchor="bottom"),
-                      uirevision="compare_speedup")
+                      height=420, margin=dict(t=60, b=40, l=60, r=20),
+                      legend=_legend_below(), uirevision="compare_speedup")
     return fig
 
 
-def compare_projection_figure(curves: dict[str, pd.DataFrame]) -> go.Figure:
-    """The Amdahl projection over experiments of several runs, one step line each."""
+def compare_projection_figure(curves: dict[str, pd.DataFrame],
+                              colours: dict[str, str] | None = None) -> go.Figure:
+    """The Amdahl projection over experiments of several runs, one step line each, in each
+    run's colour (colours: label -> colour)."""
     fig = go.Figure()
+    colours = colours or {}
     for i, (run, proj) in enumerate(curves.items()):
         fig.add_trace(go.Scatter(
             x=proj["seq"], y=proj["projected"], mode="lines",
-            line=dict(shape="hv", width=2, color=RUN_COLOURS[i % len(RUN_COLOURS)]),
+            line=dict(shape="hv", width=2, color=colours.get(run, RUN_COLOURS[i % 10])),
             name=run, hovertemplate="after seq %{x}: %{y:.3f}×<extra>" + run + "</extra>"))
-    fig.add_hline(y=1.0, line=dict(color="#888", dash="dash", width=1))
-    fig.update_layout(title=dict(text="Projected end-to-end speedup (Amdahl) over experiments",
-                                 x=0),
+    fig.add_hline(y=1.0, line=dict(color=GUIDE, dash="dash", width=1))
+    fig.update_layout(title=dict(text="Projected end-to-end speedup over experiments", x=0),
                       xaxis_title="experiment seq", yaxis_title="model speedup ×", height=360,
                       margin=dict(t=60, b=40, l=60, r=20),
-                      legend=dict(orientation="h", yref="container", y=0, yanchor="bottom"),
-                      uirevision="compare_projection")
+                      legend=_legend_below(), uirevision="compare_projection")
     fig.update_yaxes(range=_ratio_range([p["projected"] for p in curves.values()]))
+    return fig
+
+
+def compare_curves_figure(curves: dict[str, pd.DataFrame],
+                          colours: dict[str, str] | None = None) -> go.Figure:
+    """Kernel curves of several runs overlaid: per family, each run's best-so-far speedup over
+    its experiments on that family (1, 2, ... in the order the run tried them), one facet per
+    family, one colour per run. curves: run label -> data.best_so_far frame (family, seq, best)
+    of that run's experiments (NaN before the first keep: the curve starts there)."""
+    colours = colours or {}
+    fams = sorted({f for c in curves.values() for f in c["family"].dropna().unique()})
+    if not fams:
+        fig = _empty(go.Figure(), "no kept kernel in these runs")
+        fig.update_layout(title=dict(text="Best so far per family", x=0), height=300)
+        return fig
+    fig = make_subplots(rows=1, cols=len(fams), subplot_titles=fams, shared_yaxes=True,
+                        horizontal_spacing=min(0.08, 0.3 / len(fams)))
+    values = []
+    for i, (run, c) in enumerate(curves.items()):
+        first = True
+        for j, fam in enumerate(fams, start=1):
+            f = c[c["family"] == fam].sort_values("seq")
+            n = np.arange(1, len(f) + 1)
+            have = f["best"].notna().to_numpy()
+            if not have.any():
+                continue
+            values += list(f["best"].dropna())
+            fig.add_trace(go.Scatter(
+                x=n[have], y=f["best"].astype(float).to_numpy()[have], mode="lines+markers",
+                line=dict(shape="hv", width=2, color=colours.get(run, RUN_COLOURS[i % 10])),
+                marker=dict(size=5), name=run, legendgroup=run, showlegend=first,
+                hovertemplate=f"{fam}: %{{y:.3g}}× after %{{x}} experiment(s)"
+                              f"<extra>{run}</extra>"), row=1, col=j)
+            first = False
+    rng = log_range_around_one(values)
+    for j in range(1, len(fams) + 1):
+        fig.add_hline(y=1.0, line=dict(color=GUIDE, dash="dash", width=1), row=1, col=j)
+    fig.update_yaxes(type="log", range=rng, **_log_ticks(rng))
+    fig.update_yaxes(title_text="best so far × eager", row=1, col=1)
+    fig.update_xaxes(title_text="experiments on it", tick0=1, rangemode="tozero")
+    fig.update_layout(title=dict(text="Kernel curves: best so far per family", x=0), height=380,
+                      margin=dict(t=70, b=60, l=60, r=20), legend=_legend_below(),
+                      uirevision="compare_curves")
+    return fig
+
+
+# ---- one target: parameters and time ------------------------------------------------------------
+def parcoords_figure(pf: pd.DataFrame, params: list[str]) -> go.Figure:
+    """Parallel coordinates of a target's experiments: one line per experiment through each
+    parameter's value to its speedup (log2 axis, ticks as ×). Failed experiments (no speedup)
+    end on a "failed" tick under every speedup and are drawn red; the others are coloured by
+    speedup. pf: data.params_frame; params: the parameters to show, in order."""
+    fig = go.Figure()
+    if pf.empty or not params:
+        fig = _empty(fig, "no parameters recorded for this target")
+        fig.update_layout(title=dict(text="Parameters → speedup", x=0), height=300)
+        return fig
+    dims = []
+    for p in params:
+        vals, numeric = param_values(pf[p])
+        if numeric:
+            ticks = sorted(vals.unique())
+            dims.append(dict(label=p, values=vals,
+                             tickvals=ticks if len(ticks) <= 12 else None,
+                             ticktext=[f"{v:g}" for v in ticks] if len(ticks) <= 12 else None))
+        else:
+            cats = sorted(vals.unique())
+            code = {c: i for i, c in enumerate(cats)}
+            dims.append(dict(label=p, values=vals.map(code), tickvals=list(range(len(cats))),
+                             ticktext=cats, range=[-0.5, len(cats) - 0.5]))
+    spd = pd.to_numeric(pf["speedup"], errors="coerce")
+    ok = spd > 0
+    lg = np.log2(spd.where(ok))
+    lo = float(lg.min()) if ok.any() else 0.0
+    hi = float(lg.max()) if ok.any() else 0.0
+    fail = lo - max(0.5, (hi - lo) * 0.15)
+    y = lg.where(ok, fail)
+    ticks = sorted({fail} | {float(v) for v in np.arange(math.floor(lo), math.ceil(hi) + 1)})
+    dims.append(dict(label="speedup × eager", values=y, tickvals=ticks,
+                     ticktext=["failed" if t == fail else fmt.ratio(2 ** t) for t in ticks]))
+    # red for failed (a hard stop just above it), then orange below 1×, grey at 1×, blue above:
+    # mid-tones that read on a light and a dark page
+    cmax = max(hi, 0.25)
+    edge = 0.02
+    one = min(0.98, max(edge + 0.01, (0.0 - fail) / (cmax - fail)))
+    scale = [[0, SLOWER_COLOUR], [edge, SLOWER_COLOUR], [edge, "#ff7f0e"], [one, GUIDE],
+             [1, BEST_COLOUR]]
+    fig.add_trace(go.Parcoords(
+        dimensions=dims, line=dict(color=y, colorscale=scale, cmin=fail, cmax=cmax,
+                                   showscale=False),
+        labelangle=0, labelside="top", unselected=dict(line=dict(opacity=0.05))))
+    fig.update_layout(title=dict(text="Parameters → speedup (one line per experiment; failed "
+                                      "in red)", x=0),
+                      height=420, margin=dict(t=110, b=30, l=70, r=110), uirevision="parcoords")
+    return fig
+
+
+def param_scatter_figure(pf: pd.DataFrame, params: list[str]) -> go.Figure:
+    """Speedup against each parameter, one small panel per parameter (values as categories, in
+    order), markers by state, failed ones on a floor under every speedup. Log y around 1×."""
+    if pf.empty or not params:
+        fig = _empty(go.Figure(), "no parameters recorded for this target")
+        fig.update_layout(height=260)
+        return fig
+    cols = min(4, len(params))
+    nrows = math.ceil(len(params) / cols)
+    fig = make_subplots(rows=nrows, cols=cols, subplot_titles=params, shared_yaxes=True,
+                        horizontal_spacing=0.04, vertical_spacing=min(0.25, 0.5 / nrows))
+    spd = pd.to_numeric(pf["speedup"], errors="coerce")
+    ok = spd > 0
+    lo = float(spd[ok].min()) if ok.any() else 1.0
+    floor = min(lo, 1.0) / 1.6
+    shown = set()
+    for i, p in enumerate(params):
+        r, c = divmod(i, cols)
+        vals, numeric = param_values(pf[p])
+        order = [f"{v:g}" for v in sorted(vals.unique())] if numeric else sorted(vals.unique())
+        xs = vals.map(lambda v: f"{v:g}") if numeric else vals
+        for state, (colour, symbol) in STATE_STYLE.items():
+            sel = pf["state"] == state
+            if not sel.any():
+                continue
+            yv = spd[sel].where(spd[sel] > 0, floor)
+            fig.add_trace(go.Scatter(
+                x=xs[sel], y=yv, mode="markers", name=state, legendgroup=state,
+                showlegend=state not in shown,
+                marker=dict(color=colour, symbol=symbol, size=8, opacity=0.8,
+                            line=dict(width=1.5 if symbol != "circle" else 0, color=colour)),
+                customdata=pf.loc[sel, "seq"],
+                hovertemplate=f"#%{{customdata}} {p}=%{{x}}: %{{y:.3g}}×<extra>{state}</extra>"),
+                row=r + 1, col=c + 1)
+            shown.add(state)
+        fig.update_xaxes(type="category", categoryorder="array", categoryarray=order,
+                         row=r + 1, col=c + 1)
+    rng = log_range_around_one(list(spd[ok]) + [floor])
+    fig.update_yaxes(type="log", range=rng, **_log_ticks(rng))
+    for r in range(1, nrows + 1):
+        for c in range(1, cols + 1):
+            fig.add_hline(y=1.0, line=dict(color=GUIDE, dash="dash", width=1), row=r, col=c)
+    fig.update_layout(title=dict(text="Speedup against each parameter (failed at the bottom)",
+                                 x=0),
+                      height=200 * nrows + 140, margin=dict(t=80, b=70, l=50, r=20),
+                      legend=_legend_below(), uirevision="param_scatter")
+    return fig
+
+
+def time_figure(pf: pd.DataFrame, run_exps: pd.DataFrame, bucket_s: float) -> go.Figure:
+    """History against wall-clock time: the target's experiments (speedup by state, best so
+    far) over the time they landed, and below it the whole run's throughput, experiments per
+    hour in buckets of bucket_s seconds. Times are UTC. pf: data.params_frame (created_at,
+    speedup, state, best); run_exps: the run's experiments (created_at)."""
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.65, 0.35],
+                        vertical_spacing=0.08,
+                        subplot_titles=("this target's experiments", "the run's throughput"))
+    if pf.empty:
+        return _empty(fig, "no experiments on this target yet")
+    t = pd.to_datetime(pf["created_at"], unit="s")
+    spd = pd.to_numeric(pf["speedup"], errors="coerce")
+    ok = spd > 0
+    floor = min(float(spd[ok].min()) if ok.any() else 1.0, 1.0) / 1.6
+    fig.add_trace(go.Scatter(x=t, y=pf["best"], mode="lines", line=dict(shape="hv", width=2,
+                                                                       color=BEST_COLOUR),
+                             name="best so far", hovertemplate="%{x}<br>best %{y:.3g}×"
+                                                               "<extra></extra>"), row=1, col=1)
+    for state, (colour, symbol) in STATE_STYLE.items():
+        sel = pf["state"] == state
+        if sel.any():
+            fig.add_trace(go.Scatter(
+                x=t[sel], y=spd[sel].where(spd[sel] > 0, floor), mode="markers", name=state,
+                marker=dict(color=colour, symbol=symbol, size=8,
+                            line=dict(width=1.5 if symbol != "circle" else 0, color=colour)),
+                customdata=pf.loc[sel, "seq"],
+                hovertemplate="#%{customdata} at %{x}: %{y:.3g}×<extra>" + state + "</extra>"),
+                row=1, col=1)
+    rng = log_range_around_one(list(spd[ok]) + [floor])
+    fig.update_yaxes(type="log", range=rng, title_text="speedup ×", row=1, col=1,
+                     **_log_ticks(rng))
+    fig.add_hline(y=1.0, line=dict(color=GUIDE, dash="dash", width=1), row=1, col=1)
+    created = pd.to_numeric(run_exps["created_at"], errors="coerce").dropna()
+    if len(created):
+        start = float(created.min())
+        edges = start + bucket_s * np.arange(0, int((created.max() - start) // bucket_s) + 2)
+        counts, _ = np.histogram(created, bins=edges)
+        fig.add_trace(go.Bar(x=pd.to_datetime(edges[:-1] + bucket_s / 2, unit="s"),
+                             y=counts * 3600.0 / bucket_s, width=bucket_s * 1000 * 0.9,
+                             marker_color=GUIDE, name="experiments / h", showlegend=False,
+                             hovertemplate="%{x}: %{y:.0f} experiments/h<extra></extra>"),
+                      row=2, col=1)
+    fig.update_yaxes(title_text="exp / h", rangemode="tozero", row=2, col=1)
+    fig.update_xaxes(title_text="wall-clock time (UTC)", row=2, col=1)
+    fig.update_layout(title=dict(text="Over time", x=0), height=460,
+                      margin=dict(t=80, b=70, l=60, r=20), legend=_legend_below(),
+                      uirevision="time")
+    return fig
+
+
+def importance_figure(imp: pd.DataFrame) -> go.Figure:
+    """The parameters ranked by how much of the speedups' spread their value explains
+    (data.param_importance: parameter, importance in [0, 1])."""
+    fig = go.Figure()
+    if imp.empty:
+        fig = _empty(fig, "too few timed experiments to rank parameters")
+    else:
+        s = imp.sort_values("importance")
+        fig.add_trace(go.Bar(x=s["importance"], y=s["parameter"], orientation="h",
+                             marker_color=BEST_COLOUR, text=[fmt.share(v) for v in s["importance"]],
+                             textposition="outside", cliponaxis=False,
+                             hovertemplate="%{y}: explains %{x:.0%} of the spread<extra></extra>"))
+        fig.update_xaxes(range=[0, 1.25], tickformat=".0%", title_text="variance explained")
+        fig.update_yaxes(automargin=True)
+    fig.update_layout(title=dict(text="Parameter importance", x=0),
+                      height=max(220, 40 * len(imp) + 120), showlegend=False,
+                      margin=dict(t=60, b=50, l=20, r=30), uirevision="importance")
     return fig
 
 
@@ -382,7 +787,6 @@ def workers_figure(exps: pd.DataFrame, workers: list[str],
             marker_color=colour, hovertemplate="%{x}: %{y} " + state + "<extra></extra>"))
     fig.update_layout(barmode="stack", title=dict(text="Experiments per worker", x=0),
                       yaxis_title="experiments", height=300, margin=dict(t=50, b=70, l=60, r=20),
-                      legend=dict(orientation="h", yref="container", y=0, yanchor="bottom"),
-                      uirevision="workers")
+                      legend=_legend_below(), uirevision="workers")
     fig.update_yaxes(rangemode="tozero", tickformat="d")
     return fig

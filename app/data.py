@@ -12,9 +12,12 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
+from app import fmt
 from engine.store import STAGES, Store, StoreError  # noqa: F401  (StoreError: for the pages)
+from engine.store import effective_status
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DB = "data/runs.db"
@@ -70,34 +73,77 @@ def open_store(path: str) -> Store | None:
 
 
 # ---- runs -------------------------------------------------------------------------------------
+# The runs columns the pages read, when the file has them (the recorded databases predate owner,
+# heartbeat_at, notes and tags). Not config / ceilings: the run selector needs neither.
+RUN_LIST_FIELDS = ("id", "created_at", "updated_at", "status", "model", "timing_mode",
+                   "experiments_done", "recorded", "device", "owner", "heartbeat_at", "notes",
+                   "tags", "error")
+
+
+def _columns(store: Store, table: str) -> set[str]:
+    return {r[1] for r in store.db.conn.execute(f"PRAGMA table_info({table})")}
+
+
+def shown(run: dict | None, now: float | None = None) -> dict | None:
+    """The run as the pages show it: ``status`` is engine.store.effective_status (a run whose
+    engine is gone, or a recorded run that says running, is "stopped"); the stored value stays
+    in ``stored_status``. Every page reads runs through this, so none can show a dead run live."""
+    if run is None:
+        return None
+    out = dict(run)
+    out["stored_status"] = run["status"]
+    out["status"] = effective_status(run, now)
+    out["tags"] = _tags(run.get("tags"))
+    return out
+
+
+def _tags(value) -> list[str]:
+    if isinstance(value, list):
+        return [str(t) for t in value]
+    if isinstance(value, str) and value:
+        try:
+            out = json.loads(value)
+            return [str(t) for t in out] if isinstance(out, list) else []
+        except json.JSONDecodeError:
+            return []
+    return []
+
+
 def list_runs(store: Store) -> list[dict]:
-    """Runs, newest first, with just what the run selector shows (not the JSON blobs)."""
-    return list(store.db.query(
-        """SELECT id, created_at, updated_at, status, model, timing_mode, experiments_done,
-                  recorded, device
-           FROM runs ORDER BY created_at DESC, id DESC"""))
+    """Runs, newest first, with just what the run selector and the Runs table show (not the JSON
+    blobs), their status as shown (see ``shown``)."""
+    have = _columns(store, "runs")
+    cols = ", ".join(c for c in RUN_LIST_FIELDS if c in have)
+    return [shown(r) for r in store.db.query(
+        f"SELECT {cols} FROM runs ORDER BY created_at DESC, id DESC")]
 
 
 def get_run(store: Store, run_id: str) -> dict | None:
-    return store.get_run(run_id)
+    return shown(store.get_run(run_id))
+
+
+def is_active(run: dict) -> bool:
+    """Whether the run (as shown) is still changing: an engine is on it."""
+    return run.get("status") in ACTIVE_STATUSES
 
 
 def elapsed_s(run: dict, now: float | None = None) -> float:
-    """Wall time of a run: up to now while it is active, else up to its last update."""
-    end = (now or time.time()) if run.get("status") in ACTIVE_STATUSES else run["updated_at"]
+    """Wall time of a run: up to now while an engine is on it, else up to its last sign of life
+    (its last update or heartbeat): a run whose engine died stops counting where it died."""
+    if is_active(run):
+        end = now or time.time()
+    else:
+        end = max(float(run["updated_at"]), float(run.get("heartbeat_at") or 0.0))
     return max(0.0, end - run["created_at"])
 
 
 def format_speedup(v: float) -> str:
-    """1.084× for GPU-scale ratios; 0.000633× (not 0.001×) for interpreter ones."""
-    return f"{v:.3f}×" if v >= 0.1 else f"{v:.3g}×"
+    """A speedup as every page writes it (app/fmt.py: 1.316×, 0.735×, 12.3×, 0.000633×)."""
+    return fmt.ratio(v)
 
 
 def format_duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}h {m:02d}m {s:02d}s" if h else (f"{m}m {s:02d}s" if m else f"{s}s")
+    return fmt.duration(seconds)
 
 
 # ---- experiments ------------------------------------------------------------------------------
@@ -130,15 +176,87 @@ def experiments_frame(store: Store, run_id: str, cache: dict | None = None) -> p
     return frame
 
 
-def targets_frame(store: Store, run_id: str) -> pd.DataFrame:
-    cols = ["id", "family", "dtype", "fraction", "ref_latency_us", "sol_latency_us",
-            "best_latency_us", "speedup", "state", "experiments", "no_improve"]
-    return pd.DataFrame([{c: t.get(c) for c in cols} for t in store.targets(run_id)], columns=cols)
+TARGET_FIELDS = ["id", "family", "name", "dtype", "fraction", "ref_latency_us",
+                 "compile_latency_us", "sol_latency_us", "best_latency_us", "speedup", "state",
+                 "experiments", "no_improve"]
 
 
-def stage_outcomes_frame(store: Store, run_id: str) -> pd.DataFrame:
-    """Store.stage_outcomes as a frame: one row per (stage, status) with count n."""
-    return pd.DataFrame(store.stage_outcomes(run_id), columns=["stage", "status", "n"])
+def target_names(target_rows: list[dict]) -> dict[int, str]:
+    """target id -> how the target reads: its label, else its family; with its contract spec
+    when it has one ("rmsnorm · dims=[1], weight=False"), so one family under two contracts in
+    one run reads as two targets."""
+    out = {}
+    for t in target_rows:
+        name = t.get("label") or t["family"]
+        spec = t.get("spec") or {}
+        if isinstance(spec, dict) and spec:
+            name += " · " + ", ".join(f"{k}={v}" for k, v in sorted(spec.items()))
+        out[int(t["id"])] = name if len(name) <= 60 else name[:59] + "…"
+    return out
+
+
+def targets_frame(store: Store, run_id: str, target_rows: list[dict] | None = None) -> pd.DataFrame:
+    """The run's targets, most model time first: one row per target id (a family may appear
+    twice, under two contracts), with its display name and both baselines where measured."""
+    rows = store.targets(run_id) if target_rows is None else target_rows
+    names = target_names(rows)
+    return pd.DataFrame([{**{c: t.get(c) for c in TARGET_FIELDS}, "name": names[int(t["id"])]}
+                         for t in rows], columns=TARGET_FIELDS)
+
+
+def baselines(t: dict) -> dict:
+    """A target's best kernel against its two baselines: eager (ref_latency_us) and torch.compile
+    of the same op (compile_latency_us, None until the engine timed it). All latencies per
+    forward pass (each shape's time times its calls). The baseline that counts is the faster of
+    the two that were measured.
+
+    Keys: eager_us, compile_us, best_us, base ("eager" | "torch.compile"), base_us, vs_eager,
+    vs_compile, vs_base (baseline / best: above 1 is faster), slower (the best is slower than the
+    baseline that counts), verdict (one phrase for tables and captions)."""
+    eager, comp, best = (t.get("ref_latency_us"), t.get("compile_latency_us"),
+                         t.get("best_latency_us"))
+    eager = float(eager) if eager and eager > 0 else None
+    comp = float(comp) if comp and comp > 0 else None
+    best = float(best) if best and best > 0 else None
+    base, base_us = ("torch.compile", comp) if comp and (eager is None or comp < eager) \
+        else ("eager", eager)
+    vs = {k: (v / best if v and best else None)
+          for k, v in (("vs_eager", eager), ("vs_compile", comp), ("vs_base", base_us))}
+    if best is None:
+        verdict, slower = "no kernel kept", False
+    elif vs["vs_base"] is None:
+        verdict, slower = "no baseline timed", False
+    elif vs["vs_base"] >= 1.0:
+        slower = False
+        verdict = ("faster than eager and torch.compile" if comp else
+                   "faster than eager (torch.compile not timed)")
+    else:
+        slower = True
+        both = eager and comp and vs["vs_eager"] < 1.0 and vs["vs_compile"] < 1.0
+        verdict = f"slower than {'eager and torch.compile' if both else base} " \
+                  f"({fmt.ratio(vs['vs_base'])})"
+    return dict(eager_us=eager, compile_us=comp, best_us=best, base=base, base_us=base_us,
+                slower=slower, verdict=verdict, **vs)
+
+
+def stage_outcomes_frame(store: Store, run_id: str, since_id: int = 0) -> pd.DataFrame:
+    """Store.stage_outcomes as a frame: one row per (stage, status) with count n; with since_id,
+    only over the experiments after that id (what a refresh adds)."""
+    if not since_id:
+        return pd.DataFrame(store.stage_outcomes(run_id), columns=["stage", "status", "n"])
+    return pd.DataFrame(list(store.db.query(
+        """SELECT v.stage, v.status, COUNT(*) AS n FROM experiments e
+           JOIN verifications v ON v.experiment_id = e.id
+           WHERE e.run_id = ? AND e.id > ? GROUP BY v.stage, v.status""", [run_id, since_id])),
+        columns=["stage", "status", "n"])
+
+
+def add_stage_outcomes(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    """Two stage_outcomes_frame counts added (stage, status -> n), in a's order then b's."""
+    if b.empty:
+        return a
+    both = pd.concat([a, b], ignore_index=True)
+    return both.groupby(["stage", "status"], as_index=False, sort=False)["n"].sum()
 
 
 def events_frame(store: Store, run_id: str, limit: int = 200) -> pd.DataFrame:
@@ -190,10 +308,13 @@ def worker_note(exp: dict) -> str | None:
 
 
 def filter_experiments(exps: pd.DataFrame, families=None, states=None,
-                       text: str | None = None) -> pd.DataFrame:
-    """The experiments the table's filters keep: any of ``families``, any of ``states`` (empty or
-    None: all), and ``text`` found (case-insensitive) in the hypothesis, error or failed stage."""
+                       text: str | None = None, targets=None) -> pd.DataFrame:
+    """The experiments the table's filters keep: any of ``targets`` (ids), any of ``families``,
+    any of ``states`` (empty or None: all), and ``text`` found (case-insensitive) in the
+    hypothesis, error or failed stage."""
     keep = pd.Series(True, index=exps.index)
+    if targets:
+        keep &= pd.to_numeric(exps["target_id"], errors="coerce").isin([int(t) for t in targets])
     if families:
         keep &= exps["family"].isin(list(families))
     if states:
@@ -427,47 +548,87 @@ def roofline_frame(family: str, dtype: str, points: list[tuple[str, list, float]
 
 # ---- end-to-end checks (engine/integrate.py; absent in older databases) -------------------------
 E2E_COLUMNS = ["check_id", "seq", "created_at", "status", "speedup", "compile_speedup",
-               "eager_us", "optimized_us", "timing_mode", "label"]
+               "vs_compile", "eager_us", "optimized_us", "compile_us", "compile_optimized_us",
+               "timing_mode", "in_model", "left_out", "label"]
 E2E_GOOD = ("passed", "partial")  # checks whose outputs matched: their timings can be claimed
+# Why a kept kernel was not in the model a check timed (family_flags' values)
+LEFT_OUT = {"responsible": "its outputs did not match the original model's",
+            "slower": "the model ran slower with it",
+            "unused": "the model never called it at a shape and dtype it was verified for",
+            "unknown": "the integration failed"}
 
 
-def e2e_frame(store: Store, run_id: str) -> pd.DataFrame:
+def e2e_checks_frame(store: Store, run_id: str) -> pd.DataFrame:
+    """Every end-to-end check of a run, oldest first, with what it measured: one row per check
+    with its status, the families whose kernel was in the optimized model (``in_model``: flag
+    "ok") and those left out with why (``left_out``: family -> reason), and its timings per
+    forward pass: eager, optimized, compile, compile_optimized (µs; None where not timed).
+
+    Empty for a database without the e2e tables (an older schema) or a run without checks."""
+    cols = ["check_id", "created_at", "status", "detail", "in_model", "left_out", "eager",
+            "optimized", "compile", "compile_optimized", "timing_mode"]
+    try:
+        if not {"e2e_checks", "e2e_timings"} <= set(store.db.table_names()):
+            return pd.DataFrame(columns=cols)
+        checks = list(store.db.query(
+            "SELECT id, created_at, status, detail, family_flags FROM e2e_checks "
+            "WHERE run_id = ? AND kind = 'check' ORDER BY id", [run_id]))
+        timings = list(store.db.query(
+            "SELECT check_id, variant, latency_us, timing_mode FROM e2e_timings "
+            "WHERE run_id = ? ORDER BY id", [run_id]))
+    except Exception:  # a layout this page does not know: no measured figures rather than a crash
+        return pd.DataFrame(columns=cols)
+    by_check: dict[int, dict] = {}
+    for t in timings:
+        c = by_check.setdefault(t["check_id"], {})
+        if t["latency_us"]:
+            c[t["variant"]] = float(t["latency_us"])
+        c.setdefault("timing_mode", t["timing_mode"])
+    rows = []
+    for c in checks:
+        flags = as_dict(c["family_flags"])
+        lat = by_check.get(c["id"], {})
+        rows.append(dict(
+            check_id=c["id"], created_at=c["created_at"], status=c["status"], detail=c["detail"],
+            in_model=[f for f, v in flags.items() if v == "ok"],
+            left_out={f: LEFT_OUT.get(v, v) for f, v in flags.items() if v != "ok"},
+            timing_mode=lat.get("timing_mode"),
+            **{v: lat.get(v) for v in ("eager", "optimized", "compile", "compile_optimized")}))
+    return pd.DataFrame(rows, columns=cols)
+
+
+def e2e_frame(store: Store, run_id: str, checks: pd.DataFrame | None = None) -> pd.DataFrame:
     """Measured end-to-end speedups of a run, oldest first: one row per end-to-end check whose
-    outputs matched the original model's (status passed or partial) and that timed both the eager
-    and the optimized model. speedup = eager / optimized; compile_speedup = torch.compile /
-    torch.compile with the kernels, when both were timed. seq places the check after the last
-    experiment before it, for the charts.
+    outputs matched the original model's (status passed or partial), that had at least one kept
+    kernel in the model (a check whose every kernel was left out timed the original model twice:
+    its ratio is noise, not a result) and that timed both the eager and the optimized model.
+
+    speedup = eager / optimized; compile_speedup = compile / compile_optimized (torch.compile on
+    both sides); vs_compile = compile / the faster optimized form (what a user gets against the
+    one-line alternative), each when timed. seq places the check after the last experiment
+    before it, for the charts.
 
     Empty when the database has no e2e tables yet (older schema) or the run has no such check,
     so the pages fall back to the Amdahl projection and say so."""
+    checks = e2e_checks_frame(store, run_id) if checks is None else checks
     empty = pd.DataFrame(columns=E2E_COLUMNS)
-    try:
-        if not {"e2e_checks", "e2e_timings"} <= set(store.db.table_names()):
-            return empty
-        rows = list(store.db.query(
-            """SELECT c.id AS check_id, c.created_at, c.status, t.variant, t.latency_us,
-                      t.timing_mode
-               FROM e2e_checks c JOIN e2e_timings t ON t.check_id = c.id
-               WHERE c.run_id = ? ORDER BY c.id, t.id""", [run_id]))
-    except Exception:  # a layout this page does not know: no measured figures rather than a crash
-        return empty
-    checks: dict[int, dict] = {}
-    for r in rows:
-        c = checks.setdefault(r["check_id"], dict(check_id=r["check_id"], created_at=r["created_at"],
-                                                  status=r["status"], lat={},
-                                                  timing_mode=r["timing_mode"]))
-        if r["latency_us"]:
-            c["lat"][r["variant"]] = float(r["latency_us"])
     out = []
-    for c in checks.values():
-        lat = c.pop("lat")
-        if c["status"] not in E2E_GOOD or not lat.get("eager") or not lat.get("optimized"):
+    for c in checks.to_dict("records"):
+        if c["status"] not in E2E_GOOD or not c["in_model"] or not c["eager"] \
+                or not c["optimized"]:
             continue
-        comp = (lat["compile"] / lat["compile_optimized"]
-                if lat.get("compile") and lat.get("compile_optimized") else None)
-        label = f"check {c['status']}" + (f"; with torch.compile {comp:.3f}×" if comp else "")
-        out.append(dict(c, speedup=lat["eager"] / lat["optimized"], compile_speedup=comp,
-                        eager_us=lat["eager"], optimized_us=lat["optimized"], label=label))
+        comp = c["compile"] / c["compile_optimized"] \
+            if c["compile"] and c["compile_optimized"] else None
+        fastest = min(v for v in (c["optimized"], c["compile_optimized"]) if v)
+        vs_compile = c["compile"] / fastest if c["compile"] else None
+        label = (f"check {c['status']}, kernels in the model: {', '.join(c['in_model'])}"
+                 + (f"; with torch.compile on both sides {fmt.ratio(comp)}" if comp else ""))
+        out.append(dict(check_id=c["check_id"], created_at=c["created_at"], status=c["status"],
+                        speedup=c["eager"] / c["optimized"], compile_speedup=comp,
+                        vs_compile=vs_compile, eager_us=c["eager"], optimized_us=c["optimized"],
+                        compile_us=c["compile"], compile_optimized_us=c["compile_optimized"],
+                        timing_mode=c["timing_mode"], in_model=c["in_model"],
+                        left_out=c["left_out"], label=label))
     if not out:
         return empty
     df = pd.DataFrame(out, columns=[c for c in E2E_COLUMNS if c != "seq"])
@@ -477,57 +638,82 @@ def e2e_frame(store: Store, run_id: str) -> pd.DataFrame:
     return df.reset_index(drop=True)
 
 
+def not_measured_why(checks: pd.DataFrame) -> str | None:
+    """Why a run that was checked end to end has no measured speedup, from its latest check;
+    None when it has one or was never checked."""
+    if checks.empty:
+        return None
+    last = checks.iloc[-1]
+    if last["status"] not in E2E_GOOD:
+        return f"the end-to-end check {last['status']}" + (
+            f": {str(last['detail']).split(';')[0][:160]}" if last["detail"] else "")
+    if not last["in_model"]:
+        out = "; ".join(f"{f}: {why}" for f, why in last["left_out"].items())
+        return ("no kept kernel was in the model it timed (" + (out or "none kept") + ")")
+    return "the check did not time both the eager and the optimized model"
+
+
 # ---- run summaries (Compare and Report) --------------------------------------------------------
+SUMMARY_FIELDS = ["target_id", "family", "name", "dtype", "fraction", "experiments", "kept",
+                  "failed", "eager_us", "compile_us", "best_us", "speedup", "vs_compile",
+                  "vs_base", "base", "slower", "verdict", "pct_sol", "best_seq"]
+
+
 def target_summary(target_rows: list[dict], exps: pd.DataFrame) -> pd.DataFrame:
-    """One row per target: share of model time, experiments, kept, eager and best time, speedup
-    over eager, % of speed of light and the experiment (seq) that found the best kernel."""
-    cols = ["family", "dtype", "fraction", "experiments", "kept", "failed", "eager_us", "best_us",
-            "speedup", "pct_sol", "best_seq"]
+    """One row per target: share of model time, experiments, kept, both baselines and the best
+    time (per forward pass), speedup over eager (``speedup``) and over torch.compile, whether the
+    best is slower than the faster baseline (``slower``, ``verdict``), % of speed of light and
+    the experiment (seq) that found the best kernel."""
+    names = target_names(target_rows)
     rows = []
     for t in target_rows:
         mine = exps[exps["target_id"] == t["id"]] if not exps.empty else exps
         best = mine[mine["id"] == t.get("best_experiment_id")] if not mine.empty else mine
+        b = baselines(t)
         rows.append(dict(
-            family=t["family"], dtype=t["dtype"], fraction=t["fraction"], experiments=len(mine),
+            target_id=int(t["id"]), family=t["family"], name=names[int(t["id"])],
+            dtype=t["dtype"], fraction=t["fraction"], experiments=len(mine),
             kept=int((mine["state"] == "kept").sum()) if not mine.empty else 0,
             failed=int((mine["state"] == "failed").sum()) if not mine.empty else 0,
-            eager_us=t.get("ref_latency_us"), best_us=t.get("best_latency_us"),
-            speedup=t.get("speedup"),
+            eager_us=b["eager_us"], compile_us=b["compile_us"], best_us=b["best_us"],
+            speedup=b["vs_eager"], vs_compile=b["vs_compile"], vs_base=b["vs_base"],
+            base=b["base"], slower=b["slower"], verdict=b["verdict"],
             pct_sol=(100 * t["sol_latency_us"] / t["best_latency_us"])
             if t.get("sol_latency_us") and t.get("best_latency_us") else None,
             best_seq=int(best["seq"].iloc[0]) if not best.empty else None))
-    return pd.DataFrame(rows, columns=cols)
+    return pd.DataFrame(rows, columns=SUMMARY_FIELDS)
 
 
 def projected_final(target_rows: list[dict]) -> float:
     """Amdahl-projected end-to-end speedup with every target at its best kept kernel."""
-    return amdahl({t["family"]: float(t["fraction"]) for t in target_rows
+    return amdahl({t["id"]: float(t["fraction"]) for t in target_rows
                    if t.get("fraction") is not None},
-                  {t["family"]: t.get("speedup") for t in target_rows})
+                  {t["id"]: t.get("speedup") for t in target_rows})
 
 
 # ---- derived series ---------------------------------------------------------------------------
 def best_so_far(exps: pd.DataFrame) -> pd.DataFrame:
-    """Per family, the best kept speedup up to and including each of that family's experiments.
+    """Per target, the best kept speedup up to and including each of that target's experiments.
 
     Only kept experiments define the best: a reverted one was not better, a failed one has no
-    valid timing. NaN until the family's first keep. Columns: family, seq, best."""
+    valid timing. NaN until the target's first keep. Columns: target_id, family, seq, best."""
     if exps.empty:
-        return pd.DataFrame(columns=["family", "seq", "best"])
-    df = exps.sort_values("seq")[["family", "seq", "state", "speedup"]].copy()
-    kept = df["speedup"].where(df["state"] == "kept")
+        return pd.DataFrame(columns=["target_id", "family", "seq", "best"])
+    df = exps.sort_values("seq")[["target_id", "family", "seq", "state", "speedup"]].copy()
+    kept = pd.to_numeric(df["speedup"], errors="coerce").where(df["state"] == "kept")
     # cummax leaves NaN on the rows that are not kept; carry the best forward over them.
-    df["best"] = kept.groupby(df["family"]).cummax().groupby(df["family"]).ffill()
-    return df[["family", "seq", "best"]].reset_index(drop=True)
+    df["best"] = kept.groupby(df["target_id"]).cummax().groupby(df["target_id"]).ffill()
+    return df[["target_id", "family", "seq", "best"]].reset_index(drop=True)
 
 
-def amdahl(fractions: dict[str, float], speedups: dict[str, float]) -> float:
-    """End-to-end speedup when each family f (share of model time) runs s times faster.
+def amdahl(fractions: dict, speedups: dict) -> float:
+    """End-to-end speedup when each target t (share f of model time) runs s times faster.
 
     projected = 1 / ((1 - Σf) + Σ f/s), with s = max(1, s): a kernel slower than the reference
-    is never used, so it cannot slow the model down. Families without a speedup count s = 1."""
+    is never used, so it cannot slow the model down. Targets without a speedup count s = 1.
+    Keyed by target id (one family may be two targets)."""
     total = min(1.0, sum(fractions.values()))
-    rest = sum(f / max(1.0, speedups.get(fam) or 1.0) for fam, f in fractions.items())
+    rest = sum(f / max(1.0, speedups.get(key) or 1.0) for key, f in fractions.items())
     return 1.0 / ((1.0 - total) + rest)
 
 
@@ -541,10 +727,10 @@ def amdahl_projection(exps: pd.DataFrame, targets: pd.DataFrame) -> pd.DataFrame
     """The projected end-to-end speedup after each experiment (seq 0 = before any: 1x).
 
     Columns: seq, created_at, projected, family (the family that experiment worked on).
-    Vectorised (a running best per family, then Amdahl row-wise): a live page recomputes it for
-    10,000 experiments every refresh."""
+    Vectorised (a running best per target, then Amdahl row-wise): a live page recomputes it for
+    10,000 experiments every refresh. targets: targets_frame (id, fraction)."""
     cols = ["seq", "created_at", "projected", "family"]
-    fractions = {r.family: float(r.fraction) for r in targets.itertuples()
+    fractions = {int(r.id): float(r.fraction) for r in targets.itertuples()
                  if pd.notna(r.fraction)}
     start = pd.DataFrame([dict(seq=0, created_at=None, projected=amdahl(fractions, {}),
                                family=None)], columns=cols)
@@ -554,9 +740,10 @@ def amdahl_projection(exps: pd.DataFrame, targets: pd.DataFrame) -> pd.DataFrame
     kept = pd.to_numeric(df["speedup"], errors="coerce").where(df["state"] == "kept")
     total = min(1.0, sum(fractions.values()))
     denom = pd.Series(1.0 - total, index=df.index)
-    for fam, f in fractions.items():
-        # this family's best kept speedup so far; 1 before its first keep, never below 1
-        best = kept.where(df["family"] == fam).cummax().ffill().fillna(1.0).clip(lower=1.0)
+    tid = pd.to_numeric(df["target_id"], errors="coerce")
+    for key, f in fractions.items():
+        # this target's best kept speedup so far; 1 before its first keep, never below 1
+        best = kept.where(tid == key).cummax().ffill().fillna(1.0).clip(lower=1.0)
         denom = denom + f / best
     out = pd.DataFrame({"seq": df["seq"].astype(int), "created_at": df["created_at"],
                         "projected": 1.0 / denom, "family": df["family"]})
@@ -571,19 +758,31 @@ def stage_order(outcomes: pd.DataFrame) -> list[str]:
 
 
 # ---- one run's report (Report page and its HTML export) ----------------------------------------
+def run_dtype(run: dict, target_rows: list[dict]) -> str:
+    """The dtype the run ran in: its targets' (what the engine resolved "auto" to), else the
+    configured one. "auto" only for a run with no target yet."""
+    dtypes = sorted({t["dtype"] for t in target_rows if t.get("dtype")})
+    if dtypes:
+        return ", ".join(dtypes)
+    return (run.get("config") or {}).get("dtype") or "auto"
+
+
 def report_data(store: Store, run_id: str) -> dict | None:
     """Everything the report shows of one run, read once: the run row, its targets (raw and as a
-    per-family summary), experiments, verifier outcomes, measured end-to-end checks, and the
-    Amdahl projection (over experiments and final). None when the run is not there."""
+    per-target summary), experiments, verifier outcomes, end-to-end checks and the measured
+    results among them, and the Amdahl projection (over experiments and final). None when the
+    run is not there."""
     run = get_run(store, run_id)
     if run is None:
         return None
     target_rows = store.targets(run_id)
-    tframe = targets_frame(store, run_id)
+    tframe = targets_frame(store, run_id, target_rows)
     exps = experiments_frame(store, run_id)
+    checks = e2e_checks_frame(store, run_id)
     return dict(
         run=run, targets=target_rows, target_frame=tframe, exps=exps,
-        outcomes=stage_outcomes_frame(store, run_id), measured=e2e_frame(store, run_id),
+        outcomes=stage_outcomes_frame(store, run_id), checks=checks,
+        measured=e2e_frame(store, run_id, checks), dtype=run_dtype(run, target_rows),
         summary=target_summary(target_rows, exps), projection=amdahl_projection(exps, tframe),
         projected=projected_final(target_rows), limit=amdahl_limit(tframe),
         interpreter=run["timing_mode"] == "interpreter"
@@ -591,19 +790,256 @@ def report_data(store: Store, run_id: str) -> dict | None:
 
 
 def headline(rep: dict) -> dict:
-    """The one number a stakeholder reads first: the measured end-to-end speedup when the run
-    has one, else the Amdahl projection, labelled as projected. Keys: kind, value, label, note."""
+    """The one number a stakeholder reads first, saying exactly what it is.
+
+    kind "measured": the latest check with a kernel in the model (data.e2e_frame), eager over
+    optimized, per forward pass; "not_measured": the run was checked end to end but nothing was
+    measured with a kernel in the model (the note says why), the projection beside it;
+    "projected": never checked, the Amdahl projection, labelled as projected.
+    Keys: kind, value (float or None), text (the value as shown), label, note."""
     tag = " (interpreter timing — not GPU performance)" if rep["interpreter"] else ""
+    proj = fmt.ratio(rep["projected"])
     if not rep["measured"].empty:
         last = rep["measured"].iloc[-1]
-        comp = (f"; with torch.compile on both sides {last['compile_speedup']:.3f}×"
-                if pd.notna(last["compile_speedup"]) else "")
+        comp = (f"; against torch.compile of the original {fmt.ratio(last['vs_compile'])}"
+                if pd.notna(last["vs_compile"]) else "; torch.compile not timed")
         return dict(kind="measured", value=float(last["speedup"]),
-                    label="Measured end-to-end speedup" + tag,
-                    note=f"the whole model with the kept kernels swapped in, against eager: "
-                         f"{last['eager_us']:,.0f} µs → {last['optimized_us']:,.0f} µs per forward "
-                         f"pass{comp}; Amdahl projected {rep['projected']:.3f}×")
-    return dict(kind="projected", value=rep["projected"],
+                    text=fmt.ratio(last["speedup"]),
+                    label="Measured end-to-end speedup over eager" + tag,
+                    note=f"the whole model with {', '.join(last['in_model'])} swapped in: "
+                         f"{fmt.us(last['eager_us'])} → {fmt.us(last['optimized_us'])} per "
+                         f"forward pass{comp}; Amdahl projected {proj}")
+    why = not_measured_why(rep.get("checks", pd.DataFrame()))
+    if why:
+        return dict(kind="not_measured", value=None, text="not measured",
+                    label="End-to-end speedup" + tag,
+                    note=f"not measured: {why}. Amdahl would project {proj} from the kept "
+                         "kernels' speedups (a kernel slower than eager counts as 1×)")
+    return dict(kind="projected", value=rep["projected"], text=proj,
                 label="Projected end-to-end speedup (Amdahl, not measured)" + tag,
-                note="projected from each family's share of model time and its best kernel's "
-                     "speedup: 1 / ((1 - Σf) + Σ f/s); no end-to-end measurement yet")
+                note="projected from each target's share of model time and its best kernel's "
+                     "speedup over eager: 1 / ((1 - Σf) + Σ f/s); no end-to-end measurement yet")
+
+
+# ---- every run of several databases (the Runs page) -------------------------------------------
+RUNS_COLUMNS = ["key", "db", "db_path", "id", "model", "device", "timing", "proposer", "dtype",
+                "status", "created", "duration_s", "experiments", "kept", "e2e_vs_eager",
+                "e2e_vs_compile", "e2e_note", "notes", "tags", "recorded", "writable"]
+
+
+def run_key(db: str, run_id: str) -> str:
+    """One run among several databases: "database|run id" (the URL's form, too)."""
+    return f"{db}|{run_id}"
+
+
+def split_run_key(key: str) -> tuple[str, str]:
+    db, _, run_id = str(key).rpartition("|")
+    return db, run_id
+
+
+def _runs_of(store: Store, db: str, now: float) -> list[dict]:
+    """One Runs-table row per run of one database: three queries whatever the number of runs."""
+    have = _columns(store, "runs")
+    cols = ", ".join(c for c in RUN_LIST_FIELDS + ("config",) if c in have)
+    runs = [shown(r, now) for r in store.db.query(
+        f"SELECT {cols} FROM runs ORDER BY created_at DESC, id DESC")]
+    dtypes: dict[str, set] = {}
+    kept: dict[str, int] = {}
+    for r in store.db.query("SELECT run_id, dtype FROM targets GROUP BY run_id, dtype"):
+        dtypes.setdefault(r["run_id"], set()).add(r["dtype"])
+    for r in store.db.query("SELECT run_id, COUNT(*) AS n FROM experiments WHERE state = 'kept' "
+                            "GROUP BY run_id"):
+        kept[r["run_id"]] = int(r["n"])
+    best = _best_e2e(store)
+    out = []
+    for run in runs:
+        cfg = as_dict(run.get("config"))
+        e2e = best.get(run["id"], {})
+        out.append(dict(
+            key=run_key(db, run["id"]), db=Path(db).name, db_path=db, id=run["id"],
+            model=run["model"], device=as_dict(run.get("device")).get("name") or "?",
+            timing="interpreter" if run["timing_mode"] == "interpreter" else "GPU",
+            proposer=cfg.get("proposer", "search"),
+            dtype=", ".join(sorted(dtypes.get(run["id"], ()))) or cfg.get("dtype") or "auto",
+            status=run["status"],
+            created=pd.Timestamp(run["created_at"], unit="s", tz="UTC").tz_convert(None),
+            duration_s=elapsed_s(run, now), experiments=int(run["experiments_done"] or 0),
+            kept=kept.get(run["id"], 0), e2e_vs_eager=e2e.get("speedup"),
+            e2e_vs_compile=e2e.get("vs_compile"), e2e_note=e2e.get("note", "never checked"),
+            notes=run.get("notes") or "", tags=", ".join(run.get("tags") or []),
+            recorded=bool(run.get("recorded")), writable=False))
+    return out
+
+
+def _best_e2e(store: Store) -> dict[str, dict]:
+    """Per run, its best measured end-to-end result (data.e2e_frame's rules: a check whose
+    outputs matched, with a kernel in the model, eager and optimized timed): speedup over eager,
+    over torch.compile, and a note; for a run checked without such a result, only the note."""
+    if not {"e2e_checks", "e2e_timings"} <= set(store.db.table_names()):
+        return {}
+    lat: dict[int, dict] = {}
+    for t in store.db.query("SELECT check_id, variant, latency_us FROM e2e_timings "
+                            "WHERE latency_us IS NOT NULL"):
+        lat.setdefault(t["check_id"], {})[t["variant"]] = float(t["latency_us"])
+    out: dict[str, dict] = {}
+    for c in store.db.query("SELECT id, run_id, status, family_flags FROM e2e_checks "
+                            "WHERE kind = 'check' ORDER BY id"):
+        row = out.setdefault(c["run_id"], {"note": "checked: nothing measured with a kernel in"})
+        flags = as_dict(c["family_flags"])
+        t = lat.get(c["id"], {})
+        if c["status"] not in E2E_GOOD or "ok" not in flags.values() or not t.get("eager") \
+                or not t.get("optimized"):
+            continue
+        speedup = t["eager"] / t["optimized"]
+        fastest = min(v for v in (t.get("optimized"), t.get("compile_optimized")) if v)
+        vs_compile = t["compile"] / fastest if t.get("compile") else None
+        if row.get("speedup") is None or speedup > row["speedup"]:
+            row.update(speedup=speedup, vs_compile=vs_compile, note="measured")
+    return out
+
+
+def runs_table(dbs: list[str], writable: set[str] = frozenset(),
+               now: float | None = None) -> tuple[pd.DataFrame, list[str]]:
+    """Every run of the databases ``dbs`` (paths as the sidebar takes them), newest first, as
+    RUNS_COLUMNS; and one message per database that could not be read. ``writable``: the
+    databases whose notes and tags the page may edit (never a recorded one)."""
+    now = time.time() if now is None else now
+    rows, problems = [], []
+    for db in dict.fromkeys(dbs):
+        try:
+            store = open_store(db)
+        except StoreError as e:
+            problems.append(str(e))
+            continue
+        if store is None:
+            continue
+        try:
+            mine = _runs_of(store, db, now)
+        except Exception as e:  # a file with a runs table this code does not know
+            problems.append(f"{db}: cannot read its runs ({type(e).__name__}: {e})")
+            continue
+        finally:
+            store.close()
+        for r in mine:
+            r["writable"] = db in writable and not r["recorded"]
+        rows += mine
+    df = pd.DataFrame(rows, columns=RUNS_COLUMNS)
+    if not df.empty:
+        df = df.sort_values(["created", "id"], ascending=False).reset_index(drop=True)
+    return df, problems
+
+
+def filter_runs(runs: pd.DataFrame, text: str = "", statuses=(), devices=(), models=(),
+                since=None, until=None) -> pd.DataFrame:
+    """The Runs table's filters: ``text`` (case-insensitive) in the id, model, device, status,
+    proposer, dtype, notes or tags; any of the statuses / devices / models (empty: all); created
+    between two dates (inclusive, days)."""
+    keep = pd.Series(True, index=runs.index)
+    if text and text.strip():
+        hay = runs[["id", "model", "device", "status", "proposer", "dtype", "notes", "tags",
+                    "db"]].astype(str).agg(" ".join, axis=1).str.lower()
+        for word in text.lower().split():
+            keep &= hay.str.contains(word, regex=False)
+    for col, wanted in (("status", statuses), ("device", devices), ("model", models)):
+        if wanted:
+            keep &= runs[col].isin(list(wanted))
+    if since is not None:
+        keep &= runs["created"] >= pd.Timestamp(since)
+    if until is not None:
+        keep &= runs["created"] < pd.Timestamp(until) + pd.Timedelta(days=1)
+    return runs[keep]
+
+
+def recorded_db_paths() -> list[str]:
+    """Every database of recorded runs shipped in data/ (recorded_h200*.db), the first one first,
+    as paths relative to the repository root."""
+    first = ROOT / RECORDED_DB
+    found = sorted(ROOT.glob("data/recorded_h200*.db"))
+    ordered = ([first] if first.exists() else []) + [p for p in found if p != first]
+    return [str(p.relative_to(ROOT)) for p in ordered]
+
+
+# ---- one target's parameters (Kernels page: parameter analysis) ---------------------------------
+PARAM_RESERVED = {"id", "seq", "state", "speedup", "failed_stage", "created_at", "best"}
+
+
+def params_frame(store: Store, run_id: str, target_id: int) -> tuple[pd.DataFrame, list[str], dict]:
+    """A target's experiments with the search-space point each one tried (experiments.params,
+    JSON): one row per experiment (id, seq, state, speedup over eager, failed_stage, created_at,
+    best = the best kept speedup so far) and one column per parameter.
+
+    Returns (frame, the parameters that took two or more values, {parameter: value} of those
+    that never changed). A parameter whose name clashes with a column is prefixed "param ";
+    a list or dict value is compared as its text."""
+    rows = list(store.db.query(
+        "SELECT id, seq, state, speedup, failed_stage, created_at, params FROM experiments "
+        "WHERE run_id = ? AND target_id = ? ORDER BY seq", [run_id, int(target_id)]))
+    points = [as_dict(r.pop("params")) for r in rows]
+    names: list[str] = []
+    for pt in points:
+        names += [k for k in pt if k not in names]
+    col = {k: (f"param {k}" if k in PARAM_RESERVED else k) for k in names}
+    for r, pt in zip(rows, points):
+        for k in names:
+            v = pt.get(k)
+            r[col[k]] = json.dumps(v, sort_keys=True) if isinstance(v, (list, dict)) else v
+    df = pd.DataFrame(rows, columns=["id", "seq", "state", "speedup", "failed_stage",
+                                     "created_at"] + [col[k] for k in names])
+    kept = pd.to_numeric(df["speedup"], errors="coerce").where(df["state"] == "kept")
+    df["best"] = kept.cummax().ffill()
+    varying = [col[k] for k in names
+               if param_values(df[col[k]])[0].astype(str).nunique(dropna=False) > 1]
+    fixed = {col[k]: df[col[k]].iloc[0] for k in names if col[k] not in varying and len(df)}
+    return df, varying, fixed
+
+
+def param_values(col: pd.Series) -> tuple[pd.Series, bool]:
+    """A parameter column as (values, numeric): numbers when every experiment has a number
+    there (not a bool), else text, a missing value written "—" (an experiment that did not
+    set it, e.g. one from an LLM proposer)."""
+    missing = col.isna()
+    num = pd.to_numeric(col, errors="coerce")
+    if not missing.any() and num.notna().all() and \
+            not col.map(lambda v: isinstance(v, bool)).any():
+        return num.astype(float), True
+    text = col.map(lambda v: f"{v:g}" if isinstance(v, (int, float)) and not isinstance(v, bool)
+                   else str(v))
+    return text.where(~missing, "—").astype(object), False
+
+
+def param_importance(pf: pd.DataFrame, params: list[str], min_timed: int = 4) -> pd.DataFrame:
+    """A simple importance ranking: for each parameter, the share of the spread of log(speedup)
+    over the timed experiments that its value explains (the correlation ratio η² = between-group
+    over total sum of squares, groups = the parameter's values). Descriptive, not causal: a
+    search that moves one parameter at a time from the best confounds them. Columns: parameter,
+    importance (0..1), values (distinct), timed (experiments used). Empty below min_timed timed
+    experiments or when every timed one has the same speedup."""
+    cols = ["parameter", "importance", "values", "timed"]
+    spd = pd.to_numeric(pf["speedup"], errors="coerce") if not pf.empty else pd.Series(dtype=float)
+    timed = pf[(spd > 0) & (pf["state"] != "failed")] if not pf.empty else pf
+    if len(timed) < min_timed or not params:
+        return pd.DataFrame(columns=cols)
+    y = np.log(pd.to_numeric(timed["speedup"]))
+    total = float(((y - y.mean()) ** 2).sum())
+    if total <= 0:
+        return pd.DataFrame(columns=cols)
+    out = []
+    for p in params:
+        groups = param_values(timed[p])[0].astype(str)
+        means = y.groupby(groups).transform("mean")
+        between = float(((means - y.mean()) ** 2).sum())
+        out.append(dict(parameter=p, importance=min(1.0, between / total),
+                        values=int(groups.nunique()), timed=len(timed)))
+    return pd.DataFrame(out, columns=cols).sort_values("importance", ascending=False) \
+        .reset_index(drop=True)
+
+
+def throughput_bucket_s(created: pd.Series) -> float:
+    """A bucket for experiments per hour: about 30 over the run, rounded to 1, 2, 5, 10, 15 or 30
+    minutes, 1, 2, 3, 6 or 12 hours."""
+    t = pd.to_numeric(created, errors="coerce").dropna()
+    span = float(t.max() - t.min()) if len(t) > 1 else 60.0
+    for minutes in (1, 2, 5, 10, 15, 30, 60, 120, 180, 360, 720):
+        if span / (minutes * 60) <= 30:
+            return minutes * 60.0
+    return 1440 * 60.0

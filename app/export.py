@@ -21,47 +21,128 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
-from app import data
-
-SUMMARY_HEADERS = {"family": "family", "dtype": "dtype", "fraction": "share of model time",
-                   "experiments": "experiments", "kept": "kept", "failed": "failed",
-                   "eager_us": "eager µs", "best_us": "best µs", "speedup": "speedup vs eager",
-                   "pct_sol": "% of speed of light", "best_seq": "found at experiment"}
-
+from app import data, fmt
 
 def summary_table(summary: pd.DataFrame, interpreter: bool) -> pd.DataFrame:
-    """The per-kernel table as people read it: formatted strings, readable headers."""
+    """The per-target table as people read it: formatted strings (app/fmt.py), readable
+    headers, times per forward pass (every call of the op in one forward), and what the best
+    kernel is against the faster of its two baselines: a kernel slower than eager or
+    torch.compile says so instead of passing for a win."""
     tag = " (interpreter)" if interpreter else ""
-    out = pd.DataFrame({
-        "family": summary["family"], "dtype": summary["dtype"],
-        "share of model time": summary["fraction"].map(lambda v: f"{v:.1%}"),
+    return pd.DataFrame({
+        "target": summary["name"], "dtype": summary["dtype"],
+        "share of model time": summary["fraction"].map(fmt.share),
         "experiments": summary["experiments"], "kept": summary["kept"],
         "failed": summary["failed"],
-        "eager µs" + tag: summary["eager_us"].map(_num("{:,.1f}")),
-        "best µs" + tag: summary["best_us"].map(_num("{:,.1f}")),
-        "speedup vs eager" + tag: summary["speedup"].map(_num("{:.3g}×")),
-        "% of speed of light": summary["pct_sol"].map(_num("{:.0f}%")),
-        "found at experiment": summary["best_seq"].map(_num("#{:.0f}")),
+        "eager per forward" + tag: summary["eager_us"].map(fmt.us),
+        "torch.compile per forward" + tag: summary["compile_us"].map(
+            lambda v: fmt.us(v) if pd.notna(v) else "not timed"),
+        "best per forward" + tag: summary["best_us"].map(fmt.us),
+        "vs eager" + tag: summary["speedup"].map(fmt.ratio),
+        "vs torch.compile" + tag: summary["vs_compile"].map(fmt.ratio),
+        "best kernel": summary["verdict"],
+        "% of speed of light": summary["pct_sol"].map(fmt.pct),
+        "found at experiment": summary["best_seq"].map(
+            lambda v: f"#{int(v)}" if pd.notna(v) else fmt.MISSING),
     })
-    return out
 
 
-def _num(fmt: str):
-    return lambda v: fmt.format(v) if v is not None and pd.notna(v) else "—"
+# Integer columns of the experiments CSV: nullable integers, so a missing parent is empty and
+# an id is "3", never "3.0"
+CSV_INTS = ("id", "seq", "target_id", "parent_id", "tokens_in", "tokens_out", "attempts")
+CSV_TIMES = ("created_at",)
+
+
+def _iso(seconds: pd.Series) -> pd.Series:
+    t = pd.to_datetime(pd.to_numeric(seconds, errors="coerce"), unit="s", utc=True)
+    return t.dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ").str.replace(r"\.(\d{3})\d{3}Z$", r".\1Z",
+                                                                 regex=True)
 
 
 def experiments_csv(rep: dict) -> bytes:
     """Every experiment of the run (without the kernel sources), one row each, with the run id
-    and model so CSVs of several runs can be concatenated."""
+    and model so CSVs of several runs can be concatenated. Times are ISO 8601 in UTC, ids are
+    integers, latencies are µs per forward pass."""
     exps = rep["exps"].copy()
+    for c in CSV_INTS:
+        if c in exps:
+            exps[c] = pd.to_numeric(exps[c], errors="coerce").astype("Int64")
+    for c in CSV_TIMES:
+        if c in exps:
+            exps[c] = _iso(exps[c])
+    exps = exps.rename(columns={"latency_us": "latency_us_per_forward"})
     exps.insert(0, "model", rep["run"]["model"])
     exps.insert(0, "run_id", rep["run"]["id"])
     return exps.to_csv(index=False).encode()
 
 
+def compare_csv(rows: pd.DataFrame) -> bytes:
+    """The comparison's per-family table, one row per (run, family)."""
+    out = rows.rename(columns={"run": "run_label", "speedup": "vs_eager",
+                               "best_us": "best_us_per_forward",
+                               "eager_us": "eager_us_per_forward"})
+    return out.to_csv(index=False).encode()
+
+
+def report_caption(rep: dict) -> str:
+    """What a chart taken out of the report must carry: model, device, run, date."""
+    run = rep["run"]
+    day = dt.datetime.fromtimestamp(run["created_at"], dt.timezone.utc).strftime("%Y-%m-%d")
+    dev = data.as_dict(run.get("device")).get("name") or "?"
+    mode = " (interpreter timing)" if rep["interpreter"] else ""
+    return f"{run['model']} on {dev}{mode} · run {run['id']} · {day}"
+
+
+def compare_caption(loaded: dict) -> str:
+    return "; ".join(f"{label}, {report_caption(d).split(' · ')[-1]}"
+                     for label, d in loaded.items())
+
+
+def titled(figures: dict[str, go.Figure], caption: str) -> dict[str, go.Figure]:
+    """Copies of the figures whose titles carry ``caption`` on a second line, for files that
+    leave the dashboard (PNG): a chart on a slide still says which run, model, GPU and day."""
+    out = {}
+    for name, fig in figures.items():
+        f = go.Figure(fig)
+        text = (f.layout.title.text or "") if f.layout.title else ""
+        f.update_layout(title=dict(text=f"{text}<br><sup>{html.escape(caption)}</sup>", x=0,
+                                   xanchor="left"),
+                        margin=dict(t=max(100, int((f.layout.margin.t or 60) + 30))))
+        out[name] = f
+    return out
+
+
+def _facts_html(facts) -> str:
+    e = html.escape
+    return "<table class='facts'>" + "".join(
+        f"<tr><th>{e(str(k))}</th><td>{e(str(v))}</td></tr>" for k, v in facts) + "</table>"
+
+
+def _charts_html(figures: dict[str, go.Figure]) -> str:
+    return "\n".join(
+        f"<section class='chart'>{fig.to_html(full_html=False, include_plotlyjs=False, div_id=f'chart-{name}', config={'displaylogo': False})}</section>"  # noqa: E501
+        for name, fig in figures.items())
+
+
+def _page(title: str, body: str) -> str:
+    """A self-contained HTML page: plotly.js inline once, our CSS; no external script, style
+    or font."""
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>{html.escape(title)}</title>
+<style>{REPORT_CSS}</style>
+<script type="text/javascript">{get_plotlyjs()}</script>
+</head><body>
+{body}
+<footer>Made by nightshift's dashboard from its SQLite record of the runs. Every kernel counted
+here passed the verifier's five stages before it was timed.</footer>
+</body></html>
+"""
+
+
 def report_html(rep: dict, figures: dict[str, go.Figure]) -> str:
-    """The report as one self-contained HTML page: plotly.js inline (once), the charts as live
-    Plotly figures, the tables as HTML; no external script, style or font."""
+    """The report as one self-contained HTML page: the headline as the Report page says it, the
+    run's facts, the per-target table and the charts as live Plotly figures."""
     run, head = rep["run"], data.headline(rep)
     badge = data.recorded_label(run)
     created = dt.datetime.fromtimestamp(run["created_at"], dt.timezone.utc)
@@ -69,10 +150,10 @@ def report_html(rep: dict, figures: dict[str, go.Figure]) -> str:
     counts = exps["state"].value_counts() if not exps.empty else pd.Series(dtype=int)
     cfg = run.get("config") or {}
     facts = [("model", run["model"]), ("device", data.device_label(run)),
-             ("proposer", cfg.get("proposer", "search")), ("dtype", cfg.get("dtype")),
+             ("proposer", cfg.get("proposer", "search")), ("dtype", rep.get("dtype")),
              ("input", cfg.get("input_shape") or "default"), ("status", run["status"]),
              ("started", created.strftime("%Y-%m-%d %H:%M UTC")),
-             ("duration", data.format_duration(data.elapsed_s(run))),
+             ("duration", fmt.duration(data.elapsed_s(run))),
              ("experiments", f"{len(exps)} ({int(counts.get('kept', 0))} kept, "
                              f"{int(counts.get('reverted', 0))} reverted, "
                              f"{int(counts.get('failed', 0))} failed)")]
@@ -80,35 +161,45 @@ def report_html(rep: dict, figures: dict[str, go.Figure]) -> str:
     if ceil.get("copy_gbps"):
         facts.append(("measured roofs", f"copy {ceil['copy_gbps']:,.0f} GB/s, bf16 matmul "
                                         f"{ceil.get('matmul_tflops', 0):,.0f} TFLOP/s"))
-    charts_html = "\n".join(
-        f"<section class='chart'>{fig.to_html(full_html=False, include_plotlyjs=False, div_id=f'chart-{name}', config={'displaylogo': False})}</section>"  # noqa: E501
-        for name, fig in figures.items())
     table = summary_table(rep["summary"], rep["interpreter"]).to_html(
         index=False, border=0, classes="tbl", escape=True)
     e = html.escape
     warn = ("<p class='warn'>Interpreter timing — not GPU performance: this run had no GPU; its "
             "kernels ran under Triton's CPU interpreter, so its times only compare candidates "
             "with each other.</p>") if rep["interpreter"] else ""
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<title>nightshift report · {e(run['model'])} · {e(run['id'])}</title>
-<style>{REPORT_CSS}</style>
-<script type="text/javascript">{get_plotlyjs()}</script>
-</head><body>
-<header><h1>nightshift report: {e(run['model'])}</h1>
+    body = f"""<header><h1>nightshift report: {e(run['model'])}</h1>
 <p class="sub">run {e(run['id'])}{' · <span class="badge">' + e(badge) + '</span>' if badge else ''}</p></header>
 <section class="headline {head['kind']}"><div class="label">{e(head['label'])}</div>
-<div class="value">{data.format_speedup(head['value'])}</div><div class="note">{e(head['note'])}</div></section>
+<div class="value">{e(head['text'])}</div><div class="note">{e(head['note'])}</div></section>
 {warn}
-<table class="facts">{''.join(f'<tr><th>{e(k)}</th><td>{e(str(v))}</td></tr>' for k, v in facts)}</table>
-<h2>Per kernel</h2>
+{_facts_html(facts)}
+<h2>Per target</h2>
 {table}
 <h2>Charts</h2>
-{charts_html}
-<footer>Made by nightshift's dashboard from its SQLite record of the run. Every kernel counted here
-passed the verifier's five stages before it was timed.</footer>
-</body></html>
-"""
+{_charts_html(figures)}"""
+    return _page(f"nightshift report · {run['model']} · {run['id']}", body)
+
+
+def compare_html(loaded: dict, figures: dict[str, go.Figure], overview: pd.DataFrame,
+                 rows: pd.DataFrame) -> str:
+    """The Compare runs page as one self-contained HTML file: the runs' facts side by side, the
+    per-family speedups and the charts."""
+    per_family = rows.pivot_table(index="family", columns="run", values="speedup",
+                                  aggfunc="first").map(fmt.ratio)
+    interp = [d["interpreter"] for d in loaded.values()]
+    warn = ("<p class='warn'>These runs were timed differently: interpreter speedups only "
+            "compare candidates with each other, not GPU performance.</p>"
+            if any(interp) and not all(interp) else "")
+    body = f"""<header><h1>nightshift: {len(loaded)} runs compared</h1>
+<p class="sub">{html.escape(compare_caption(loaded))}</p></header>
+{warn}
+<h2>Runs</h2>
+{overview.to_html(border=0, classes="tbl", escape=True)}
+<h2>Best kernel per family, over eager</h2>
+{per_family.to_html(border=0, classes="tbl", escape=True, na_rep=fmt.MISSING)}
+<h2>Charts</h2>
+{_charts_html(figures)}"""
+    return _page("nightshift comparison", body)
 
 
 REPORT_CSS = """
@@ -154,13 +245,15 @@ def png_support() -> tuple[bool, str]:
                    "point $BROWSER_PATH at it)")
 
 
-def charts_png_zip(figures: dict[str, go.Figure], width: int = 1200) -> bytes:
-    """The figures as PNG files in one zip (one browser start for all of them)."""
+def charts_png_zip(figures: dict[str, go.Figure], width: int = 1200, scale: float = 2) -> bytes:
+    """The figures as PNG files in one zip (one browser start for all of them), at ``scale``
+    times their CSS size (2: sharp on a slide or a high-density screen)."""
     with tempfile.TemporaryDirectory() as tmp:
         paths = [os.path.join(tmp, f"{name}.png") for name in figures]
         heights = [int(fig.layout.height or 450) for fig in figures.values()]
         # plotly starts one kaleido browser for the whole list; the figures' own heights are kept
-        pio.write_images(list(figures.values()), paths, width=width, height=heights)
+        pio.write_images(list(figures.values()), paths, width=width, height=heights,
+                         scale=scale)
         buf = io.BytesIO()
         with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
             for p in paths:

@@ -27,24 +27,87 @@ INDEX_HTML = """<!DOCTYPE html>
 <script src="plotly.min.js"></script>
 </head><body><div id="chart"></div>
 <script>
-// Streamlit's component protocol by hand: say ready, get "render" messages with the args,
-// report the height the iframe needs.
+// Streamlit's component protocol by hand: say ready, get "render" messages with the args and
+// the page's theme, report the height the iframe needs.
 const gd = document.getElementById("chart");
 const post = (type, extra) =>
   window.parent.postMessage(Object.assign({isStreamlitMessage: true, type: type}, extra), "*");
-let lastSpec = null;
+// The axis ranges the user set by zooming or panning, by axis ("xaxis", "yaxis2", ...), kept
+// over every new figure until a double-click (autorange) gives the axis back to the data:
+// uirevision alone keeps a range only while the new figure asks for the same one, and the
+// y range of a live chart moves with each new experiment.
+const userRanges = {};
+let specRanges = {};   // the ranges the current figure asks for itself (a reset returns there)
+let lastKey = null;
+function themed(layout, theme) {
+  const dark = theme && theme.base === "dark";
+  const text = (theme && theme.textColor) || (dark ? "#fafafa" : "#31333f");
+  const grid = dark ? "rgba(250,250,250,0.12)" : "rgba(49,51,63,0.10)";
+  layout.paper_bgcolor = "rgba(0,0,0,0)";
+  layout.plot_bgcolor = "rgba(0,0,0,0)";
+  layout.font = Object.assign({}, layout.font || {}, {color: text});
+  layout.legend = Object.assign({}, layout.legend || {}, {font: {color: text}});
+  layout.hoverlabel = Object.assign({}, layout.hoverlabel || {},
+    {bgcolor: dark ? "#262730" : "#ffffff", font: {color: text}});
+  for (const k of Object.keys(layout)) {
+    if (/^[xy]axis\\d*$/.test(k)) {
+      layout[k] = Object.assign({gridcolor: grid, zerolinecolor: grid, linecolor: grid},
+                                layout[k]);
+    }
+  }
+  for (const a of layout.annotations || []) {   // subplot titles and notes follow the text
+    a.font = Object.assign({color: text}, a.font || {});
+  }
+  return layout;
+}
+function keepUserRanges(layout) {
+  for (const [axis, range] of Object.entries(userRanges)) {
+    if (!layout[axis]) continue;
+    layout[axis] = Object.assign({}, layout[axis], {range: range.slice(), autorange: false});
+  }
+  return layout;
+}
 window.addEventListener("message", (event) => {
   const msg = event.data;
   if (!msg || msg.type !== "streamlit:render") return;
   const spec = msg.args.spec;
-  if (spec === lastSpec) return;  // a refresh with nothing new: leave the plot alone
-  lastSpec = spec;
+  const key = spec + "|" + ((msg.theme && msg.theme.base) || "");
+  if (key === lastKey) return;  // a refresh with nothing new: leave the plot alone
+  lastKey = key;
   const fig = JSON.parse(spec);
   const height = (fig.layout && fig.layout.height) || 450;
   fig.layout.autosize = true;
   delete fig.layout.width;
-  // same div every time: Plotly.react diffs, and a constant uirevision keeps zoom and legend
-  Plotly.react(gd, fig.data, fig.layout, {responsive: true, displaylogo: false});
+  specRanges = {};
+  for (const [k, v] of Object.entries(fig.layout)) {
+    if (/^[xy]axis\\d*$/.test(k) && v && v.range) specRanges[k] = v.range.slice();
+  }
+  keepUserRanges(themed(fig.layout, msg.theme));
+  // same div every time: Plotly.react diffs, and a constant uirevision keeps legend choices
+  Plotly.react(gd, fig.data, fig.layout, {responsive: true, displaylogo: false}).then(() => {
+    if (!gd._nsListening) {
+      gd._nsListening = true;
+      gd.on("plotly_relayout", (ev) => {
+        for (const [k, v] of Object.entries(ev)) {
+          const m = k.match(/^([xy]axis\\d*)\\.(range\\[([01])\\]|range|autorange)$/);
+          if (!m) continue;
+          const axis = m[1];
+          if (m[2] === "autorange") { delete userRanges[axis]; continue; }
+          if (m[2] === "range") { userRanges[axis] = v.slice(); continue; }
+          const r = (userRanges[axis] || gd._fullLayout[axis].range).slice();
+          r[Number(m[3])] = v;
+          userRanges[axis] = r;
+        }
+        // a double-click that reset an axis to the figure's own range gives it back too
+        for (const [axis, r] of Object.entries(userRanges)) {
+          const own = specRanges[axis];
+          if (own && Math.abs(own[0] - r[0]) < 1e-9 && Math.abs(own[1] - r[1]) < 1e-9) {
+            delete userRanges[axis];
+          }
+        }
+      });
+    }
+  });
   post("streamlit:setFrameHeight", {height: height});
 });
 window.addEventListener("resize", () => { if (gd.data) Plotly.Plots.resize(gd); });
@@ -65,13 +128,23 @@ def _component():
     return components.declare_component("nightshift_livechart", path=str(folder))
 
 
+# What the page puts over every live figure: no template (a named one costs up to 0.1 s a figure;
+# the component's page themes the plot in the browser), a transparent paper, the page's font.
+LOOK = dict(template={}, paper_bgcolor="rgba(0,0,0,0)")
+
+
+def look(font: dict | None = None) -> dict:
+    return dict(LOOK, font=dict({"family": "Source Sans Pro, sans-serif"}, **(font or {})))
+
+
 def spec(fig: go.Figure) -> str:
-    """The figure as the component takes it: JSON, in the page's look. An empty template leaves
-    plotly.js's own defaults (white, light grid), close to what st.plotly_chart's theme gives the
-    other pages' charts, and costs nothing: applying a named one takes up to 0.1 s a figure.
+    """The figure as the component takes it: JSON, with an empty template (applying a named one
+    takes up to 0.1 s a figure). The component's page gives it the dashboard's theme in the
+    browser (text colour, transparent backgrounds, grid lines for light or dark), so one JSON
+    serves both themes.
     Made once per data change by the Live run page, which keeps the string between refreshes."""
     fig.update_layout(template=_EMPTY, paper_bgcolor="rgba(0,0,0,0)",
-                      font=dict(family="Source Sans Pro, sans-serif", color="#31333f"))
+                      font=dict(family="Source Sans Pro, sans-serif"))
     return fig.to_json()
 
 

@@ -1,8 +1,13 @@
 """The "New run" page: what to optimize and how, checked before anything starts.
 
 Every input is checked on Start, and each problem is shown with st.error; a run is started only
-when there is none, so a typo never leaves a failed run behind. The engine (one per process,
-app/shared.py) runs the run in its own thread; the page then switches to Live run.
+when there is none, so a typo never leaves a failed run behind. Numbers are typed as text and
+read here (parse_number): a negative budget or a word where a number goes is an error, never
+silently replaced by the last valid value as a number box does. Start is pressed in two steps:
+its callback only asks, and the script run after it draws the page with Start disabled and a
+status box, then checks (an LLM request, a Ray cluster's address can take seconds) and starts.
+The engine (one per process, app/shared.py) runs the run in its own thread; the page then
+switches to Live run.
 
 Optional engine parts are looked up at run time, so this page works with whatever engine the
 checkout has: a loader for models defined in files (``engine.models.load_source``), the LLM
@@ -23,7 +28,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from app import data
+from app import data, fmt
 from app.shared import BUSY_STATES, engine_handle, select_run
 from engine.verify import VERIFY_ORDERS
 
@@ -146,9 +151,6 @@ def _describe(name: str) -> str:
 def page() -> None:
     st.title("New run")
     db_path = st.session_state.get("db_path") or data.default_db_path()
-    if st.session_state.pop("started_run", None):
-        # set by the Start callback: a callback cannot switch pages, the script run after it can
-        st.switch_page("app/live.py")
     eng, why = engine_handle()
     if eng is None:
         st.warning(f"The engine cannot be loaded in this process, so runs can be watched but "
@@ -222,15 +224,17 @@ def page() -> None:
 
     st.subheader("Budget")
     c1, c2, c3 = st.columns(3)
-    c1.number_input("Experiments", min_value=0, value=40, step=1, key="nr_budget_exp",
-                    help="0 means no limit on experiments.")
-    c2.number_input("Minutes", min_value=0.0, value=0.0, step=5.0, key="nr_budget_min",
-                    help="0 means no time limit.")
-    c3.number_input("Seed", min_value=0, value=0, step=1, key="nr_seed")
+    _number(c1, "nr_budget_exp")
+    _number(c2, "nr_budget_min")
+    _number(c3, "nr_seed")
     st.caption(f"The run is written to `{data.resolve_db_path(db_path)}`.")
-    st.button("Start", type="primary", key="nr_start", on_click=_start, args=(db_path,),
-              disabled=busy)
-    for err in st.session_state.pop("start_errors", []):
+    ss = st.session_state
+    asked = ss.pop("start_requested", False)
+    st.button("Start", type="primary", key="nr_start", on_click=_request_start,
+              disabled=busy or asked)
+    if asked:
+        _start(db_path)
+    for err in ss.pop("start_errors", []):
         st.error(err)
 
 
@@ -245,11 +249,9 @@ def _llm_inputs() -> None:
                   help="For a local OpenAI-compatible server; leave empty for a hosted provider.")
     c1, c2 = st.columns(2)
     if "max_in_flight" in names:
-        c1.number_input("Requests in flight", min_value=1, max_value=32, value=1, step=1,
-                        key="nr_in_flight", help="LLM requests outstanding at once.")
+        _number(c1, "nr_in_flight")
     if "max_cost_usd" in names:
-        c2.number_input("Cost limit (USD)", min_value=0.0, value=5.0, step=1.0,
-                        key="nr_max_cost", help="The run stops proposing past it; 0: no limit.")
+        _number(c2, "nr_max_cost")
     _, where = api_key()
     st.caption(f"API key: found in {where} (not shown)." if where else
                "API key: none in st.secrets or the environment "
@@ -272,11 +274,12 @@ def _evaluation_inputs() -> None:
         gpus = gpu_count()
         top = gpus or MAX_CPU_WORKERS
         c1, _ = st.columns(2)
-        c1.number_input("Workers", min_value=1, max_value=top, value=gpus or 2, step=1,
-                        key="nr_workers",
-                        help="One worker per GPU, each pinned to its own (GPUs 0..N-1)." if gpus
-                        else "No GPU here: each worker runs candidates under Triton's CPU "
-                             "interpreter, side by side.")
+        st.session_state.setdefault("nr_workers", str(gpus or 2))
+        c1.text_input("Workers", key="nr_workers",
+                      help=(f"1 to {top}. " + ("One worker per GPU, each pinned to its own "
+                                              "(GPUs 0..N-1)." if gpus else
+                                              "No GPU here: each worker runs candidates under "
+                                              "Triton's CPU interpreter, side by side.")))
         st.caption(f"{gpus} GPU(s) on this machine: one worker each." if gpus else
                    f"No GPU on this machine: up to {MAX_CPU_WORKERS} interpreter workers.")
     elif choice == EVAL_RAY:
@@ -285,9 +288,77 @@ def _evaluation_inputs() -> None:
                       help="auto: the cluster this machine belongs to; HOST:PORT or "
                            "ray://HOST:10001 for another; local: start a throwaway cluster on "
                            "this machine for the run.")
-        c2.number_input("Workers", min_value=1, max_value=max_workers(), value=None, step=1,
-                        key="nr_ray_workers", placeholder="one per GPU in the cluster",
-                        help="Ray actors, one GPU each; blank: one per GPU in the cluster.")
+        c2.text_input("Workers", key="nr_ray_workers", placeholder="one per GPU in the cluster",
+                      help=f"Ray actors, one GPU each, 1 to {max_workers()}; blank: one per GPU "
+                           "in the cluster.")
+
+
+# ---- numbers -----------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Number:
+    """A number typed as text: its label, kind (int or float), bounds, default text, and what
+    an empty box means (None: it must be filled in)."""
+    label: str
+    kind: type
+    lo: float | None
+    hi: float | None
+    default: str
+    blank: object = None
+    help: str = ""
+
+
+NUMBERS = {
+    "nr_budget_exp": Number("Experiments", int, 0, None, "40", 0,
+                            "A whole number; 0 means no limit on experiments."),
+    "nr_budget_min": Number("Minutes", float, 0, None, "0", 0.0, "0 means no time limit."),
+    "nr_seed": Number("Seed", int, 0, None, "0", 0, "A whole number, 0 or more."),
+    "nr_in_flight": Number("Requests in flight", int, 1, 32, "1", None,
+                           "LLM requests outstanding at once, 1 to 32."),
+    "nr_max_cost": Number("Cost limit (USD)", float, 0, None, "5", 0.0,
+                          "The run stops proposing past it; 0: no limit."),
+}
+
+
+def _number(col, key: str) -> None:
+    n = NUMBERS[key]
+    st.session_state.setdefault(key, n.default)
+    col.text_input(n.label, key=key, help=n.help)
+
+
+def parse_number(text, label: str, kind: type = int, lo: float | None = None,
+                 hi: float | None = None, blank=None) -> tuple[object, str | None]:
+    """(value, None) for a valid number typed as text, else (None, the error to show).
+
+    Empty text gives ``blank``, or an error when blank is None. Whole numbers for kind=int;
+    outside [lo, hi] is an error that says the bounds. Never rounds, clamps or falls back."""
+    raw = str(text if text is not None else "").strip()
+    if not raw:
+        return (blank, None) if blank is not None else (None, f"{label}: give a number.")
+    try:
+        value = float(raw.replace("_", ""))
+    except ValueError:
+        return None, f"{label}: {raw!r} is not a number."
+    if value != value or value in (float("inf"), float("-inf")):
+        return None, f"{label}: {raw!r} is not a finite number."
+    if kind is int:
+        if value != int(value):
+            return None, f"{label}: {raw!r} is not a whole number."
+        value = int(value)
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        bounds = (f"between {lo:g} and {hi:g}" if lo is not None and hi is not None else
+                  f"at least {lo:g}" if lo is not None else f"at most {hi:g}")
+        return None, f"{label}: {raw} is out of range; give a number {bounds}."
+    return value, None
+
+
+def read_number(ss, key: str, errors: list[str], **override):
+    """The value of one of NUMBERS from session state; an error is appended to ``errors``."""
+    n = NUMBERS[key]
+    spec = dict(label=n.label, kind=n.kind, lo=n.lo, hi=n.hi, blank=n.blank) | override
+    value, err = parse_number(ss.get(key, n.default), **spec)
+    if err:
+        errors.append(err)
+    return value
 
 
 # ---- checking the inputs -----------------------------------------------------------------------
@@ -353,15 +424,17 @@ def config_from_inputs(ss, db_path: str):
                               f"{models.config(spec).max_seq} tokens.")
         except ValueError as e:
             errors.append(f"Input shape: {e}.")
-    budget_exp = int(ss.get("nr_budget_exp") or 0) or None
-    budget_min = float(ss.get("nr_budget_min") or 0) or None
-    if budget_exp is None and budget_min is None:
+    n_bad = len(errors)
+    budget_exp = read_number(ss, "nr_budget_exp", errors)
+    budget_min = read_number(ss, "nr_budget_min", errors)
+    seed = read_number(ss, "nr_seed", errors)
+    if len(errors) == n_bad and not budget_exp and not budget_min:
         errors.append("Budget: set a number of experiments or of minutes (0 and 0 would never "
                       "stop before every family is done).")
     kw = dict(model=spec or "", dtype=ss.get("nr_dtype", "auto"), input_shape=shape or None,
               families=list(ss.get("nr_families") or []) or None,
-              budget_experiments=budget_exp, budget_minutes=budget_min,
-              seed=int(ss.get("nr_seed") or 0), db=str(data.resolve_db_path(db_path)),
+              budget_experiments=budget_exp or None, budget_minutes=budget_min or None,
+              seed=seed or 0, db=str(data.resolve_db_path(db_path)),
               verify_order=ss.get("nr_verify_order") or "auto")
     proposer = ss.get("nr_proposer", "search") or "search"
     if proposer != "search":
@@ -377,13 +450,14 @@ def config_from_inputs(ss, db_path: str):
     if spec not in models.MODEL_NAMES and "model_source" in names:
         kw["model_source"] = spec   # a file model, where the engine keeps its path apart
     cfg = RunConfig(**{k: v for k, v in kw.items() if k in names})
-    try:
-        cfg.validate()
-    except ConfigError as e:
-        return None, [f"Not started: {e}"]
+    # the address first: a TCP probe answers in at most RAY_PROBE_S, where validate() imports ray
     why = ray_unreachable(getattr(cfg, "ray_address", None) or "")
     if why:
         return None, [f"Ray address: {why}"]
+    try:
+        cfg.validate()
+    except ConfigError as e:
+        return None, [f"Not started: {fmt.message(e)}"]
     return cfg, []
 
 
@@ -403,14 +477,18 @@ def _evaluation_config(ss, errors: list[str]) -> dict:
         errors.append(f"Evaluate on {choice}: {why}.")
         return {}
     if choice == EVAL_LOCAL:
-        n = ss.get("nr_workers")
-        if n is None:
-            errors.append("Workers: give the number of local workers (one per GPU).")
+        n, err = parse_number(ss.get("nr_workers"), "Workers", int, 1,
+                              gpu_count() or MAX_CPU_WORKERS)
+        if err:
+            errors.append(err)
             return {}
-        return {"workers": int(n)}
-    n = ss.get("nr_ray_workers")
+        return {"workers": n}
+    n, err = parse_number(ss.get("nr_ray_workers"), "Workers", int, 1, max_workers(), blank=0)
+    if err:
+        errors.append(err)
+        return {}
     return {"ray_address": str(ss.get("nr_ray_address", RAY_DEFAULT) or "").strip(),
-            "workers": int(n) if n else None}
+            "workers": n or None}
 
 
 def _llm_config(ss, names: set[str], llm, errors: list[str]) -> dict:
@@ -423,38 +501,59 @@ def _llm_config(ss, names: set[str], llm, errors: list[str]) -> dict:
         errors.append(f"API base: expected an http(s) URL, got {base!r}.")
     if errors:
         return {}
+    n_bad = len(errors)
+    in_flight = read_number(ss, "nr_in_flight", errors) if "max_in_flight" in names else None
+    max_cost = read_number(ss, "nr_max_cost", errors) if "max_cost_usd" in names else None
+    if len(errors) > n_bad:
+        return {}
     key, _ = api_key()
     try:
         ok, msg = llm.check_reachable(model, base, api_key=key, timeout_s=10)
     except Exception as e:
-        ok, msg = False, f"{type(e).__name__}: {e}"
+        ok, msg = False, str(e)
     if not ok:
         # the key never goes into a message: strip it in case the client echoed it
         msg = str(msg).replace(key, "***") if key else str(msg)
-        errors.append(f"LLM {model!r} is not reachable: {msg}")
+        errors.append(f"LLM {model!r} is not reachable: {fmt.message(msg)}")
         return {}
     out = {"llm_model": model, "api_base": base}
-    if "max_in_flight" in names and ss.get("nr_in_flight"):
-        out["max_in_flight"] = int(ss["nr_in_flight"])
+    if in_flight:
+        out["max_in_flight"] = in_flight
     if "max_cost_usd" in names:
-        out["max_cost_usd"] = float(ss.get("nr_max_cost") or 0) or None
+        out["max_cost_usd"] = max_cost or None
     return out
 
 
-def _start(db_path: str) -> None:
-    """Start callback: check everything, start the engine only if nothing is wrong.
+def _request_start() -> None:
+    """Start's callback: only asks. The script run that follows draws Start disabled, then
+    checks and starts (_start), so a check that takes seconds shows as such and Start cannot be
+    pressed twice."""
+    st.session_state["start_requested"] = True
 
-    Runs before the script reruns, so the sidebar can select the new run in that same rerun.
-    Errors go to session state to be shown under the button (a callback cannot place elements)."""
+
+def _start(db_path: str) -> None:
+    """Check everything, start the engine only if nothing is wrong, then switch to Live run.
+
+    Called from the page's script run after Start was pressed, under a status box; errors go to
+    session state and are shown under the button after a rerun that enables it again."""
     ss = st.session_state
     eng, why = engine_handle()
     if eng is None:
         ss["start_errors"] = [f"The engine is not available: {why}"]
-        return
-    cfg, errors = config_from_inputs(ss, db_path)
-    if errors:
-        ss["start_errors"] = errors
-        return
+        st.rerun()
+    ray = ss.get("nr_eval") == EVAL_RAY
+    with st.status("Checking the inputs" + (" and the Ray cluster" if ray else "") + "…",
+                   expanded=True, state="running") as box:
+        cfg, errors = config_from_inputs(ss, db_path)
+        if errors:
+            box.update(label="Not started", state="error")
+            ss["start_errors"] = errors
+            st.rerun()
+        box.write("Starting the run" + (" (connecting to the cluster)" if ray else "") + "…")
+        _launch(eng, cfg, ss)
+
+
+def _launch(eng, cfg, ss) -> None:
     kwargs = {}
     if cfg.proposer != "search" and "api_key" in inspect.signature(eng.start).parameters:
         # the key travels in memory to the proposer; RunConfig (stored with the run) never has it
@@ -462,10 +561,10 @@ def _start(db_path: str) -> None:
     try:
         run_id = eng.start(cfg, **kwargs)
     except Exception as e:  # engine busy, database unwritable, ...: say so instead of crashing
-        ss["start_errors"] = [f"Not started: {type(e).__name__}: {e}"]
-        return
+        ss["start_errors"] = [f"Not started: {fmt.message(e)}"]
+        st.rerun()
     select_run(run_id)
-    ss["started_run"] = run_id
+    st.switch_page("app/live.py")
 
 
 if __name__ == "__main__":  # run as a page by st.navigation (streamlit_app.py)

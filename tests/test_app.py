@@ -75,6 +75,10 @@ def _fill(path: Path, timing_mode: str, plan=PLAN, status="running") -> str:
             s.event(run_id, f"experiment {i + 1} on {fam}: {state}")
         s.update_run(run_id, current_target="rmsnorm",
                      current_reason="largest Amdahl headroom: f=0.40", status=status)
+        if status in ("running", "paused"):
+            # an engine holds a running run: this test process, alive, with a fresh heartbeat
+            # (a run without one is shown as stopped: engine.store.effective_status)
+            s.claim_run(run_id)
         return run_id
     finally:
         s.close()
@@ -121,16 +125,23 @@ def _metric(at: AppTest, label: str) -> str:
     return next(m.value for m in at.metric if m.label == label)
 
 
+def _event_log(at: AppTest) -> str:
+    """The Live run page's event log: one st.html block (app/live.py's event_log)."""
+    return next(h.proto.body for h in at.get("html") if "class='nslog'" in h.proto.body)
+
+
 # ---- the page ---------------------------------------------------------------------------------
 def test_live_page_renders_newest_run(db):
     at = _app().run()
     assert not at.exception, at.exception
     # sidebar: the db path from $NIGHTSHIFT_DB, runs newest first, the newest selected
-    assert at.sidebar.text_input(key="db_path").value == str(db["path"])
+    assert at.sidebar.text_input(key="db_path_box").value == str(db["path"])
     sel = _run_select(at)
-    assert sel.options[:2] == [db["interp"], db["gpu"]] or \
-        [o.split(" · ")[0] for o in sel.options] == [db["interp"], db["gpu"]]
+    # newest first; a label says model, status and when, and fits the sidebar
+    assert [o.split(" · ")[:2] for o in sel.options] == [["llama-tiny", "running"],
+                                                          ["llama-tiny", "done"]]
     assert sel.value == db["interp"]
+    assert any(c.value.startswith(db["interp"]) for c in at.sidebar.caption)
 
     assert _metric(at, "Experiments") == str(len(PLAN))
     assert _metric(at, "Status") == "running"
@@ -144,9 +155,11 @@ def test_live_page_renders_newest_run(db):
     failed = table[table["state"] == "failed"].set_index("seq")["failed_stage"].to_dict()
     assert failed == {3: "shape_sweep", 6: "stability"}
 
-    events = _frame(at, "ts")
-    assert len(events) == len(PLAN)
-    assert events["message"].iloc[0] == f"experiment {len(PLAN)} on softmax: failed"
+    log = _event_log(at)
+    assert log.count("<div><span class='t'>") == len(PLAN)
+    # newest first, every message whole
+    assert log.index(f"experiment {len(PLAN)} on softmax: failed") < \
+        log.index("experiment 1 on rmsnorm: kept")
 
     text = _texts(at)
     assert data.INTERPRETER_LABEL.lower() in text.lower()
@@ -207,7 +220,7 @@ def test_bad_start_form_shows_error_and_starts_nothing(db):
     at.switch_page("app/new_run.py").run()
     assert not at.exception, at.exception
     at.text_input(key="nr_shape").input("2by32")
-    at.number_input(key="nr_budget_exp").set_value(0)
+    at.text_input(key="nr_budget_exp").input("0")
     at.button(key="nr_start").click().run()
     assert not at.exception, at.exception
     errors = [e.value for e in at.error]
@@ -218,7 +231,7 @@ def test_bad_start_form_shows_error_and_starts_nothing(db):
     assert at.button(key="nr_start")
     # a sequence longer than the model's context is caught here, not after profiling
     at.text_input(key="nr_shape").input("2x100000")
-    at.number_input(key="nr_budget_exp").set_value(3)
+    at.text_input(key="nr_budget_exp").input("3")
     at.button(key="nr_start").click().run()
     assert [e.value for e in at.error] == [
         "Input shape: sequence length 100000 exceeds llama-tiny's context of 64 tokens."]
@@ -236,7 +249,8 @@ def test_fresh_run_without_experiments_renders(tmp_path, monkeypatch):
     assert not at.exception, at.exception
     assert _metric(at, "Experiments") == "0"
     assert _metric(at, "Projected model speedup") == "1.000×"
-    assert len(_frame(at, "seq")) == 0 and len(_frame(at, "ts")) == 0
+    assert len(_frame(at, "seq")) == 0
+    assert "No events yet." in [c.value for c in at.caption]
     assert len(_live_charts(at)) == 3
 
 
@@ -250,7 +264,7 @@ def test_start_from_the_form_then_stop(tmp_path, monkeypatch):
     at = _app().run()
     at.switch_page("app/new_run.py").run()
     at.multiselect(key="nr_families").select("rmsnorm")
-    at.number_input(key="nr_budget_exp").set_value(5)
+    at.text_input(key="nr_budget_exp").input("5")
     at.button(key="nr_start").click().run(timeout=120)  # start() returns once profiled
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
@@ -286,13 +300,18 @@ def test_app_package_never_imports_triton_nor_writes_sql():
 
 
 # ---- data and chart builders ------------------------------------------------------------------
+TARGET_IDS = {"rmsnorm": 1, "softmax": 2}
+
+
 def _exps(rows) -> pd.DataFrame:
-    return pd.DataFrame([dict(seq=i + 1, family=f, state=s, failed_stage=st, speedup=sp,
-                              hypothesis=f"h{i}", error=None, created_at=1000.0 + i)
+    return pd.DataFrame([dict(seq=i + 1, family=f, target_id=TARGET_IDS[f], state=s,
+                              failed_stage=st, speedup=sp, hypothesis=f"h{i}", error=None,
+                              created_at=1000.0 + i)
                          for i, (f, s, st, sp) in enumerate(rows)])
 
 
-TARGETS = pd.DataFrame([dict(family="rmsnorm", fraction=0.4), dict(family="softmax", fraction=0.2)])
+TARGETS = pd.DataFrame([dict(id=1, family="rmsnorm", fraction=0.4),
+                        dict(id=2, family="softmax", fraction=0.2)])
 
 
 def test_amdahl_math():
@@ -317,7 +336,7 @@ def test_amdahl_projection_from_experiments():
     assert proj["projected"].tolist() == pytest.approx(expect)
     # one family at half the model's time, made 2x faster -> 1.333x
     one = data.amdahl_projection(_exps([("rmsnorm", "kept", None, 2.0)]),
-                                 pd.DataFrame([dict(family="rmsnorm", fraction=0.5)]))
+                                 pd.DataFrame([dict(id=1, family="rmsnorm", fraction=0.5)]))
     assert one["projected"].iloc[-1] == pytest.approx(1.3333, abs=1e-4)
 
 
@@ -342,9 +361,13 @@ def test_speedup_figure():
     assert "rmsnorm" in titles and "softmax" in titles  # one facet per family
     by_name = {}
     for t in fig.data:
-        by_name.setdefault(t.name, []).append(t)
+        if t.showlegend is False:          # the drawn traces; legend entries are drawn nowhere
+            by_name.setdefault(t.name, []).append(t)
     assert set(by_name) == {"best so far", "kept", "reverted", "failed"}
-    assert len(by_name["best so far"]) == 2
+    assert len(by_name["best so far"]) == 2    # one per facet
+    # one legend entry per kind, for every facet
+    assert sorted(t.name for t in fig.data if t.showlegend is not False) == \
+        ["best so far", "failed", "kept", "reverted"]
     failed = by_name["failed"][0]
     # no valid speedup: drawn on a floor under every real value of the log axis
     assert list(failed.y) == [0.5, 0.5]  # lowest value is the 1x baseline -> floor 0.5
@@ -371,8 +394,29 @@ def test_amdahl_figure():
     assert fig.layout.uirevision == "amdahl"
     assert list(fig.data[0].y) == pytest.approx(proj["projected"].tolist())
     assert fig.data[0].line.shape == "hv"
-    assert sorted(s.y0 for s in fig.layout.shapes) == pytest.approx([1.0, 2.5])  # baseline, limit
     assert data.INTERPRETER_LABEL in fig.layout.title.text
+    # the limit (2.5x) is far above a projection that reaches 1.316x: the axis follows the
+    # data, and the limit is written at the top instead of squashing the line to the bottom
+    assert [s.y0 for s in fig.layout.shapes] == [1.0]
+    assert fig.layout.yaxis.range[1] < 1.5
+    assert any(a.text == "Amdahl limit 2.500× (off the top of the axis)"
+               for a in fig.layout.annotations)
+    # a limit near the data is drawn as a line, inside the axis
+    near = charts.amdahl_figure(proj, 1.5)
+    assert sorted(s.y0 for s in near.layout.shapes) == pytest.approx([1.0, 1.5])
+    assert near.layout.yaxis.range[1] > 1.5
+
+
+def test_amdahl_figure_with_a_73x_limit_keeps_the_projection_readable():
+    """Targets covering 98.6% of the model: the limit is 73x. The projection (1.0 to 1.1) must
+    fill the plot, not be a line at the bottom of a 0-73 axis."""
+    proj = pd.DataFrame(dict(seq=[0, 1, 2], created_at=[None, 1.0, 2.0],
+                             projected=[1.0, 1.05, 1.1], family=[None, "matmul", "matmul"]))
+    fig = charts.amdahl_figure(proj, 1 / (1 - 0.9863))
+    lo, hi = fig.layout.yaxis.range
+    assert lo < 1.0 and 1.1 < hi < 1.2
+    assert (1.1 - 1.0) / (hi - lo) > 0.5   # the projection spans most of the plot's height
+    assert any("73.0×" in a.text for a in fig.layout.annotations)
 
 
 def test_stage_figure_stacks_outcomes_in_pipeline_order():
@@ -382,11 +426,14 @@ def test_stage_figure_stacks_outcomes_in_pipeline_order():
         dict(stage="stability", status="slower", n=3), dict(stage="static", status="failed", n=1)])
     fig = charts.stage_figure(outcomes)
     assert fig.layout.barmode == "stack" and fig.layout.uirevision == "stages"
-    bars = {t.name: dict(zip(t.x, t.y)) for t in fig.data}
+    # horizontal bars, stages in pipeline order from the top: a label is never cut or turned
+    assert all(t.orientation == "h" for t in fig.data)
+    assert fig.layout.yaxis.autorange == "reversed"
+    bars = {t.name: dict(zip(t.y, t.x)) for t in fig.data}
     assert set(bars) == {"passed", "failed", "skipped", "not run (slower)"}
-    assert list(fig.data[0].x) == list(STAGES) + ["static"]
+    assert list(fig.data[0].y) == [s.replace("_", " ") for s in STAGES] + ["static"]
     assert bars["passed"]["smoke"] == 5 and bars["failed"]["smoke"] == 1
-    assert bars["skipped"]["shape_sweep"] == 2 and bars["passed"]["edge_cases"] == 0
+    assert bars["skipped"]["shape sweep"] == 2 and bars["passed"]["edge cases"] == 0
     assert bars["failed"]["static"] == 1
     assert bars["not run (slower)"]["stability"] == 3 and bars["not run (slower)"]["smoke"] == 0
 
@@ -397,9 +444,9 @@ def test_stage_outcomes_from_store(db):
     total = out.groupby("stage")["n"].sum()
     assert (total.reindex(list(STAGES)) == len(PLAN)).all()  # every stage recorded per experiment
     fig = charts.stage_figure(out)
-    bars = {t.name: dict(zip(t.x, t.y)) for t in fig.data}
-    assert bars["failed"]["shape_sweep"] == 1 and bars["failed"]["stability"] == 1
-    assert bars["skipped"]["edge_cases"] == 2
+    bars = {t.name: dict(zip(t.y, t.x)) for t in fig.data}
+    assert bars["failed"]["shape sweep"] == 1 and bars["failed"]["stability"] == 1
+    assert bars["skipped"]["edge cases"] == 2
 
 
 def test_experiments_frame_reads_incrementally(db):
@@ -416,3 +463,31 @@ def test_experiments_frame_reads_incrementally(db):
     second = data.experiments_frame(store, db["interp"], cache)
     assert second["seq"].tolist() == list(range(1, len(PLAN) + 2))
     assert cache["last_id"] == second["id"].max()
+
+
+def test_the_live_speedup_spec_is_the_figure_and_is_remade_per_target():
+    """speedup_spec (the Live run page's JSON) draws what speedup_figure draws, and after one
+    new experiment it remakes only the traces of the target that got it."""
+    import json
+    exps = _exps(PLAN)
+    names = {1: "rmsnorm", 2: "softmax"}
+    cache: dict = {}
+    from app import livechart
+    spec, height = charts.speedup_spec(exps, data.best_so_far(exps), True, names, cache,
+                                       livechart.look())
+    fig = charts.speedup_figure(exps, data.best_so_far(exps), True, names)
+    got = json.loads(spec)
+    assert height == fig.layout.height
+    assert [(t["name"], len(t["x"])) for t in got["data"]] == \
+        [(t.name, len(t.x)) for t in fig.data]
+    assert got["layout"]["yaxis"]["range"] == list(fig.layout.yaxis.range)
+    assert got["layout"]["template"] == {} and got["layout"]["uirevision"] == "speedup"
+    kept = {tid: text for tid, (key, text) in cache.items() if tid != "_layout"}
+    more = pd.concat([exps, _exps(PLAN + [("softmax", "reverted", None, 1.1)]).iloc[[-1]]],
+                     ignore_index=True)
+    spec2, _ = charts.speedup_spec(more, data.best_so_far(more), True, names, cache,
+                                   livechart.look())
+    assert cache[1][1] is kept[1]            # rmsnorm's traces reused as they were
+    assert cache[2][1] != kept[2]            # softmax's remade with its new point
+    assert sum(len(t["x"]) for t in json.loads(spec2)["data"] if t["mode"] == "markers"
+               and t["x"] != [None]) == len(PLAN) + 1

@@ -55,14 +55,16 @@ def _page(path: str, run_id: str | None = None) -> AppTest:
     return at
 
 
-def _add_e2e(path, run_id, checks):
-    """End-to-end checks as engine/integrate.py records them: (status, eager us, optimized us)."""
+def _add_e2e(path, run_id, checks, flags=None):
+    """End-to-end checks as engine/integrate.py records them: (status, eager us, optimized us),
+    with the family flags it writes (default: rmsnorm's kernel in the model, "ok")."""
+    flags = {"rmsnorm": "ok"} if flags is None else flags
     s = Store(path)
     try:
-        if not hasattr(s, "add_e2e_check"):
-            pytest.skip("this checkout's store has no end-to-end checks yet")
         for status, eager, opt in checks:
-            s.add_e2e_check(run_id, "check", status, 1e-6, 1e-3, "", [], {}, timings=[
+            used = [dict(family=f, kernel=f"{f}#1", calls=1 if v == "ok" else 0, fallthrough=0,
+                         swapped=[]) for f, v in flags.items()]
+            s.add_e2e_check(run_id, "check", status, 1e-6, 1e-3, "", used, flags, timings=[
                 dict(variant="eager", latency_us=eager, timing_mode="interpreter"),
                 dict(variant="optimized", latency_us=opt, timing_mode="interpreter")])
     finally:
@@ -187,7 +189,10 @@ def test_live_table_filters(db):
     at.text_input(key="flt_text").input("stability").run()
     assert _frame(at, "seq")["seq"].tolist() == [6]
     at.text_input(key="flt_text").input("").run()
-    at.multiselect(key="flt_family").select("softmax").run()
+    # by target id: the options are the run's targets, shown by name
+    softmax = next(t["id"] for t in Store(db["path"], readonly=True).targets(db["interp"])
+                   if t["family"] == "softmax")
+    at.multiselect(key="flt_target").select(softmax).run()
     assert set(_frame(at, "seq")["family"]) == {"softmax"}
     assert _metric(at, "Experiments") == str(len(PLAN))  # the metrics count every experiment
 
@@ -233,6 +238,7 @@ def test_measured_end_to_end_is_shown_when_it_exists(db):
     at.switch_page("app/report.py").run()
     head = at.metric[0]
     assert head.label.startswith("Measured end-to-end speedup") and head.value == "1.200×"
+    assert "rmsnorm swapped in" in next(c.value for c in at.caption if "swapped in" in c.value)
     rep = _report(db["path"], db["interp"])
     fig = report_page.figures(rep)["end_to_end"]
     measured = [t for t in fig.data if t.name == "measured"]
@@ -240,21 +246,50 @@ def test_measured_end_to_end_is_shown_when_it_exists(db):
     assert list(measured[0].x) == [len(PLAN), len(PLAN)]  # both after the last experiment
 
 
+def test_a_check_without_a_kernel_in_the_model_is_not_a_measurement(db):
+    """The only kept kernel was left out of the model (slower): the check timed the original
+    model twice. Its ratio is not a result: the headline says "not measured" and why."""
+    _add_e2e(db["path"], db["interp"], [("passed", 1000.0, 1000.0)], flags={"rmsnorm": "slower"})
+    rep = _report(db["path"], db["interp"])
+    assert rep["measured"].empty
+    head = data.headline(rep)
+    assert head["kind"] == "not_measured" and head["value"] is None
+    assert "rmsnorm: the model ran slower with it" in head["note"]
+    at = _page("app/report.py", db["interp"])
+    assert at.metric[0].value == "not measured"
+    at.switch_page("app/live.py").run()
+    assert _metric(at, "Projected model speedup") == "1.316×"
+
+
+def _target_id(path, run_id, family) -> int:
+    store = Store(path, readonly=True)
+    try:
+        return next(t["id"] for t in store.targets(run_id) if t["family"] == family)
+    finally:
+        store.close()
+
+
+def _roofline(at):
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    return [s for s in specs if any(t.get("name") == "measured roofs" for t in s["data"])]
+
+
 # ---- Kernels ----------------------------------------------------------------------------------
 def test_kernels_page_on_the_recorded_gpu_run(recorded):
     at = _page("app/kernel_page.py")
-    assert at.selectbox(key="k_family").value == "softmax"  # the largest share first
+    # the largest share first, chosen by target id
+    assert at.selectbox(key="k_target").value == _target_id(RECORDED, GPT2, "softmax")
     assert _metric(at, "Share of model time") == "12.1%"
-    assert _metric(at, "Speedup") == "1.58×"
+    assert _metric(at, "Best vs eager") == "1.580×"
     # baseline (first experiment) against best (#16) as a unified diff
     code = at.code[0]
     assert code.language == "diff" and "--- #1 (kept)" in code.value and "+++ #16 (kept)" in code.value
     shapes = _frame(at, "shape")
     assert shapes["shape"].tolist() == ["8x12x1024x1024"]
     assert shapes["best speedup"].iloc[0] == pytest.approx(156.384 / 99.0, rel=1e-3)
-    charts = at.get("plotly_chart")
-    assert len(charts) == 1  # the roofline, under the roofs the run measured
-    spec = json.loads(charts[0].proto.spec)
+    roof = _roofline(at)
+    assert len(roof) == 1  # the roofline, under the roofs the run measured
+    spec = roof[0]
     assert "copy 4,192 GB/s" in [a["text"] for a in spec["layout"]["annotations"]]
     names = [t["name"] for t in spec["data"]]
     assert names[0] == "measured roofs" and "eager" in names and "best" in names
@@ -263,7 +298,7 @@ def test_kernels_page_on_the_recorded_gpu_run(recorded):
     # side by side, and another target
     at.radio(key="k_diffmode").set_value("side by side").run()
     assert at.get("html") and "diff_add" in at.get("html")[0].proto.body
-    at.selectbox(key="k_family").set_value("layernorm").run()
+    at.selectbox(key="k_target").set_value(_target_id(RECORDED, GPT2, "layernorm")).run()
     assert not at.exception, at.exception
     # its starter (#3) is still its best: B starts at the latest experiment instead
     rec = Store(RECORDED, readonly=True)
@@ -276,9 +311,9 @@ def test_kernels_page_on_the_recorded_gpu_run(recorded):
 def test_kernels_page_interpreter_run_has_no_roofline(db):
     at = _page("app/kernel_page.py")
     assert any("No roofline" in i.value for i in at.info)
-    assert not at.get("plotly_chart")
+    assert not _roofline(at)
     # pick the experiment that failed at the shape sweep: its stage table says so
-    at.selectbox(key="k_family").set_value("softmax").run()
+    at.selectbox(key="k_target").set_value(_target_id(db["path"], db["interp"], "softmax")).run()
     failed_id = int(Store(db["path"], readonly=True).db.execute(
         "SELECT id FROM experiments WHERE run_id = ? AND failed_stage = 'shape_sweep'",
         [db["interp"]]).fetchone()[0])
@@ -293,23 +328,28 @@ def test_kernels_page_interpreter_run_has_no_roofline(db):
 # ---- Compare ----------------------------------------------------------------------------------
 def test_compare_the_two_recorded_runs(recorded):
     at = _page("app/compare.py")
-    ov = _frame(at, "run")
-    assert len(ov) == 2 and set(ov["device"]) == {"NVIDIA H200"} and set(ov["timing"]) == {"GPU"}
-    assert sorted(ov["projected e2e"].round(3)) == [1.084, 1.108]
-    fam = _frame(at, "family")
-    assert set(fam["family"]) == {"softmax", "cross_entropy", "layernorm", "rmsnorm"}
-    assert len(at.get("plotly_chart")) == 2
+    ov = at.table[0].value           # facts as rows, one column per run
+    assert ov.shape[1] == 2 and set(ov.loc["device"]) == {"NVIDIA H200"}
+    assert set(ov.loc["timing"]) == {"GPU"}
+    assert sorted(ov.loc["projected (Amdahl)"]) == ["1.084×", "1.108×"]
+    assert set(ov.loc["end to end vs eager"]) == {"not measured (never checked)"}
+    assert set(ov.loc["dtype"]) == {"bfloat16"}      # what "auto" resolved to
+    fam = at.table[1].value
+    assert set(fam.index) == {"softmax", "cross_entropy", "layernorm", "rmsnorm"}
+    assert len(at.get("plotly_chart")) == 3     # per family, kernel curves, projections
 
 
 def test_compare_a_cpu_run_with_the_recorded_gpu_run(db):
     at = _page("app/compare.py")
     opts = at.multiselect(key="cmp_runs").options
-    assert len(opts) == 4  # two runs here and the two recorded ones
-    keys = [f"{db['path']}|{db['interp']}", f"{RECORDED}|{GPT2}"]
+    recorded_runs = sum(len(Store(ROOT / r, readonly=True).list_runs())
+                        for r in data.recorded_db_paths())
+    assert len(opts) == 2 + recorded_runs  # two runs here and every recorded one
+    keys = [data.run_key(str(db["path"]), db["interp"]), data.run_key(data.RECORDED_DB, GPT2)]
     at.multiselect(key="cmp_runs").set_value(keys).run()
     assert not at.exception, at.exception
-    ov = _frame(at, "run")
-    assert ov["timing"].tolist() == ["interpreter", "GPU"]
+    ov = at.table[0].value
+    assert ov.loc["timing"].tolist() == ["interpreter", "GPU"]
     assert any("timed differently" in w.value for w in at.warning)
 
 
@@ -327,9 +367,10 @@ def test_report_page_on_the_recorded_run(recorded):
     head = at.metric[0]
     assert head.label == "Projected end-to-end speedup (Amdahl, not measured)"
     assert head.value == "1.084×"
-    summary = _frame(at, "family")
-    assert summary["family"].tolist() == ["softmax", "cross_entropy", "layernorm"]
-    assert summary["speedup vs eager"].tolist() == ["1.58×", "9.68×", "1.66×"]
+    summary = at.table[0].value
+    assert summary["target"].tolist() == ["softmax", "cross_entropy", "layernorm"]
+    assert summary["vs eager"].tolist() == ["1.580×", "9.679×", "1.662×"]
+    assert summary["torch.compile per forward"].tolist() == ["not timed"] * 3
     assert len(at.get("plotly_chart")) == 4
     labels = [b.proto.label for b in at.get("download_button")]
     assert labels == ["Report (HTML)", "Experiments (CSV)", "Charts (PNG, zip)"]

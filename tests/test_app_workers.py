@@ -86,6 +86,8 @@ def fill_pool_run(path, status: str = "running") -> dict:
                  started_at=now - 900),
         ])
         s.update_run(run_id, status=status)
+        if status in data.ACTIVE_STATUSES:
+            s.claim_run(run_id)   # its engine: this process, alive (else shown as stopped)
         return dict(run_id=run_id, t0=t0, now=now)
     finally:
         s.close()
@@ -283,16 +285,23 @@ def test_new_run_evaluate_on_builds_the_run_config(tmp_path, monkeypatch):
     # a local pool: one worker per GPU, or up to 8 interpreter workers on a machine without one
     radio.set_value(new_run.EVAL_LOCAL).run()
     gpus = new_run.gpu_count()
-    workers = at.number_input(key="nr_workers")
-    assert (workers.min, workers.max) == (1, gpus or new_run.MAX_CPU_WORKERS)
-    workers.set_value(min(2, workers.max)).run()
+    top = gpus or new_run.MAX_CPU_WORKERS
+    workers = at.text_input(key="nr_workers")
+    assert workers.value == str(gpus or 2) and f"1 to {top}" in workers.help
+    workers.input(str(min(2, top))).run()
     cfg, errors = new_run.config_from_inputs(at.session_state, db)
-    assert errors == [] and (cfg.workers, cfg.ray_address) == (min(2, workers.max), None)
+    assert errors == [] and (cfg.workers, cfg.ray_address) == (min(2, top), None)
+    # typed out of range: an error that says the bounds, never a silently clamped value
+    at.text_input(key="nr_workers").input(str(top + 1)).run()
+    cfg, errors = new_run.config_from_inputs(at.session_state, db)
+    assert cfg is None and errors == [
+        f"Workers: {top + 1} is out of range; give a number between 1 and {top}."]
+    at.text_input(key="nr_workers").input(str(min(2, top))).run()
 
     # a Ray cluster: the address defaults to auto, the number of workers may stay blank
     at.radio(key="nr_eval").set_value(new_run.EVAL_RAY).run()
     assert at.text_input(key="nr_ray_address").value == "auto"
-    assert at.number_input(key="nr_ray_workers").value is None
+    assert at.text_input(key="nr_ray_workers").value in ("", None)
     if not HAS_RAY:   # without the package the engine refuses any address: checked below
         return
     cfg, errors = new_run.config_from_inputs(at.session_state, db)
@@ -301,7 +310,7 @@ def test_new_run_evaluate_on_builds_the_run_config(tmp_path, monkeypatch):
     with socket.create_server(("127.0.0.1", 0)) as head:
         address = f"ray://127.0.0.1:{head.getsockname()[1]}"
         at.text_input(key="nr_ray_address").input(f" {address} ").run()
-        at.number_input(key="nr_ray_workers").set_value(16).run()
+        at.text_input(key="nr_ray_workers").input("16").run()
         cfg, errors = new_run.config_from_inputs(at.session_state, db)
     assert errors == [] and (cfg.workers, cfg.ray_address) == (16, address)
     at.text_input(key="nr_ray_address").input("local").run()
@@ -343,10 +352,13 @@ def test_new_run_bad_evaluation_input_shows_one_error(tmp_path, monkeypatch):
     assert at.title[0].value == "New run"          # still here, nothing started
     assert len(Store(path, readonly=True).list_runs()) == 1
     # the choice made without its number (what the page reads when the input is missing)
-    form = {"nr_model": "llama-tiny", "nr_budget_exp": 3, "nr_eval": new_run.EVAL_LOCAL}
+    form = {"nr_model": "llama-tiny", "nr_budget_exp": "3", "nr_eval": new_run.EVAL_LOCAL}
     cfg, errors = new_run.config_from_inputs(form, str(path))
-    assert cfg is None and errors == ["Workers: give the number of local workers (one per GPU)."]
-    # more local workers than the engine allows: its message, not a crash
+    assert cfg is None and errors == ["Workers: give a number."]
+    # more Ray actors than the engine allows: an error that says the bounds, not a crash
     cfg, errors = new_run.config_from_inputs(
-        dict(form, nr_workers=new_run.max_workers() + 1), str(path))
-    assert cfg is None and len(errors) == 1 and "--workers must be between 1 and" in errors[0]
+        dict(form, nr_eval=new_run.EVAL_RAY, nr_ray_address="auto",
+             nr_ray_workers=str(new_run.max_workers() + 1)), str(path))
+    assert cfg is None and errors == [
+        f"Workers: {new_run.max_workers() + 1} is out of range; give a number between 1 and "
+        f"{new_run.max_workers()}."]
