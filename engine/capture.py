@@ -80,9 +80,13 @@ class Capture:
 
 
 def _clean(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    import operator
     g = gm.graph
     for n in list(g.nodes):
         if n.op == "call_function" and getattr(n.target, "_opname", None) in _DROP and not n.users:
+            g.erase_node(n)
+    for n in reversed(list(g.nodes)):       # unread items of tuple results (max's indices)
+        if n.op == "call_function" and n.target is operator.getitem and not n.users:
             g.erase_node(n)
     gm.recompile()
     return gm

@@ -52,7 +52,8 @@ _SIZE_ARGS = {"size", "shape", "sizes", "repeats", "split_size", "split_sizes", 
               "output_size", "normalized_shape"}
 _BOUND_ARGS = {"start", "end"}
 _REDUCTIONS = {"mean", "sum", "amax", "amin", "var", "var_mean", "std", "logsumexp", "norm",
-               "linalg_vector_norm", "max", "min", "prod"}
+               "linalg_vector_norm", "max", "min", "prod", "softmax", "_softmax", "log_softmax",
+               "_log_softmax"}
 _RANDOM = {"rand", "randn", "randint", "bernoulli", "normal", "uniform", "rand_like", "randn_like",
            "native_dropout", "exponential", "multinomial"}
 _FOLD_LIMIT = 1 << 26          # elements: constants bigger than this are not folded
@@ -239,6 +240,7 @@ def trace(family: str, spelling: Spelling) -> Pattern:
     ret = out.args[0]
     while isinstance(ret, (tuple, list)):
         ret = ret[0]
+    gm = cap._clean(gm)
     size = sum(1 for n in gm.graph.nodes if n.op == "call_function" and not transparent(n))
     return Pattern(family, spelling, gm, ret, dict(zip(phs, names)), sentinels, size)
 
