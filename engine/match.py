@@ -245,6 +245,20 @@ def trace(family: str, spelling: Spelling) -> Pattern:
     return Pattern(family, spelling, gm, ret, dict(zip(phs, names)), sentinels, size)
 
 
+def _signature(p: Pattern) -> str:
+    """The traced graph as text (ops, argument structure, loose names): equal for spellings that
+    trace alike (a @ b at rank 2 and 3 both trace to aten.matmul here)."""
+    names = {}
+    lines = []
+    for n in p.gm.graph.nodes:
+        names[n] = f"v{len(names)}"
+        if n.op == "call_function":
+            args = [(k, names.get(v, repr(v)) if isinstance(v, fx.Node) else repr(v))
+                    for k, v in norm_args(n)]
+            lines.append(f"{canon(n.target)}{args}")
+    return ";".join(lines) + repr(p.spelling.loose) + repr(p.spelling.free_dims)
+
+
 _PATTERNS: list | None = None
 
 
@@ -252,10 +266,14 @@ def patterns() -> list[Pattern]:
     """Every family's spellings, traced once per process; biggest first (they claim nodes first)."""
     global _PATTERNS
     if _PATTERNS is None:
-        out = []
+        out, seen = [], set()
         for fam in kernels.all_families():
             for sp in fam.spellings:
-                out.append(trace(fam.name, sp))
+                pat = trace(fam.name, sp)
+                sig = (fam.name, _signature(pat))
+                if sig not in seen:          # a spelling this IR traces like another one
+                    seen.add(sig)
+                    out.append(pat)
         order = {n: i for i, n in enumerate(kernels.FAMILY_NAMES)}
         out.sort(key=lambda p: (-p.size, order[p.family]))
         _PATTERNS = out
@@ -271,6 +289,7 @@ class Folder:
     def __init__(self, graph: cap.Graph):
         self.graph = graph
         self.memo: dict = {}
+        self.tainted = _mutated(graph.gm.graph)
 
     def value(self, node):
         if not isinstance(node, fx.Node):
@@ -283,6 +302,8 @@ class Folder:
         return v
 
     def _eval(self, node):
+        if node in self.tainted:
+            return None                   # written in place somewhere: its traced value is not it
         if node.op == "get_attr":
             obj = self.graph.gm
             for part in node.target.split("."):
@@ -321,6 +342,37 @@ class Folder:
                 return node.target(*args, **kwargs)
         except Exception:
             return None
+
+
+def _is_view(node) -> bool:
+    t = node.target
+    if t is operator.getitem:
+        return True
+    if not isinstance(t, torch._ops.OpOverload):
+        return False
+    rets = t._schema.returns
+    return bool(rets) and rets[0].alias_info is not None and not rets[0].alias_info.is_write
+
+
+def _mutated(graph: fx.Graph) -> set:
+    """Nodes whose memory some op of the graph writes in place (``m[0, 3] = True`` on a fresh
+    tensor, a buffer updated by ``copy_``), with every view of them: their values are not what
+    the node computed when it ran, so they are never folded."""
+    roots = set()
+    for n in graph.nodes:
+        if (n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+                and n.target._schema.is_mutable and n.args and isinstance(n.args[0], fx.Node)):
+            r = n.args[0]
+            while r.op == "call_function" and _is_view(r) and isinstance(r.args[0], fx.Node):
+                r = r.args[0]
+            roots.add(r)
+    if not roots:
+        return set()
+    tainted = set(roots)
+    for n in graph.nodes:              # graph order: a view's source comes first
+        if n.op == "call_function" and _is_view(n) and n.args and n.args[0] in tainted:
+            tainted.add(n)
+    return tainted
 
 
 # ---- matches ------------------------------------------------------------------------------------
@@ -363,6 +415,65 @@ class Match:
         else reads them."""
         self.inputs[name] = node
         self.through.extend(through)
+
+    def swapped_last(self, name):
+        """The node whose last two dims ``name`` swaps (a k.transpose(-2, -1) feeding q @ k^T),
+        or None."""
+        n = self.node(name)
+        if not (isinstance(n, fx.Node) and n.op == "call_function"):
+            return None
+        if _opname(n.target) == "transpose":
+            r = _rank(n)
+            d = _dims([n.args[1], n.args[2]], r, "transpose")
+            return n.args[0] if d == (-2, -1) else None
+        if _opname(n.target) == "permute":
+            r = _rank(n)
+            perm = list(n.args[1])
+            want = list(range(r - 2)) + [r - 1, r - 2]
+            return n.args[0] if [p % r for p in perm] == want else None
+        return None
+
+    def head_repeat(self, node):
+        """(source, rep, nodes between) when ``node`` repeats each of the source's heads (dim 1
+        of [B, Hkv, S, D]) rep times in a row: repeat_interleave(k, rep, dim=1), or HF's
+        repeat_kv: k[:, :, None].expand(B, Hkv, rep, S, D).reshape(B, Hkv * rep, S, D);
+        else (node, 1, [])."""
+        n = node
+        if not (isinstance(n, fx.Node) and n.op == "call_function"):
+            return node, 1, []
+        name = _opname(n.target)
+        if name == "repeat_interleave":
+            args = dict(norm_args(n))
+            rep, dim = args.get("repeats"), args.get("dim")
+            src = n.args[0]
+            r = _rank(src)
+            if isinstance(rep, int) and isinstance(dim, int) and r == 4 and dim % 4 == 1:
+                return src, rep, [n]
+            return node, 1, []
+        if name in ("reshape", "view", "_unsafe_view"):
+            e = n.args[0]
+            while isinstance(e, fx.Node) and transparent(e):
+                e = e.args[0]
+            if not (isinstance(e, fx.Node) and _opname(e.target) == "expand"):
+                return node, 1, []
+            u = e.args[0]
+            if not (isinstance(u, fx.Node) and _opname(u.target) in ("unsqueeze", "slice", "view",
+                                                                     "reshape", "index")):
+                return node, 1, []
+            ev, uv = cap.val(e), cap.val(u)
+            if ev is None or uv is None or ev.dim() != 5 or uv.dim() != 5:
+                return node, 1, []
+            b, hkv, rep, sq, d = (int(x) for x in ev.shape)
+            if tuple(int(x) for x in uv.shape) != (b, hkv, 1, sq, d):
+                return node, 1, []
+            src = u.args[0] if _opname(u.target) == "unsqueeze" else None
+            if src is None or _rank(src) != 4 or dict(norm_args(u)).get("dim") % 5 != 2:
+                return node, 1, []
+            out = cap.val(n)
+            if tuple(int(x) for x in out.shape) != (b, hkv * rep, sq, d):
+                return node, 1, []
+            return src, rep, [n, e, u]
+        return node, 1, []
 
     def scalar(self, name):
         """A captured number (a literal, or a constant 0-d tensor), else None."""
@@ -725,9 +836,13 @@ def kernel_args(m: Match, values: dict) -> dict:
     return out
 
 
-def post_ops(m: Match, y, values: dict):
+def post_ops(m: Match, y, values: dict, views_only: bool = False):
     for op in m.fit.post:
         name, args = op[0], op[1:]
+        if name == "add" and views_only:
+            continue
+        if name == "to" and views_only:
+            continue
         if name == "add":
             b = args[0]
             y = y + (values[b.name] if isinstance(b, Ref) else b)
@@ -796,7 +911,8 @@ def probe_match(m: Match) -> str:
     allowed = tol[0] + tol[1] * r.abs()
     if fam.error_bound is not None and fam.bound_tol.get(want.dtype):
         try:
-            allowed = allowed + fam.bound_tol[want.dtype] * fam.error_bound(**f64).abs()
+            bound = post_ops(m, fam.error_bound(**f64).abs(), values, views_only=True)
+            allowed = allowed + fam.bound_tol[want.dtype] * bound
         except Exception:
             pass
     err = (w - r).abs()
