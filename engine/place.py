@@ -280,3 +280,45 @@ def optimized(capture: cap.Capture, placement: Placement, compile_mode: str | No
 
 
 __all__ = ["Placement", "place", "optimized"]
+
+
+class Specializing(torch.nn.Module):
+    """The optimized model for any input signature: the rewritten graph of each signature seen
+    (captured, matched and placed on its first call: a zoo LM called with ids alone returns
+    logits, with ids and targets a loss: two graphs), the original model where capture fails.
+    ``placements`` maps each signature to its Placement (None: not captured)."""
+
+    def __init__(self, model, kernels: list, compile_mode: str | None = None, first=None):
+        super().__init__()
+        object.__setattr__(self, "original", model)
+        object.__setattr__(self, "kernels", list(kernels))
+        self.compile_mode = compile_mode
+        self.cache: dict = {}
+        self.placements: dict = {}
+        if first is not None:
+            capture, matches = first
+            self._add(rt._signature(capture.inputs, capture.kwargs), capture, matches)
+
+    def _add(self, sig, capture, matches=None):
+        if capture is None or not capture.ok:
+            self.cache[sig], self.placements[sig] = None, None
+            return
+        pl = place(capture, self.kernels, matches)
+        self.cache[sig] = optimized(capture, pl, self.compile_mode)
+        self.placements[sig] = pl
+
+    def forward(self, *args, **kwargs):
+        sig = rt._signature(args, kwargs)
+        if sig not in self.cache:
+            self._add(sig, cap.capture(self.original, args, kwargs))
+        mod = self.cache[sig]
+        return mod(*args, **kwargs) if mod is not None else self.original(*args, **kwargs)
+
+    @property
+    def calls(self) -> dict:
+        out = {"placed": 0, "original": 0, "guard_miss": 0}
+        for m in self.cache.values():
+            if m is not None:
+                for k, v in m.calls.items():
+                    out[k] += v
+        return out
