@@ -232,8 +232,8 @@ class Road:
                         for k in ks}
             pl = next(iter(opt.placements.values()))
             own = {k.family for k in ks}     # why a family with a kernel was not served somewhere
-            skipped = "; ".join(f"{s['family']} {s['shape']}: {s['why']}" for s in pl.skipped
-                                if s["family"] in own][:6]) if pl else ""
+            skipped = "; ".join([f"{s['family']} {s['shape']}: {s['why']}" for s in pl.skipped
+                                 if s["family"] in own][:6]) if pl else ""
             return _Applied(opt, stats, None, skipped)
         applied = rt.apply(self.model, [k for k in ks if not k.spec], probe=self.probe)
         module = self.model
