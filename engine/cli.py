@@ -112,7 +112,8 @@ def _parser() -> argparse.ArgumentParser:
     e2.add_argument("--db", default=None)
     e2.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
                     help="time torch.compile too (auto: on a GPU, not under the interpreter; "
-                         "the mode comes from NIGHTSHIFT_COMPILE_MODE, default max-autotune)")
+                         "the best of default, reduce-overhead and max-autotune with and without "
+                         "CUDA graphs, or the one mode NIGHTSHIFT_COMPILE_MODE names)")
 
     ex = sub.add_parser("export", help="a run's kept kernels as an importable package with "
                         "apply(model) (needs torch and triton only)")
@@ -128,6 +129,8 @@ def _parser() -> argparse.ArgumentParser:
     kb.add_argument("--match", default="*.py", help="glob of the problem files to run, e.g. "
                     "'1_*.py' or '[1-9]_*.py' (a GPU command has 10 minutes)")
     kb.add_argument("--budget-experiments", type=int, default=8, help="experiments per problem")
+    kb.add_argument("--budget-minutes", type=float, default=None,
+                    help="minutes per problem, its end-to-end timing included")
     kb.add_argument("--families", default=None)
     kb.add_argument("--dtype", default="auto")
     kb.add_argument("--trials", type=int, default=5, help="fresh inputs for correctness")

@@ -984,11 +984,13 @@ class Optimized(nn.Module):
     serves calls whose inputs have the captured shapes and dtypes, and any call that misses a
     site's guard; every other call runs the original model. ``calls`` counts both."""
 
-    def __init__(self, original: nn.Module, run, example_args, example_kwargs=None, label=""):
+    def __init__(self, original: nn.Module, run, example_args, example_kwargs=None, label="",
+                 signature=None):
         super().__init__()
         object.__setattr__(self, "original", original)   # not a submodule: no second state_dict
         object.__setattr__(self, "run", run)
-        self.signature = _signature(tuple(example_args), dict(example_kwargs or {}))
+        self.signature = signature if signature is not None else _signature(
+            tuple(example_args), dict(example_kwargs or {}))
         self.label = label
         self.calls = {"placed": 0, "original": 0, "guard_miss": 0}
 
@@ -1002,6 +1004,93 @@ class Optimized(nn.Module):
                 self.calls["guard_miss"] += 1
         self.calls["original"] += 1
         return self.original(*args, **kwargs)
+
+    def stats(self) -> dict:
+        return dict(self.calls)
+
+    def remove(self) -> None:
+        """Nothing to undo: the original model was never modified."""
+
+
+# ---- a rewritten graph written to a package (engine/export.py) and loaded back --------------------
+
+_DTYPES = {str(d).removeprefix("torch."): d for d in (torch.float32, torch.float16, torch.bfloat16,
+                                                      torch.float64, torch.int64, torch.int32,
+                                                      torch.int16, torch.int8, torch.uint8, torch.bool)}
+
+
+def site_rows(site_ids) -> list[dict]:
+    """Sites as JSON rows for a manifest."""
+    rows = []
+    for sid in site_ids:
+        st = SITES[sid]
+        rows.append({"id": sid, "kernel": st.kernel.name,
+                     "args": [None if a is None else [list(a[0]), str(a[1]).removeprefix("torch."),
+                                                      list(a[2]), a[3]] for a in st.args],
+                     "out": [list(st.out[0]), str(st.out[1]).removeprefix("torch.")]})
+    return rows
+
+
+def signature_rows(sig) -> list:
+    return [[list(x[0]), str(x[1]).removeprefix("torch."), x[2]] if len(x) == 3 and x[0] != "value"
+            else ["value", repr(x[1])] for x in sig]
+
+
+def _signature_from_rows(rows) -> tuple:
+    out = []
+    for r in rows:
+        if r[0] == "value":
+            import ast
+            out.append(("value", ast.literal_eval(r[1])))
+        else:
+            out.append((tuple(r[0]), _DTYPES[r[1]], r[2]))
+    return tuple(out)
+
+
+def load_graph(model: nn.Module, folder: str, entry: dict, kernels_by_name: dict) -> "Optimized":
+    """The module an exported graph describes: ``entry`` (manifest "graphs" row) names the
+    forward's source file, its pytree specs and constants, the sites it calls and the input
+    signature it serves. The graph reads the model's own weights (same names)."""
+    import pickle
+    remap = {}
+    for row in entry["sites"]:
+        k = kernels_by_name[row["kernel"]]
+        args = tuple(None if a is None else (tuple(a[0]), _DTYPES[a[1]], tuple(a[2]), a[3])
+                     for a in row["args"])
+        remap[row["id"]] = add_site(k, args, (tuple(row["out"][0]), _DTYPES[row["out"][1]]))
+
+    def call(site_id, *args):
+        return site_call(remap[site_id], *args)
+    from torch.fx import _pytree as fx_pytree
+    from torch.utils import _pytree as pytree
+    env = {"torch": torch, "inf": math.inf, "nan": math.nan, "NoneType": type(None),
+           "device": torch.device, "fx_pytree": fx_pytree, "pytree": pytree,
+           entry["site_call_name"]: call}
+    with open(os.path.join(folder, entry["file"])) as f:
+        exec(compile(f.read(), os.path.join(folder, entry["file"]), "exec"), env)
+    holder = nn.Module()
+    for name, child in model.named_children():
+        holder.add_module(name, child)
+    for name, p in model.named_parameters(recurse=False):
+        holder.register_parameter(name, p)
+    for name, b in model.named_buffers(recurse=False):
+        holder.register_buffer(name, b)
+    import warnings
+    with open(os.path.join(folder, entry["specs"]), "rb") as f, warnings.catch_warnings():
+        warnings.simplefilter("ignore")             # torch 2.13 deprecates LeafSpec's isinstance
+        specs = pickle.load(f)
+    holder._in_spec, holder._out_spec = specs["in_spec"], specs["out_spec"]
+    if entry.get("constants"):
+        consts = torch.load(os.path.join(folder, entry["constants"]), map_location="cpu")
+        dev = next((p.device for p in model.parameters()), torch.device("cpu"))
+        for name, t in consts.items():
+            holder.register_buffer(name, t.to(dev), persistent=False)
+    forward = env["forward"]
+
+    def run(*args, **kwargs):
+        return forward(holder, *args, **kwargs)
+    return Optimized(model, run, (), None, "exported rewritten graph",
+                     signature=_signature_from_rows(entry["signature"]))
 
 
 def load_manifest_kernels(folder: str, manifest: dict) -> list[Kernel]:

@@ -74,17 +74,13 @@ _FORWARD_SCOPE = "engine::forward"
 _WEAK = frozenset({"fused_mlp"})   # scopes that don't absorb classified ops (rule 4)
 TOP_OPS = 5                        # how many op names each row keeps
 
-_OP_FAMILY = {
-    "aten::softmax": "softmax", "aten::_softmax": "softmax", "aten::_safe_softmax": "softmax",
-    "aten::layer_norm": "layernorm", "aten::native_layer_norm": "layernorm",
-    "aten::rms_norm": "rmsnorm", "aten::_fused_rms_norm": "rmsnorm",
-    "aten::cross_entropy_loss": "cross_entropy",
-    "aten::linear": "matmul", "aten::matmul": "matmul", "aten::mm": "matmul", "aten::addmm": "matmul",
-    "aten::bmm": "matmul", "aten::baddbmm": "matmul", "aten::_scaled_mm": "matmul",
-    "aten::scaled_dot_product_attention": "attention",
-    "aten::_flash_attention_forward": "attention", "aten::_efficient_attention_forward": "attention",
-    "aten::sum": "reduce", "aten::mean": "reduce",
-}
+def _op_table() -> dict:
+    """aten op name -> family, from each family's ``profile_ops`` (kernels/<family>.py)."""
+    import kernels
+    return {op: fam.name for fam in kernels.all_families() for op in fam.profile_ops}
+
+
+_OP_FAMILY = _op_table()
 
 
 def _op_family(name: str) -> str | None:

@@ -44,7 +44,6 @@ import torch.nn.functional as F
 
 import kernels
 from engine import models
-from kernels import attention as _attention, cross_entropy as _cross_entropy
 
 # Small configs: hidden 64 keeps a forward pass to milliseconds on CPU and a kernel under the
 # interpreter to seconds. "llama-large" has the built-in llama's widths (hidden 4096, FFN 14336,
@@ -304,16 +303,14 @@ class OpModel(nn.Module):
     """One call of each family's operator, in the family's shape convention, with the family's
     own inputs (kernels/<family>.py make_inputs): forward(*tensors) -> the outputs.
 
-    Each call is written the way model code writes it, so profiling finds it by the usual rules
-    (engine/profile.py): rmsnorm and the gated MLP are modules (their weights are parameters, as
-    in a model), rotary is engine/models.py's apply_rotary, the rest are the functional ops. The
-    per-call constants (eps, causal, scale) are attributes; the other inputs are forward's
-    arguments, in the family's argument order."""
+    Each call is the family's own reference (kernels/<family>.py ``reference``), which is one of
+    its spellings: the model's graph is matched like any model's (engine/match.py), so nothing
+    here names a family. The per-call constants (eps, causal, scale) are attributes; the tensors
+    are forward's arguments, in the family's argument order."""
 
     def __init__(self, calls: list[dict]):
         super().__init__()
         self.calls = calls          # [{"family", "shape", "tensors": [names], "consts": {...}}]
-        self.layers = nn.ModuleDict()    # family -> its module (rmsnorm, fused_mlp)
 
     def forward(self, *tensors):
         outs, i = [], 0
@@ -321,29 +318,7 @@ class OpModel(nn.Module):
             kw = dict(c["consts"])
             for n in c["tensors"]:
                 kw[n], i = tensors[i], i + 1
-            fam = c["family"]
-            if fam in self.layers:
-                out = self.layers[fam](kw["x"])
-            elif fam == "rotary":
-                out = models.apply_rotary(kw["x"], kw["cos"], kw["sin"])
-            elif fam == "softmax":
-                out = torch.softmax(kw["x"], dim=-1)
-            elif fam == "layernorm":
-                out = F.layer_norm(kw["x"], (kw["x"].shape[-1],), kw["weight"], kw["bias"], kw["eps"])
-            elif fam == "cross_entropy":
-                logits = kw["logits"]
-                out = F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                      kw["targets"].reshape(-1).long(),
-                                      ignore_index=_cross_entropy.IGNORE_INDEX)
-            elif fam == "matmul":
-                out = torch.matmul(kw["a"], kw["b"])
-            elif fam == "attention":
-                out = _attention.reference(**kw)
-            elif fam == "reduce":
-                out = kw["x"].sum(dim=-1)
-            else:                                     # a family added without an op form
-                raise SourceError(f"op:{fam} has no operator form")
-            outs.append(out)
+            outs.append(kernels.get(c["family"]).reference(**kw))
         return outs[0] if len(outs) == 1 else tuple(outs)
 
 
@@ -372,28 +347,11 @@ def _load_op(src, dtype, device, input_shape, seed) -> Loaded:
         return out
 
     first = draw(seed)
-    specs, params = [], {}
-    for (fam, shape), kw in zip(calls, first):
-        module_args = {"rmsnorm": ("weight",), "fused_mlp": ("w_gate", "w_up", "w_down")}.get(fam.name, ())
-        specs.append({"family": fam.name, "shape": shape,
-                      "tensors": [n for n in fam.arg_names
-                                  if isinstance(kw[n], torch.Tensor) and n not in module_args],
-                      "consts": {n: kw[n] for n in fam.arg_names if not isinstance(kw[n], torch.Tensor)}})
-        params[fam.name] = kw
-    model = OpModel(specs)
-    if "rmsnorm" in params:
-        kw = params["rmsnorm"]
-        norm = models.RMSNorm(kw["weight"].shape[0], eps=kw["eps"])
-        norm.weight = nn.Parameter(kw["weight"].detach().clone(), requires_grad=False)
-        model.layers["rmsnorm"] = norm
-    if "fused_mlp" in params:
-        kw = params["fused_mlp"]
-        f, d = kw["w_gate"].shape
-        mlp = models.SwiGLUMLP(d, f)
-        for part, w in (("gate", kw["w_gate"]), ("up", kw["w_up"]), ("down", kw["w_down"])):
-            getattr(mlp, part).weight = nn.Parameter(w.detach().contiguous().clone(), requires_grad=False)
-        model.layers["fused_mlp"] = mlp
-    model = model.to(device).eval()
+    specs = [{"family": fam.name, "shape": shape,
+              "tensors": [n for n in fam.arg_names if isinstance(kw[n], torch.Tensor)],
+              "consts": {n: kw[n] for n in fam.arg_names if not isinstance(kw[n], torch.Tensor)}}
+             for (fam, shape), kw in zip(calls, first)]
+    model = OpModel(specs).to(device).eval()
 
     def make(s):
         return tuple(kw[n] for c, kw in zip(specs, draw(s) if s != seed else first)

@@ -76,8 +76,9 @@ class Family:
     # The custom op a placed kernel becomes: its arguments in arg_names order, as a
     # torch.library schema ("(Tensor x, Tensor? weight, float eps) -> Tensor").
     op_schema: str = ""
-    # aten ops that alone compute the family, as the profiler names them ("aten::softmax"): the
-    # interception road's profile (when a model's graph cannot be captured) reads them.
+    # aten ops that alone compute the family's plain contract, as the profiler names them
+    # ("aten::softmax"): the interception road's profile (when a model's graph cannot be
+    # captured) reads them.
     profile_ops: tuple = ()
     spec: dict = field(default_factory=dict)  # the contract spec this Family was configured with
 

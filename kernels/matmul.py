@@ -730,4 +730,4 @@ FAMILY = dataclasses.replace(
     FAMILY, spellings=SPELLINGS, from_match=from_match,
     op_schema="(Tensor a, Tensor b) -> Tensor",
     profile_ops=("aten::linear", "aten::matmul", "aten::mm", "aten::addmm", "aten::bmm",
-                 "aten::baddbmm", "aten::_scaled_mm", "aten::einsum"))
+                 "aten::baddbmm", "aten::_scaled_mm"))
