@@ -370,9 +370,10 @@ _INNER_SWEEP = ((1, 1, 1), (2, 3, 5), (3, 7, 33), (2, 64, 130), (1, 130, 17), (5
 _INNER_EDGE = ((1, 1, 7), (1, 64, 1), (3, 97, 13), (13, 5, 127), (1, 3, 65537))
 _INNER_BENCH = ((112, 64, 262144), (16, 64, 65536), (8, 4096, 2048), (64, 1024, 1024))
 
-INNER_SPACE = {"block_i": [32, 64, 128, 256, 512], "block_d": [8, 16, 32, 64],
-               "num_warps": [1, 2, 4, 8], "max_tile": [4096, 8192, 16384]}
-INNER_DEFAULT = {"block_i": 128, "block_d": 16, "num_warps": 4, "max_tile": 8192}
+# the column kernel's own axes (names apart from SPACE's: a point of a widened contract holds both)
+INNER_SPACE = {"block_i": [32, 64, 128, 256, 512], "block_di": [8, 16, 32, 64],
+               "inner_warps": [1, 2, 4, 8], "inner_tile": [4096, 8192, 16384]}
+INNER_DEFAULT = {"block_i": 128, "block_di": 16, "inner_warps": 4, "inner_tile": 8192}
 
 
 def _render_for(dims, weight, inner: bool):
@@ -396,9 +397,9 @@ Inner point: {C.point_line(INNER_SPACE, inner_p)}
 
 DIMS = {tuple(dims)!r}
 BLOCK_I = {inner_p["block_i"]}       # positions along I per program (coalesced: I has stride 1)
-BLOCK_DI = {inner_p["block_d"]}       # normalized elements per step of the column kernel's loops
-INNER_WARPS = {inner_p["num_warps"]}
-INNER_TILE = {inner_p["max_tile"]}     # a [next_pow2(D), BLOCK_I] tile up to this many elements: one pass
+BLOCK_DI = {inner_p["block_di"]}       # normalized elements per step of the column kernel's loops
+INNER_WARPS = {inner_p["inner_warps"]}
+INNER_TILE = {inner_p["inner_tile"]}     # a [next_pow2(D), BLOCK_I] tile up to this many elements: one pass
 _ONES = {{}}
 
 
