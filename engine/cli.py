@@ -126,8 +126,8 @@ def _parser() -> argparse.ArgumentParser:
     kb = sub.add_parser("kernelbench", help="optimize KernelBench problem files and report fast_p")
     kb.add_argument("dir", help="folder of problem files (its level<N>/ subfolder if present)")
     kb.add_argument("--level", type=int, default=1)
-    kb.add_argument("--match", default="*.py", help="glob of the problem files to run, e.g. "
-                    "'1_*.py' or '[1-9]_*.py' (a GPU command has 10 minutes)")
+    kb.add_argument("--match", default="*.py", help="glob(s) of the problem files to run, "
+                    "comma-separated, e.g. '1_*.py' or '23_*.py,24_*.py,36_*.py'")
     kb.add_argument("--budget-experiments", type=int, default=8, help="experiments per problem")
     kb.add_argument("--budget-minutes", type=float, default=None,
                     help="minutes per problem, its end-to-end timing included")

@@ -304,7 +304,8 @@ class Specializing(torch.nn.Module):
             self.cache[sig], self.placements[sig] = None, None
             return
         pl = place(capture, self.kernels, matches)
-        self.cache[sig] = optimized(capture, pl, self.compile_mode)
+        # a signature no kernel serves runs the model itself, not a copy of its graph
+        self.cache[sig] = optimized(capture, pl, self.compile_mode) if pl.sites else None
         self.placements[sig] = pl
 
     def forward(self, *args, **kwargs):
@@ -312,11 +313,22 @@ class Specializing(torch.nn.Module):
         if sig not in self.cache:
             self._add(sig, cap.capture(self.original, args, kwargs))
         mod = self.cache[sig]
-        return mod(*args, **kwargs) if mod is not None else self.original(*args, **kwargs)
+        if mod is None:
+            self.unplaced_calls += 1
+            return self.original(*args, **kwargs)
+        return mod(*args, **kwargs)
+
+    unplaced_calls = 0
+
+    def stats(self) -> dict:
+        return self.calls
+
+    def remove(self) -> None:
+        """Nothing to undo: the original model was never modified."""
 
     @property
     def calls(self) -> dict:
-        out = {"placed": 0, "original": 0, "guard_miss": 0}
+        out = {"placed": 0, "original": self.unplaced_calls, "guard_miss": 0}
         for m in self.cache.values():
             if m is not None:
                 for k, v in m.calls.items():

@@ -4,8 +4,10 @@ A spec is one string, the same in ``--model`` and in the dashboard:
 
 - a built-in zoo name (``llama-tiny``, ``gpt2``, ... see engine/models.py);
 - ``hf:NAME``: a Hugging Face transformers model built from a small config with random weights
-  (``hf:llama``, ``hf:mistral``, ``hf:gpt2``, ``hf:bert``, and ``hf:llama-large`` at LLaMA
-  widths). Nothing is downloaded: the config is written here and the weights are random. Needs
+  (``hf:llama``, ``hf:mistral``, ``hf:qwen2``, ``hf:gpt2``, ``hf:bert``; ``hf:llama-large`` at
+  LLaMA-7B widths; ``hf:llama-1b``, ``hf:mistral-1b``, ``hf:qwen2-1b``, ``hf:gpt2-1b``,
+  ``hf:bert-1b`` at ~1B-parameter widths, 4 layers unless --n-layer says otherwise). Nothing is
+  downloaded: the config is written here and the weights are random. Needs
   ``pip install transformers``;
 - ``path/to/file.py:Name``: Name is an nn.Module class (constructed with the arguments of the
   file's ``get_init_inputs()`` if it has one, else none) or a zero-argument function returning a
@@ -63,8 +65,28 @@ HF_PRESETS = {
     "bert": ("BertConfig", "BertForMaskedLM", dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         vocab_size=256, max_position_embeddings=256)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=256, max_position_embeddings=256)),
+    # ~1B-parameter widths (the GPU acceptance models; pick the depth with --n-layer): TinyLlama,
+    # a Mistral of the same widths, Qwen2-1.5B, GPT-2 XL's width and BERT-large
+    "llama-1b": ("LlamaConfig", "LlamaForCausalLM", dict(
+        hidden_size=2048, intermediate_size=5632, num_hidden_layers=4, num_attention_heads=32,
+        num_key_value_heads=4, vocab_size=32000, max_position_embeddings=4096)),
+    "mistral-1b": ("MistralConfig", "MistralForCausalLM", dict(
+        hidden_size=2048, intermediate_size=5632, num_hidden_layers=4, num_attention_heads=32,
+        num_key_value_heads=8, vocab_size=32000, max_position_embeddings=4096, sliding_window=None)),
+    "qwen2-1b": ("Qwen2Config", "Qwen2ForCausalLM", dict(
+        hidden_size=1536, intermediate_size=8960, num_hidden_layers=4, num_attention_heads=12,
+        num_key_value_heads=2, vocab_size=151936, max_position_embeddings=4096)),
+    "gpt2-1b": ("GPT2Config", "GPT2LMHeadModel", dict(
+        n_embd=1600, n_layer=4, n_head=25, vocab_size=50257, n_positions=2048)),
+    "bert-1b": ("BertConfig", "BertForMaskedLM", dict(
+        hidden_size=1024, intermediate_size=4096, num_hidden_layers=4, num_attention_heads=16,
+        vocab_size=30522, max_position_embeddings=512)),
 }
-HF_DEFAULT_SHAPE = {"llama-large": (1, 2048)}   # others: (2, 16)
+HF_DEFAULT_SHAPE = {"llama-large": (1, 2048), "llama-1b": (4, 2048), "mistral-1b": (4, 2048),
+                    "qwen2-1b": (4, 2048), "gpt2-1b": (4, 2048), "bert-1b": (8, 512)}   # others: (2, 16)
 # --n-layer and friends, named as the zoo names them, mapped to each config's own field.
 _HF_ALIASES = {"n_layer": ("num_hidden_layers", "n_layer")}
 
