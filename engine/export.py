@@ -179,7 +179,7 @@ def _write_graphs(run: dict, records: list, folder: Path) -> tuple[list, str]:
     from engine import place
     try:
         loaded = integrate.run_source(run)
-        road = integrate.graph_road(loaded.model, loaded.inputs)
+        road = integrate.graph_road(loaded.model, loaded.inputs, run["config"].get("families"))
     except Exception as e:
         return [], f"the model could not be rebuilt here: {type(e).__name__}: {e}"[:300]
     if road.name != "graph":

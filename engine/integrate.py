@@ -213,14 +213,16 @@ class Road:
     """How kernels get into ``model``: by rewriting its captured graph (``capture`` given) or by
     interception (engine/kernel_runtime.apply). ``apply(kernels, compile_mode)``."""
 
-    def __init__(self, model, capture=None, matches=None, probe: bool = True):
+    def __init__(self, model, capture=None, matches=None, probe: bool = True, families=None):
         self.model, self.capture, self.matches, self.probe = model, capture, matches, probe
+        self.families = families
         self.name = "graph" if capture is not None and capture.ok else "interception"
 
     def apply(self, ks: list, compile_mode: str | None = None) -> _Applied:
         if self.name == "graph":
             from engine import place
-            opt = place.Specializing(self.model, ks, compile_mode, (self.capture, self.matches))
+            opt = place.Specializing(self.model, ks, compile_mode, (self.capture, self.matches),
+                                     self.families)
 
             def stats():
                 pls = [p for p in opt.placements.values() if p is not None]
@@ -242,13 +244,15 @@ class Road:
         return _Applied(module, applied.stats, applied.remove)
 
 
-def graph_road(model, inputs) -> Road:
-    """Capture ``model`` on ``inputs`` and match its families: the graph road, or the
-    interception road when the forward cannot be captured (``road.capture.note`` says why)."""
+def graph_road(model, inputs, families=None) -> Road:
+    """Capture ``model`` on ``inputs`` and match its families (``families``: the run's, None for
+    all): the graph road, or the interception road when the forward cannot be captured."""
     from engine import capture, match
     cap = capture.capture(model, inputs)
-    matches = {g.index: match.find(g) for g in cap.graphs} if cap.ok else None
-    return Road(model, cap if cap.ok else None, matches)
+    matches = {g.index: match.find(g, families=families) for g in cap.graphs} if cap.ok else None
+    road = Road(model, cap if cap.ok else None, matches, families=families)
+    road.note = cap.note
+    return road
 
 
 def optimize(model, db=None, run_id: str = "latest", example_inputs=None, probe: bool = True):
@@ -398,6 +402,16 @@ class _Refs:
             self.orig_hi = max(errs) if errs else None
         return self.orig_hi
 
+    def prefetch(self):
+        """Every output now, before any kernel is in the model: the interception road changes the
+        model in place, so its original outputs must be taken first (they are kept whatever
+        their size: that road serves models export cannot capture, not the largest ones)."""
+        self.KEEP_BYTES = float("inf")
+        for i in range(len(self.sets)):
+            self.ref(i)
+            self.hi(i)
+        self.original_hi_error()
+
     def close(self):
         self.hi_model = None
         self.cache.clear()
@@ -414,6 +428,8 @@ def check(model, input_sets: list, kernels: list, dtype: str, probe: bool = True
     road = road or Road(model, probe=probe)
     tol = E2E_TOLERANCE.get(dtype, 1e-4)
     refs = _Refs(model, input_sets, dtype in ("float16", "bfloat16"))
+    if road.name != "graph":
+        refs.prefetch()
 
     def attempt(ks):
         """(error against the original, where, stats, error against float32 or None)."""
@@ -749,7 +765,7 @@ def finish_run(store, run_id: str, log=print, do_compile: bool | None = None,
         # fresh inputs: other random values than the profiled ones; one set under the
         # interpreter (each interpreted kernel call takes a second), three on a GPU
         input_sets = _input_sets(loaded, seed + 1000, 1 if interp else 3)
-        road = graph_road(loaded.model, loaded.inputs)
+        road = graph_road(loaded.model, loaded.inputs, run["config"].get("families"))
         ks = load(records)
         dtype = str(loaded.dtype).removeprefix("torch.")
         if ks:

@@ -154,7 +154,7 @@ def score_problem(path: Path, cfg_kw: dict, trials: int, log) -> ProblemResult:
         records, left_out = integrate.placeable(store, res.run_id, skip_flagged=False)
         ks = integrate.load(records)
         dtype = str(loaded.dtype).removeprefix("torch.")
-        road = integrate.graph_road(loaded.model, loaded.inputs)
+        road = integrate.graph_road(loaded.model, loaded.inputs, run["config"].get("families"))
         seed = cfg.seed
         check = usable = None
         if ks:

@@ -280,7 +280,12 @@ def _prepare(cfg: RunConfig, store: Store, control: Control, log) -> str:
         raise
     if gpu:
         torch.cuda.empty_cache()
+    wired = _specs_wired()
     for tp in plans:
+        if tp.spec and not wired:
+            store.event(run_id, f"{tp.family} {json.dumps(tp.spec, sort_keys=True)}: no target: "
+                                f"this engine's worker judges plain contracts only", "warn")
+            continue
         if tp.family in wanted and tp.shapes:
             label = f"{tp.family} {json.dumps(tp.spec, sort_keys=True)}" if tp.spec else None
             store.add_target(run_id, tp.family, tp.dtype, tp.shapes, tp.fraction, spec=tp.spec,
@@ -293,6 +298,21 @@ def _prepare(cfg: RunConfig, store: Store, control: Control, log) -> str:
             log("  other: " + ", ".join(f"{o['name']} {o['time_us']:.0f} us"
                                         for o in r["top_ops"][:5]))
     return run_id
+
+
+def _specs_wired() -> bool:
+    """Do the proposals and the worker rebuild a target's widened contract from its spec
+    (kernels.get(family, spec))? A target judged under another contract than its match's would be
+    verified on the wrong semantics, so widened targets are made only when both do."""
+    import inspect
+    from engine import worker
+    try:
+        w, d = inspect.getsource(worker), inspect.getsource(_Dispatch._next)
+    except (OSError, TypeError):
+        return False
+    reads = any(x in w for x in ('req.get("spec")', 'req["spec"]'))
+    sends = '"spec":' in d and ('target.get("spec")' in d or 'target["spec"]' in d)
+    return reads and sends
 
 
 def _profile_graph(cfg, store, run_id, model, inputs, log):
@@ -311,7 +331,7 @@ def _profile_graph(cfg, store, run_id, model, inputs, log):
                         f"in {cap.seconds:.1f} s" + (f" ({cap.note})" if cap.method != "export" else ""),
                 "warn" if cap.method != "export" else "info")
     store.update_run(run_id, current_reason="matching the families in the graph")
-    matches = {g.index: match.find(g) for g in cap.graphs}
+    matches = {g.index: match.find(g, families=cfg.families) for g in cap.graphs}
     found = Counter(m.family for ms in matches.values() for m in ms)
     store.event(run_id, "matched " + (", ".join(f"{f} x{n}" for f, n in found.most_common())
                                       or "no family"))

@@ -708,10 +708,15 @@ def _absorb_tail(output: fx.Node, nodes: set) -> fx.Node:
     return output
 
 
-def find(graph: cap.Graph, pats: list[Pattern] | None = None, probe: bool = True) -> list[Match]:
+def find(graph: cap.Graph, pats: list[Pattern] | None = None, probe: bool = True,
+         families=None) -> list[Match]:
     """Every family match in ``graph``, non-overlapping, in graph order. Matches whose family
-    contract cannot serve them carry ``why_not``; decoys are not returned."""
+    contract cannot serve them carry ``why_not``; decoys are not returned. ``families``: only
+    those families' patterns (a run asked for softmax alone finds the softmax inside a
+    hand-written attention, which the attention pattern would otherwise claim)."""
     pats = patterns() if pats is None else pats
+    if families is not None:
+        pats = [p for p in pats if p.family in set(families)]
     folder = Folder(graph)
     order = {n: i for i, n in enumerate(graph.gm.graph.nodes)}
     claimed: set = set()

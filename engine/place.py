@@ -217,14 +217,16 @@ def _repropagate(g: fx.Graph, mode) -> None:
             dirty.add(n)
 
 
-def place(capture: cap.Capture, kernels: list, matches: dict | None = None) -> Placement:
+def place(capture: cap.Capture, kernels: list, matches: dict | None = None,
+          families=None) -> Placement:
     """Rewrite each captured graph with the ``kernels`` (rt.Kernel, loaded with their spec and
-    schema) that serve its matches; the original GraphModules are left as they were."""
+    schema) that serve its matches (found here, among ``families``, when not given); the
+    original GraphModules are left as they were."""
     out = Placement([])
     for graph in capture.graphs:
         ms = matches.get(graph.index) if matches is not None else None
         if ms is None:
-            ms = match.find(graph)
+            ms = match.find(graph, families=families)
         gm = graph.gm
         g = fx.Graph()
         env: dict = {}
@@ -288,11 +290,13 @@ class Specializing(torch.nn.Module):
     logits, with ids and targets a loss: two graphs), the original model where capture fails.
     ``placements`` maps each signature to its Placement (None: not captured)."""
 
-    def __init__(self, model, kernels: list, compile_mode: str | None = None, first=None):
+    def __init__(self, model, kernels: list, compile_mode: str | None = None, first=None,
+                 families=None):
         super().__init__()
         object.__setattr__(self, "original", model)
         object.__setattr__(self, "kernels", list(kernels))
         self.compile_mode = compile_mode
+        self.families = families
         self.cache: dict = {}
         self.placements: dict = {}
         if first is not None:
@@ -303,7 +307,7 @@ class Specializing(torch.nn.Module):
         if capture is None or not capture.ok:
             self.cache[sig], self.placements[sig] = None, None
             return
-        pl = place(capture, self.kernels, matches)
+        pl = place(capture, self.kernels, matches, self.families)
         # a signature no kernel serves runs the model itself, not a copy of its graph
         self.cache[sig] = optimized(capture, pl, self.compile_mode) if pl.sites else None
         self.placements[sig] = pl
