@@ -21,7 +21,6 @@ inputs with other shapes or dtypes than the captured ones run the original model
 """
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass, field
 
 import torch
@@ -31,7 +30,7 @@ import kernels as families
 from engine import capture as cap
 from engine import kernel_runtime as rt
 from engine import match
-from kernels.patterns import Ref, spec_key
+from kernels.patterns import Ref
 
 aten = torch.ops.aten
 

@@ -35,7 +35,7 @@ This module imports torch only: family files import it, and nothing of the engin
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 
