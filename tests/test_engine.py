@@ -74,9 +74,9 @@ def test_loop_survives_every_bad_candidate(tmp_path):
 
 
 def test_cli_run_targets_every_found_family_and_decides_by_its_timings(tmp_path):
-    # llama-tiny has six families with kernels (matmul, softmax, fused_mlp, rotary, rmsnorm,
-    # cross_entropy): patience 1 rests a family at its first non-improvement, so 24 experiments
-    # reach all six even when some keep improving for a while
+    # llama-tiny's graph has six families with kernels (matmul, attention, fused_mlp, rotary,
+    # rmsnorm, cross_entropy): patience 1 rests a family at its first non-improvement, so 24
+    # experiments reach all six even when some keep improving for a while
     db = tmp_path / "runs.db"
     r = cli("run", "--model", "llama-tiny", "--budget-experiments", "24", "--patience", "1",
             "--db", str(db), timeout=1200)
