@@ -276,9 +276,29 @@ def cmd_kernelbench(a, log=print) -> int:
             + (f", {r.speedup('compile'):.3g}x compile" if r.speedup("compile") else "")
             + (f" ({r.why_not})" if r.why_not else "") + f", {r.seconds:.0f} s")
         results.append(r)
+    if a.out:
+        # several invocations (one device command each) build one table: every result is kept
+        # in <out>.jsonl, a problem run again replaces its row, and <out> is rewritten from all
+        results = _accumulate(Path(a.out).with_suffix(".jsonl"), results)
     interp = any(r.timing_mode == "interpreter" for r in results) or not torch.cuda.is_available()
     text = markdown(results, a.level, interp)
     if a.out:
         Path(a.out).write_text(text)
     print(text, end="")
     return 0
+
+
+def _accumulate(path: Path, new: list[ProblemResult]) -> list[ProblemResult]:
+    import json
+    from dataclasses import asdict
+    rows = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                d = json.loads(line)
+                rows[d["problem"]] = ProblemResult(**d)
+    for r in new:
+        rows[r.problem] = r
+    path.write_text("".join(json.dumps(asdict(r)) + "\n" for r in rows.values()))
+    return sorted(rows.values(), key=lambda r: (int(r.problem.split("_")[0]) if r.problem.split("_")[0].isdigit()
+                                                else 1 << 30, r.problem))

@@ -525,3 +525,18 @@ def test_widened_contract_starter_passes_and_plain_kernel_fails_it(family, spec,
         pfn = verify.load_candidate(plain.starter(), str(tmp_path))
         r = v.run_stage(pfn, "smoke")
         assert r.status == "failed", (family, spec)
+
+
+def test_kernelbench_results_of_several_commands_build_one_table(tmp_path):
+    from engine.kernelbench import ProblemResult, _accumulate, markdown
+    rows = tmp_path / "kb.jsonl"
+    _accumulate(rows, [ProblemResult("23_Softmax.py", correct=True, eager_us=2.0, optimized_us=1.0,
+                                     compile_us=1.5, seconds=30.0)])
+    both = _accumulate(rows, [ProblemResult("3_Bmm.py", correct=True, eager_us=1.0, optimized_us=1.0,
+                                            why_not="matmul#2 slower than its baseline"),
+                              ProblemResult("23_Softmax.py", correct=True, eager_us=2.0, optimized_us=0.5,
+                                            compile_us=1.5, seconds=40.0)])
+    assert [r.problem for r in both] == ["3_Bmm.py", "23_Softmax.py"]      # problem order; rerun wins
+    text = markdown(both, 1, interp=False)
+    assert "| 23_Softmax.py |" in text and "4x |" in text and "none: matmul#2 slower" in text
+    assert "| vs eager | 0.50 | 0.50 | 0.50 | 2x |" in text
