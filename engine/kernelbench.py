@@ -130,7 +130,12 @@ def score_problem(path: Path, cfg_kw: dict, trials: int, log) -> ProblemResult:
     from engine.store import Store
     t0 = time.monotonic()
     res = ProblemResult(problem=path.name)
-    cfg = RunConfig(model=str(path), e2e_check=False, **cfg_kw)
+    cfg_kw = dict(cfg_kw)
+    budget = cfg_kw.pop("budget_minutes", None)
+    # --budget-minutes bounds the whole problem: the run gets 60% of it, the check and the
+    # timings (torch.compile's modes, as many as fit) the rest
+    cfg = RunConfig(model=str(path), e2e_check=False, budget_minutes=0.6 * budget if budget else None,
+                    **cfg_kw)
     try:
         cfg.validate()
     except ConfigError as e:
@@ -172,7 +177,7 @@ def score_problem(path: Path, cfg_kw: dict, trials: int, log) -> ProblemResult:
             res.why_not = _why_nothing(store, res.run_id, left_out, check)
         inputs = loaded.new_inputs(seed + 2000)
         ref = integrate._run(loaded.model, inputs)
-        deadline = (t0 + cfg.budget_minutes * 60) if cfg.budget_minutes else None
+        deadline = (t0 + budget * 60) if budget else None
         timings = integrate.time_variants(loaded.model, inputs, usable, run["timing_mode"],
                                           reps=3 if interp else 50, reference_out=ref, road=road,
                                           deadline=deadline)
