@@ -540,3 +540,15 @@ def test_kernelbench_results_of_several_commands_build_one_table(tmp_path):
     text = markdown(both, 1, interp=False)
     assert "| 23_Softmax.py |" in text and "4x |" in text and "none: matmul#2 slower" in text
     assert "| vs eager | 0.50 | 0.50 | 0.50 | 2x |" in text
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_graph_profile_counts_every_device_microsecond_once():
+    """On a GPU every kernel, memcpy and memset of the profiled window goes to one node (by the
+    correlation id of its launch) or to "other", and the rows add up to all device time."""
+    model, inputs = models.build("llama-tiny", device="cuda")
+    cap, ms = found(model, *inputs, probe=False)
+    gp = profile.profile_graph(cap, ms, warmup=2, iters=3)
+    assert gp.result.total_us > 0
+    assert sum(r.time_us for r in gp.result.families) == pytest.approx(gp.result.total_us, rel=1e-6)
+    assert {r.family for r in gp.result.families} >= {"matmul", "attention", "rmsnorm"}
