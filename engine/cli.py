@@ -117,7 +117,8 @@ def _parser() -> argparse.ArgumentParser:
     e2.add_argument("--db", default=None)
     e2.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
                     help="time torch.compile too (auto: on a GPU, not under the interpreter; "
-                         "the mode comes from NIGHTSHIFT_COMPILE_MODE, default max-autotune)")
+                         "the best of default, reduce-overhead and max-autotune with and without "
+                         "CUDA graphs, or the one mode NIGHTSHIFT_COMPILE_MODE names)")
 
     ex = sub.add_parser("export", help="a run's kept kernels as an importable package with "
                         "apply(model) (needs torch and triton only)")
@@ -130,9 +131,11 @@ def _parser() -> argparse.ArgumentParser:
     kb = sub.add_parser("kernelbench", help="optimize KernelBench problem files and report fast_p")
     kb.add_argument("dir", help="folder of problem files (its level<N>/ subfolder if present)")
     kb.add_argument("--level", type=int, default=1)
-    kb.add_argument("--match", default="*.py", help="glob of the problem files to run, e.g. "
-                    "'1_*.py' or '[1-9]_*.py' (a GPU command has 10 minutes)")
+    kb.add_argument("--match", default="*.py", help="glob(s) of the problem files to run, "
+                    "comma-separated, e.g. '1_*.py' or '23_*.py,24_*.py,36_*.py'")
     kb.add_argument("--budget-experiments", type=int, default=8, help="experiments per problem")
+    kb.add_argument("--budget-minutes", type=float, default=None,
+                    help="minutes per problem, its end-to-end timing included")
     kb.add_argument("--families", default=None)
     kb.add_argument("--dtype", default="auto")
     kb.add_argument("--trials", type=int, default=5, help="fresh inputs for correctness")

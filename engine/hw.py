@@ -57,10 +57,19 @@ def detect() -> dict:
     return info
 
 
-def measure_ceilings() -> dict:
-    """Copy bandwidth (bytes read + written per second) and bf16 matmul rate, measured now.
+# The matmul rates a run may need: fp32 as torch multiplies it by default (no TF32), TF32 (when
+# torch.backends.cuda.matmul.allow_tf32 or set_float32_matmul_precision("high") let the model use
+# it), bf16 and fp16 on the tensor cores. An fp32 GEMM judged against the bf16 rate would sit at
+# "3% of SOL" when it is at cuBLAS's speed.
+RATE_KEYS = ("float32", "tf32", "bfloat16", "float16")
 
-    Takes about a second on a large GPU. Returns {} with no GPU: interpreter timings have no roof.
+
+def measure_ceilings(rates=RATE_KEYS) -> dict:
+    """Copy bandwidth (bytes read + written per second) and the matmul rate per dtype, measured now.
+
+    {"copy_gbps", "matmul_tflops" (bf16, as before), "matmul_tflops_by": {"float32", "tf32",
+    "bfloat16", "float16"}}. About a second per rate on a large GPU (an fp32 8192^3 product
+    without TF32 takes ~25 ms). Returns {} with no GPU: interpreter timings have no roof.
     """
     import torch
     if not torch.cuda.is_available():
@@ -70,13 +79,55 @@ def measure_ceilings() -> dict:
     src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     dst = torch.empty_like(src)
     copy_ms = device_time_ms(lambda: dst.copy_(src), reps=20)
+    del src, dst
+    by = {}
     m = 8192
-    a = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
-    mm_ms = device_time_ms(lambda: a @ b, reps=10)
-    del src, dst, a, b
+    for key in rates:
+        dtype = torch.float32 if key in ("float32", "tf32") else getattr(torch, key)
+        a = torch.randn(m, m, device="cuda", dtype=dtype)
+        b = torch.randn(m, m, device="cuda", dtype=dtype)
+        old = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = key == "tf32"
+        try:
+            ms = device_time_ms(lambda: a @ b, reps=5 if key == "float32" else 10)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = old
+        by[key] = round(2 * m**3 / (ms * 1e-3) / 1e12, 1)
+        del a, b
     torch.cuda.empty_cache()
-    return {
-        "copy_gbps": round(2 * n * 2 / (copy_ms * 1e-3) / 1e9, 1),
-        "matmul_tflops": round(2 * m**3 / (mm_ms * 1e-3) / 1e12, 1),
-    }
+    out = {"copy_gbps": round(2 * n * 2 / (copy_ms * 1e-3) / 1e9, 1), "matmul_tflops_by": by}
+    if "bfloat16" in by:
+        out["matmul_tflops"] = by["bfloat16"]
+    return out
+
+
+def tf32_allowed() -> bool:
+    """Does torch multiply fp32 matrices in TF32 in this process (the model's own setting)?"""
+    import torch
+    return bool(torch.backends.cuda.matmul.allow_tf32) or torch.get_float32_matmul_precision() != "highest"
+
+
+def matmul_rate(ceilings: dict, dtype, tf32: bool = False) -> float | None:
+    """TFLOP/s a product in ``dtype`` can reach on the measured machine: fp32 counts at the fp32
+    rate (the TF32 one when ``tf32``), fp16/bf16 at theirs; a ceilings row from before the
+    per-dtype rates has the bf16 rate only, which stands in for the 16-bit types alone."""
+    name = str(dtype).removeprefix("torch.")
+    key = "tf32" if name == "float32" and tf32 else name
+    by = (ceilings or {}).get("matmul_tflops_by") or {}
+    if key in by:
+        return by[key]
+    if name in ("bfloat16", "float16"):
+        return (ceilings or {}).get("matmul_tflops")
+    return None
+
+
+def sol_us(nbytes: float, flops: float, dtype, ceilings: dict, tf32: bool = False) -> float | None:
+    """Speed of light of an op that must move ``nbytes`` and do ``flops`` in ``dtype``: the
+    longer of the copy time and the matmul time at that dtype's rate (microseconds); None without
+    measured ceilings. Ops of a dtype with no measured rate are bounded by memory alone."""
+    if not ceilings or not ceilings.get("copy_gbps"):
+        return None
+    t_mem = nbytes / (ceilings["copy_gbps"] * 1e3)
+    rate = matmul_rate(ceilings, dtype, tf32)
+    t_flop = flops / (rate * 1e6) if rate else 0.0
+    return max(t_mem, t_flop)

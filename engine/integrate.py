@@ -1,11 +1,23 @@
-"""A run's kept kernels in the real model: integrate them, check the model end to end, time it.
+"""A run's kept kernels in the real model: place them, check the model end to end, time it.
 
-An optimized model is the original with the run's best kernel of each family applied through
-engine/kernel_runtime.py (functional interception plus probed module swaps; a kernel serves only
-the shapes, dtype and device it was verified on). Everything here runs in the caller's process:
-kernel sources come from the run's database, where only candidates that passed the verifier are
-kept, but they are code, and loading them runs them here, unsandboxed. Integrate kernels only from
-databases you trust.
+Which kernels: the best kernel of each target that beats the target's **baseline**, the faster of
+eager and torch.compile of the same op (engine/plan.py ``beats_baseline``; a kernel slower than
+the op it would replace is never placed, and the check's detail says which were left out and why).
+Under Triton's CPU interpreter every kernel is far slower than eager and the timings decide
+nothing: an interpreter run places its verified kernels anyway, to check the placement road.
+
+Where they go, two roads:
+- **graph** (the main one): the model is captured again on its profiled inputs (engine/capture.py),
+  the families matched (engine/match.py) and each matched subgraph a kernel was verified for is
+  rewritten into a call of it (engine/place.py); the optimized model runs the rewritten graph,
+  eagerly or through torch.compile with the kernels opaque to inductor, and any call whose
+  inputs have other shapes or dtypes runs the original model.
+- **interception** (when the forward cannot be captured): engine/kernel_runtime.py ``apply``,
+  functional calls intercepted and probed module swaps (plain contracts only).
+
+Everything here runs in the caller's process: kernel sources come from the run's database, where
+only candidates that passed the verifier are kept, but they are code, and loading them runs them
+here, unsandboxed. Integrate kernels only from databases you trust.
 
 The end-to-end check compares the optimized model with the original on fresh inputs. Its error
 is max |optimized - original| / max |original| over every floating output (scale-relative: a
@@ -14,18 +26,24 @@ same places. In float16/bfloat16 the original itself rounds at every step (a com
 in bf16, say), and a kernel that accumulates in fp32 is closer to the true function than the
 original is; so when the optimized model misses the tolerance against the original, both are
 compared with a float32 run of the same model, and the optimized one passes if it is no further
-from it than the original (within 10%, or the tolerance). When it fails, each kernel is tried alone; the ones that fail alone are flagged
-responsible and left out, and the rest are checked together again.
+from it than the original (within 10%, or the tolerance). When it fails, each kernel is tried
+alone; the ones that fail alone are flagged responsible and left out, and the rest are checked
+together again. Input sets are made and compared one at a time: a problem whose inputs fill a
+quarter of the GPU still fits.
 
-Timings put four variants side by side in one process: eager, optimized, torch.compile
-(max-autotune) of the original and of the optimized model. Under Triton's CPU interpreter they are
-interpreter timings (kernels interpreted in Python: far slower than eager, never GPU figures) and
-torch.compile is skipped unless NIGHTSHIFT_E2E_COMPILE=1.
+Timings put the variants side by side in one process: eager, torch.compile of the original (the
+best of its modes: default, reduce-overhead (CUDA graphs), max-autotune without and with CUDA
+graphs, as many as the time left allows), the optimized model eager, and the optimized model
+compiled (best of the same modes). The model a run hands back is the fastest of them: never
+slower than the faster of eager and torch.compile. Under Triton's CPU interpreter they are
+interpreter timings (kernels interpreted in Python: far slower than eager, never GPU figures)
+and torch.compile is skipped unless NIGHTSHIFT_E2E_COMPILE=1.
 """
 from __future__ import annotations
 
 import atexit
 import copy
+import json
 import math
 import os
 import shutil
@@ -38,15 +56,19 @@ import torch
 
 import kernels as families
 from engine import kernel_runtime as rt
-from engine import sources
+from engine import plan, sources
 
 # Scale-relative error an optimized model may show against the original. Each kernel is within
 # a few ulps of the float64 reference, the original within a few ulps of it the other way, and
 # both pass through every layer: fp32 leaves room for ~1000 ulps of drift, fp16/bf16 for a few
 # of their much coarser steps.
 E2E_TOLERANCE = {"float32": 1e-4, "float16": 5e-3, "bfloat16": 2e-2, "float64": 1e-10}
-COMPILE_MODE = os.environ.get("NIGHTSHIFT_COMPILE_MODE", "max-autotune")
+# torch.compile modes a baseline is the best of (NIGHTSHIFT_COMPILE_MODE picks one instead), in
+# the order tried: each costs more compile time than the one before.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
+COMPILE_MODE = os.environ.get("NIGHTSHIFT_COMPILE_MODE", "")
 VARIANTS = ("eager", "optimized", "compile", "compile_optimized")
+MIN_MARGIN = 0.01
 
 
 @dataclass
@@ -65,6 +87,8 @@ class KernelRecord:
     ref_latency_us: float | None = None
     speedup: float | None = None
     timing_mode: str = ""
+    spec: dict = field(default_factory=dict)     # the contract it was verified under
+    compile_latency_us: float | None = None      # torch.compile of the same op, when timed
 
     @property
     def name(self) -> str:
@@ -86,10 +110,18 @@ class CheckResult:
         return f"{self.status}{err}; {self.detail}"
 
 
-def kept_kernels(store, run_id: str, skip_flagged: bool = True) -> list[KernelRecord]:
+def kept_kernels(store, run_id: str, skip_flagged: bool = True,
+                 beat_baseline: bool = True) -> list[KernelRecord]:
     """The best kernel of each target of the run (targets.best_experiment_id), without the ones
     the latest end-to-end check flagged responsible for a mismatch or left out because the model
-    ran slower with them (unless skip_flagged=False)."""
+    ran slower with them (unless skip_flagged=False), and, with ``beat_baseline``, without the
+    ones slower than their target's baseline (the faster of eager and torch.compile)."""
+    return placeable(store, run_id, skip_flagged, beat_baseline)[0]
+
+
+def placeable(store, run_id: str, skip_flagged: bool = True,
+              beat_baseline: bool = True) -> tuple[list[KernelRecord], list[tuple[str, str]]]:
+    """(records to place, [(kernel name, why left out)])."""
     run = store.get_run(run_id)
     if run is None:
         raise KeyError(f"no run {run_id!r}")
@@ -99,12 +131,24 @@ def kept_kernels(store, run_id: str, skip_flagged: bool = True) -> list[KernelRe
         if checks:
             flagged = {f for f, v in (checks[0]["family_flags"] or {}).items()
                        if v in ("responsible", "slower")}
-    out = []
+    out, left = [], []
     for t in store.targets(run_id):
-        if not t["best_experiment_id"] or t["family"] in flagged:
+        if not t["best_experiment_id"]:
             continue
         e = store.experiment(t["best_experiment_id"])
-        fam = families.get(t["family"])
+        name = f"{t['family']}#{e['seq']}"
+        if t["family"] in flagged or _flag_key(t["family"], t.get("spec")) in flagged:
+            left.append((name, "flagged by the last end-to-end check"))
+            continue
+        # interpreter timings decide nothing (kernels run in Python, thousands of times slower
+        # than eager): an interpreter run places its verified kernels to check the road, and
+        # only a GPU run's timings keep a kernel out
+        if beat_baseline and run["timing_mode"] != "interpreter":
+            ok, why = plan.beats_baseline(t, MIN_MARGIN)
+            if not ok:
+                left.append((name, why))
+                continue
+        fam = families.get(t["family"], t.get("spec") or None)
         tol = fam.tolerance[getattr(torch, t["dtype"])]
         out.append(KernelRecord(
             family=t["family"], experiment_id=e["id"], seq=e["seq"], source=e["source"],
@@ -112,8 +156,13 @@ def kept_kernels(store, run_id: str, skip_flagged: bool = True) -> list[KernelRe
             shapes=[list(s["shape"]) for s in t["shapes"]], tolerance=tuple(tol),
             device_type="cuda" if run["timing_mode"] == "gpu" else "cpu",
             latency_us=t["best_latency_us"], ref_latency_us=t["ref_latency_us"],
-            speedup=t["speedup"], timing_mode=run["timing_mode"]))
-    return out
+            speedup=t["speedup"], timing_mode=run["timing_mode"], spec=dict(t.get("spec") or {}),
+            compile_latency_us=t.get("compile_latency_us")))
+    return out, left
+
+
+def _flag_key(family: str, spec) -> str:
+    return family if not spec else f"{family} {json.dumps(spec, sort_keys=True)}"
 
 
 _WORKDIR: list[str] = []
@@ -130,22 +179,89 @@ def _workdir() -> str:
 
 
 def load(records: list[KernelRecord]) -> list[rt.Kernel]:
-    """Import the records' sources (this runs them, in this process) as runtime kernels."""
+    """Import the records' sources (this runs them, in this process) as runtime kernels, with the
+    contract they were verified under and their family's custom-op schema."""
     out = []
     for r in records:
         path = os.path.join(_workdir(), f"{r.family}_{r.source_hash[:16]}.py")
         if not os.path.exists(path):
             with open(path, "w") as f:
                 f.write(r.source)
+        fam = families.get(r.family, r.spec or None)
         out.append(rt.load_kernel_file(path, r.family, r.dtype, r.device_type, r.shapes,
-                                       r.tolerance, r.name))
+                                       r.tolerance, r.name, r.spec, fam.op_schema))
     return out
 
 
-def optimize(model, db=None, run_id: str = "latest", probe: bool = True) -> rt.Applied:
-    """Apply the kept kernels of run ``run_id`` in database ``db`` (default data/runs.db) to
-    ``model`` in place; returns the handle (``.stats()``, ``.remove()``). The kernels' code runs
-    in this process."""
+# ---- the two roads --------------------------------------------------------------------------------
+
+class _Applied:
+    """A model with a set of kernels in it, on either road: ``module`` is what to call."""
+
+    def __init__(self, module, stats: dict, undo=None, note: str = ""):
+        self.module, self._stats, self._undo, self.note = module, stats, undo, note
+
+    def stats(self) -> dict:
+        return self._stats() if callable(self._stats) else self._stats
+
+    def remove(self) -> None:
+        if self._undo is not None:
+            self._undo()
+
+
+class Road:
+    """How kernels get into ``model``: by rewriting its captured graph (``capture`` given) or by
+    interception (engine/kernel_runtime.apply). ``apply(kernels, compile_mode)``."""
+
+    def __init__(self, model, capture=None, matches=None, probe: bool = True, families=None):
+        self.model, self.capture, self.matches, self.probe = model, capture, matches, probe
+        self.families = families
+        self.name = "graph" if capture is not None and capture.ok else "interception"
+
+    def apply(self, ks: list, compile_mode: str | None = None) -> _Applied:
+        if self.name == "graph":
+            from engine import place
+            opt = place.Specializing(self.model, ks, compile_mode, (self.capture, self.matches),
+                                     self.families)
+
+            def stats():
+                pls = [p for p in opt.placements.values() if p is not None]
+                return {k.family: {"calls": sum(1 for p in pls for s in p.sites if s["kernel"] == k.name),
+                                   "fallthrough": sum(1 for p in pls for s in p.skipped
+                                                      if s["family"] == k.family),
+                                   "swapped": sorted({s["site"] for p in pls for s in p.sites
+                                                      if s["kernel"] == k.name})}
+                        for k in ks}
+            pl = next(iter(opt.placements.values()))
+            own = {k.family for k in ks}     # why a family with a kernel was not served somewhere
+            skipped = "; ".join([f"{s['family']} {s['shape']}: {s['why']}" for s in pl.skipped
+                                 if s["family"] in own][:6]) if pl else ""
+            return _Applied(opt, stats, None, skipped)
+        applied = rt.apply(self.model, [k for k in ks if not k.spec], probe=self.probe)
+        module = self.model
+        if compile_mode is not None:
+            module = torch.compile(self.model, mode=None if compile_mode == "default" else compile_mode)
+        return _Applied(module, applied.stats, applied.remove)
+
+
+def graph_road(model, inputs, families=None) -> Road:
+    """Capture ``model`` on ``inputs`` and match its families (``families``: the run's, None for
+    all): the graph road, or the interception road when the forward cannot be captured."""
+    from engine import capture, match
+    cap = capture.capture(model, inputs)
+    matches = {g.index: match.find(g, families=families) for g in cap.graphs} if cap.ok else None
+    road = Road(model, cap if cap.ok else None, matches, families=families)
+    road.note = cap.note
+    return road
+
+
+def optimize(model, db=None, run_id: str = "latest", example_inputs=None, probe: bool = True):
+    """The kept kernels of run ``run_id`` in database ``db`` (default data/runs.db) in ``model``.
+
+    With ``example_inputs`` (a tuple for model(*inputs)): the graph road, returning a new module
+    that runs the rewritten graph for inputs shaped like these (and the original model for any
+    other). Without: the interception road, applied in place; returns the handle (``.stats()``,
+    ``.remove()``). The kernels' code runs in this process."""
     from engine.store import Store
     store = Store(db, readonly=True)
     try:
@@ -154,9 +270,14 @@ def optimize(model, db=None, run_id: str = "latest", probe: bool = True) -> rt.A
             if not runs:
                 raise KeyError(f"no runs in {store.path}")
             run_id = runs[0]["id"]
-        return rt.apply(model, load(kept_kernels(store, run_id)), probe=probe)
+        ks = load(kept_kernels(store, run_id))
     finally:
         store.close()
+    if example_inputs is not None:
+        road = graph_road(model, tuple(example_inputs))
+        if road.name == "graph":
+            return road.apply(ks).module
+    return rt.apply(model, [k for k in ks if not k.spec], probe=probe)
 
 
 # ---- comparing outputs ------------------------------------------------------------------------
@@ -200,6 +321,7 @@ def compare(out: list, ref: list, same_dtype: bool = True) -> tuple[float, str]:
         err = diff / scale if scale > 0 else (0.0 if diff == 0 else math.inf)
         if err > worst:
             worst, where = err, f"output {i} {tuple(r.shape)}: max |diff| {diff:.3g} at scale {scale:.3g}"
+        del o64, r64
     return worst, where
 
 
@@ -208,98 +330,182 @@ def _run(model, inputs) -> list:
         return [t.detach().clone() for t in flatten(model(*inputs))]
 
 
+def _nbytes(ts) -> int:
+    return sum(t.numel() * t.element_size() for t in ts if isinstance(t, torch.Tensor))
+
+
+def _free():
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 # ---- the end-to-end check ----------------------------------------------------------------------
 
-def _float32_refs(model, input_sets: list) -> list | None:
-    """Outputs of a float32 copy of a half-precision ``model`` on each input set (float inputs
-    up-cast), or None when the copy cannot be made or run (memory, dtype-bound code)."""
+def _float32_copy(model):
+    """A float32 copy of a half-precision model, or None (memory, dtype-bound code)."""
     try:
-        hi = copy.deepcopy(model).float()
-        try:
-            up = [[t.float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
-                   for t in inp] for inp in input_sets]
-            return [_run(hi, inp) for inp in up]
-        finally:
-            del hi
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+        return copy.deepcopy(model).float()
     except Exception:
         return None
 
 
-def check(model, input_sets: list, kernels: list, dtype: str, probe: bool = True) -> CheckResult:
-    """Outputs of ``model`` with ``kernels`` applied against without, on each of ``input_sets``
-    (for half precision, also against a float32 run: see the module doc). Finds the kernels
-    responsible for a mismatch by applying them one at a time."""
+def _up(inp):
+    return [t.float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inp]
+
+
+class _Refs:
+    """The original's outputs per input set (and a float32 run's, for half precision), computed
+    when first asked and kept only while they are small: a check never holds more than one set of
+    a large model's outputs at a time."""
+    KEEP_BYTES = 1 << 30
+
+    def __init__(self, model, input_sets, half: bool):
+        self.model, self.sets, self.half = model, input_sets, half
+        self.cache, self.hi_cache = {}, {}
+        self.hi_model = None
+        self.orig_hi = None
+
+    def ref(self, i):
+        if i in self.cache:
+            return self.cache[i]
+        r = _run(self.model, self.sets[i])
+        if _nbytes(r) <= self.KEEP_BYTES:
+            self.cache[i] = r
+        return r
+
+    def hi(self, i):
+        if not self.half:
+            return None
+        if i in self.hi_cache:
+            return self.hi_cache[i]
+        if self.hi_model is None:
+            self.hi_model = _float32_copy(self.model) or False
+        if self.hi_model is False:
+            return None
+        try:
+            h = _run(self.hi_model, _up(self.sets[i]))
+        except Exception:
+            return None
+        if _nbytes(h) <= self.KEEP_BYTES:
+            self.hi_cache[i] = h
+        return h
+
+    def original_hi_error(self):
+        """How far the original itself is from its float32 run: the accuracy to keep."""
+        if self.orig_hi is None and self.half:
+            errs = []
+            for i in range(len(self.sets)):
+                h = self.hi(i)
+                if h is None:
+                    return None
+                errs.append(compare(self.ref(i), h, same_dtype=False)[0])
+            self.orig_hi = max(errs) if errs else None
+        return self.orig_hi
+
+    def prefetch(self):
+        """Every output now, before any kernel is in the model: the interception road changes the
+        model in place, so its original outputs must be taken first (they are kept whatever
+        their size: that road serves models export cannot capture, not the largest ones)."""
+        self.KEEP_BYTES = float("inf")
+        for i in range(len(self.sets)):
+            self.ref(i)
+            self.hi(i)
+        self.original_hi_error()
+
+    def close(self):
+        self.hi_model = None
+        self.cache.clear()
+        self.hi_cache.clear()
+        _free()
+
+
+def check(model, input_sets: list, kernels: list, dtype: str, probe: bool = True,
+          road: Road | None = None) -> CheckResult:
+    """Outputs of ``model`` with ``kernels`` placed (``road``: the graph road when given, else
+    interception) against without, on each of ``input_sets`` (for half precision, also against
+    a float32 run: see the module doc). Finds the kernels responsible for a mismatch by placing
+    them one at a time."""
+    road = road or Road(model, probe=probe)
     tol = E2E_TOLERANCE.get(dtype, 1e-4)
-    refs = [_run(model, inp) for inp in input_sets]
-    hi_refs = _float32_refs(model, input_sets) if dtype in ("float16", "bfloat16") else None
-    # how far the original itself is from its float32 run: the accuracy to keep
-    orig_hi = (max(compare(r, h, same_dtype=False)[0] for r, h in zip(refs, hi_refs))
-               if hi_refs else None)
+    refs = _Refs(model, input_sets, dtype in ("float16", "bfloat16"))
+    if road.name != "graph":
+        refs.prefetch()
 
     def attempt(ks):
         """(error against the original, where, stats, error against float32 or None)."""
-        applied = rt.apply(model, ks, probe=probe)
+        applied = road.apply(ks)
         try:
-            worst, where, outs = 0.0, "", []
-            for inp, ref in zip(input_sets, refs):
-                outs.append(_run(model, inp))
-                err, w = compare(outs[-1], ref)
+            worst, where, hi = 0.0, "", None
+            for i, inp in enumerate(input_sets):
+                out = _run(applied.module, inp)
+                err, w = compare(out, refs.ref(i))
                 if err > worst or not where:
                     worst, where = err, w
-            hi = (max(compare(o, h, same_dtype=False)[0] for o, h in zip(outs, hi_refs))
-                  if hi_refs and worst > tol and math.isfinite(worst) else None)
-            return worst, where, applied.stats(), hi
+                if worst > tol and math.isfinite(worst) and refs.half:
+                    h = refs.hi(i)
+                    if h is not None:
+                        e_hi = compare(out, h, same_dtype=False)[0]
+                        hi = e_hi if hi is None else max(hi, e_hi)
+                del out
+            return worst, where, applied.stats(), hi, applied.note
         except Exception as e:                       # a kernel that raises fails the check
             return (math.inf, f"raised {type(e).__name__}: {' '.join(str(e).split())[:300]}",
-                    applied.stats(), None)
+                    applied.stats(), None, applied.note)
         finally:
             applied.remove()
 
     def ok(err, hi) -> bool:
-        return err <= tol or (hi is not None and hi <= max(tol, 1.1 * orig_hi))
+        orig_hi = refs.original_hi_error() if hi is not None else None
+        return err <= tol or (hi is not None and orig_hi is not None and hi <= max(tol, 1.1 * orig_hi))
 
     def against_fp32(err, hi) -> str:
         return (f"error {err:.3g} against the original, but against a float32 run of the model "
-                f"{hi:.3g}, the original's own {orig_hi:.3g}: no less accurate")
+                f"{hi:.3g}, the original's own {refs.original_hi_error():.3g}: no less accurate")
 
-    err, where, stats, hi = attempt(kernels)
-    used = [dict(family=k.family, kernel=k.name, calls=stats.get(k.family, {}).get("calls", 0),
-                 fallthrough=stats.get(k.family, {}).get("fallthrough", 0),
-                 swapped=stats.get(k.family, {}).get("swapped", [])) for k in kernels]
-    flags = {u["family"]: ("ok" if u["calls"] else "unused") for u in used}
-    served = ", ".join(f"{u['kernel']} {u['calls']} call(s)" for u in used if u["calls"]) or "no call"
-    unused = [u["kernel"] for u in used if not u["calls"]]
-    note = f"kernels served {served}" + (f"; unused (shape/dtype not verified or op not "
-                                        f"intercepted): {', '.join(unused)}" if unused else "")
-    if ok(err, hi):
-        if err > tol:
-            note += "; " + against_fp32(err, hi)
-        return CheckResult("passed", err, tol, note, used, flags, list(kernels))
-    responsible = []
-    for k in kernels:
-        if flags[k.family] == "unused":
-            continue
-        e_k, w_k, _, hi_k = attempt([k])
-        if not ok(e_k, hi_k):
-            responsible.append((k, e_k, w_k + (f", against float32 {hi_k:.3g} (the original "
-                                                f"{orig_hi:.3g})" if hi_k is not None else "")))
-    bad = {k.family for k, _, _ in responsible}
-    rest = [k for k in kernels if k.family not in bad]
-    blame = "; ".join(f"{k.name} alone: error {e:.3g} ({w})" for k, e, w in responsible)
-    if rest and bad:
-        err2, where2, _, hi2 = attempt(rest)
-        if ok(err2, hi2):
-            for f in bad:
-                flags[f] = "responsible"
-            return CheckResult("partial", err2, tol, f"all kernels: error {err:.3g} ({where}); "
-                               f"{blame}; without them: passed", used, flags, rest)
-    for u in used:                                 # nothing identifiable: use none of them
-        if u["calls"]:
-            flags[u["family"]] = "responsible"
-    return CheckResult("failed", err, tol, f"all kernels: error {err:.3g} ({where})"
-                       + (f"; {blame}" if blame else "; no single kernel fails alone"), used, flags, [])
+    try:
+        err, where, stats, hi, note = attempt(kernels)
+        used = [dict(family=k.family, kernel=k.name, spec=k.spec,
+                     calls=stats.get(k.family, {}).get("calls", 0),
+                     fallthrough=stats.get(k.family, {}).get("fallthrough", 0),
+                     swapped=stats.get(k.family, {}).get("swapped", [])) for k in kernels]
+        flags = {_flag_key(u["family"], u["spec"]): ("ok" if u["calls"] else "unused") for u in used}
+        served = ", ".join(f"{u['kernel']} {u['calls']} {'site' if road.name == 'graph' else 'call'}(s)"
+                           for u in used if u["calls"]) or "nothing"
+        unused = [u["kernel"] for u in used if not u["calls"]]
+        text = f"{road.name} road: kernels served {served}" + (
+            f"; unused (shape/dtype/spec not verified, or not matched): {', '.join(unused)}" if unused else "")
+        if note:
+            text += f"; not placed: {note}"
+        if ok(err, hi):
+            if err > tol:
+                text += "; " + against_fp32(err, hi)
+            return CheckResult("passed", err, tol, text, used, flags, list(kernels))
+        responsible = []
+        for k in kernels:
+            if flags[_flag_key(k.family, k.spec)] == "unused":
+                continue
+            e_k, w_k, _, hi_k, _ = attempt([k])
+            if not ok(e_k, hi_k):
+                responsible.append((k, e_k, w_k + (f", against float32 {hi_k:.3g} (the original "
+                                                    f"{refs.original_hi_error():.3g})" if hi_k is not None
+                                                   and refs.original_hi_error() is not None else "")))
+        bad = {id(k) for k, _, _ in responsible}
+        rest = [k for k in kernels if id(k) not in bad]
+        blame = "; ".join(f"{k.name} alone: error {e:.3g} ({w})" for k, e, w in responsible)
+        if rest and bad:
+            err2, where2, _, hi2, _ = attempt(rest)
+            if ok(err2, hi2):
+                for k, _, _ in responsible:
+                    flags[_flag_key(k.family, k.spec)] = "responsible"
+                return CheckResult("partial", err2, tol, f"{road.name} road: all kernels: error "
+                                   f"{err:.3g} ({where}); {blame}; without them: passed", used, flags, rest)
+        for u in used:                                 # nothing identifiable: use none of them
+            if u["calls"]:
+                flags[_flag_key(u["family"], u["spec"])] = "responsible"
+        return CheckResult("failed", err, tol, f"{road.name} road: all kernels: error {err:.3g} ({where})"
+                           + (f"; {blame}" if blame else "; no single kernel fails alone"), used, flags, [])
+    finally:
+        refs.close()
 
 
 # ---- timing -------------------------------------------------------------------------------------
@@ -340,20 +546,22 @@ def _device(model, inputs) -> torch.device:
                  if isinstance(t, torch.Tensor)), torch.device("cpu"))
 
 
-def drop_slower(model, inputs, kernels: list, reps: int = 20) -> tuple[list, list]:
+def drop_slower(model, inputs, kernels: list, reps: int = 20, road: Road | None = None,
+                deadline: float | None = None) -> tuple[list, list]:
     """Keep or revert at the model level, on a GPU: while the optimized model is slower than the
     original (by more than 1% and its timing noise), leave out the kernel whose absence makes it
     fastest. A kernel faster alone can lose in the model: a launch-bound model (small batches,
     many short ops) pays each Triton launch's CPU cost (~50 us against ~17 us for an ATen op on
     the H200 host) while the GPU waits. Returns (kernels kept, [(kernel, note)] left out)."""
     device = _device(model, inputs)
+    road = road or Road(model)
 
     def timed(ks) -> tuple[float, float]:
         if not ks:
             return _median_time(model, inputs, device, 3, reps)
-        applied = rt.apply(model, ks)
+        applied = road.apply(ks)
         try:
-            return _median_time(model, inputs, device, 3, reps)
+            return _median_time(applied.module, inputs, device, 3, reps)
         finally:
             applied.remove()
 
@@ -361,6 +569,11 @@ def drop_slower(model, inputs, kernels: list, reps: int = 20) -> tuple[list, lis
     eager, noise_e = timed([])
     cur, noise_c = timed(kept)
     while kept and cur > eager * (1.01 + max(noise_e, noise_c)):
+        if deadline is not None and time.monotonic() > deadline:
+            for k in kept:
+                dropped.append((k, "the model ran slower with the kernels and the budget ran out "
+                                   "before the one to blame was found"))
+            return [], dropped
         trials = [(timed([k for k in kept if k is not leave]), leave) for leave in kept]
         (best, noise_c), leave = min(trials, key=lambda t: t[0][0])
         dropped.append((leave, f"the model ran {cur / 1e3:.3g} ms with it, {best / 1e3:.3g} ms "
@@ -381,36 +594,52 @@ def compile_wanted(timing_mode: str) -> tuple[bool, str]:
     return True, ""
 
 
+def compile_modes(device: torch.device) -> tuple:
+    if COMPILE_MODE:
+        return (COMPILE_MODE,)
+    if device.type != "cuda":                         # no CUDA graphs off the GPU
+        return tuple(m for m in COMPILE_MODES if m in ("default", "max-autotune-no-cudagraphs"))
+    return COMPILE_MODES
+
+
 def time_variants(model, inputs, kernels: list, timing_mode: str, do_compile: bool | None = None,
                   reps: int | None = None, warmup: int | None = None,
-                  reference_out: list | None = None) -> list[dict]:
-    """Time eager, optimized, torch.compile(max-autotune) and torch.compile of the optimized model
-    on ``inputs``, one process, one after the other. Returns rows for Store.add_e2e_check."""
+                  reference_out: list | None = None, road: Road | None = None,
+                  deadline: float | None = None) -> list[dict]:
+    """Time eager, the optimized model, torch.compile of the original and of the optimized model
+    (each compiled one the best of the modes that fit before ``deadline``) on ``inputs``, one
+    process, one after the other. Returns rows for Store.add_e2e_check; the fastest row's note
+    says it is the one shipped."""
     interp = timing_mode == "interpreter"
     reps = reps or (3 if interp else 20)
     warmup = 2 if warmup is None else warmup
     device = _device(model, inputs)
     label = "interpreter timing" if interp else ""
+    road = road or Road(model)
     rows = []
 
-    def row(variant, fn, note="", interpreted=False):
+    def measure(fn, interpreted=False):
         # Interpreted kernels take seconds per forward and have nothing to warm up: one call
         # (the code path, labelled); everything else gets warm-up and repetitions (at least a
         # second's worth on CPU).
         w, n, budget = (0, 1, 0.0) if interpreted else (warmup, reps, 1.0 if device.type == "cpu" else 0.0)
+        return _median_time(fn, inputs, device, w, n, budget)
+
+    def row(variant, fn, note="", interpreted=False):
         try:
-            us, noise = _median_time(fn, inputs, device, w, n, budget)
+            us, noise = measure(fn, interpreted)
             rows.append(dict(variant=variant, latency_us=us, noise=noise, timing_mode=timing_mode,
-                             note="; ".join(x for x in (label, note) if x)))
+                             note="; ".join(x for x in (label, road.name + " road" if variant == "optimized"
+                                                        else "", note) if x)))
         except Exception as e:
             rows.append(dict(variant=variant, latency_us=None, noise=None, timing_mode=timing_mode,
                              note=f"failed: {type(e).__name__}: {' '.join(str(e).split())[:300]}"))
 
     row("eager", model)
     if kernels:
-        applied = rt.apply(model, kernels)
+        applied = road.apply(kernels)
         try:
-            row("optimized", model, interpreted=interp)
+            row("optimized", applied.module, interpreted=interp)
         finally:
             applied.remove()
     else:
@@ -420,36 +649,74 @@ def time_variants(model, inputs, kernels: list, timing_mode: str, do_compile: bo
     if not wanted:
         for v in ("compile", "compile_optimized"):
             rows.append(dict(variant=v, latency_us=None, noise=None, timing_mode=timing_mode, note=why))
-        return rows
+        return _mark_shipped(rows)
     for variant in ("compile", "compile_optimized"):
+        if variant == "compile_optimized" and not kernels:
+            rows.append(dict(variant=variant, latency_us=None, noise=None, timing_mode=timing_mode,
+                             note="no kernel to apply"))
+            continue
+        rows.append(_best_compiled(variant, model, inputs, kernels, road, measure, timing_mode,
+                                   label, reference_out, deadline,
+                                   interpreted=interp and variant == "compile_optimized"))
+    return _mark_shipped(rows)
+
+
+def _best_compiled(variant, model, inputs, kernels, road, measure, timing_mode, label,
+                   reference_out, deadline, interpreted=False) -> dict:
+    """One row: the fastest of the compile modes tried, each mode's figure in the note. A mode
+    whose compile the time left cannot hold (estimated from the modes before it) is skipped."""
+    device = _device(model, inputs)
+    best, notes, last_compile = None, [], 0.0
+    for mode in compile_modes(device):
+        left = (deadline - time.monotonic()) if deadline is not None else math.inf
+        need = 3.0 * last_compile if mode.startswith("max-autotune") else 1.5 * last_compile
+        if left < max(need, 5.0):
+            notes.append(f"{mode} skipped: {max(left, 0):.0f} s left in the budget")
+            continue
         applied = None
         try:
-            m = copy.deepcopy(model)
-            if variant == "compile_optimized":
-                if not kernels:
-                    rows.append(dict(variant=variant, latency_us=None, noise=None,
-                                     timing_mode=timing_mode, note="no kernel to apply"))
-                    continue
-                applied = rt.apply(m, kernels)     # removed below: function swaps are global
             torch._dynamo.reset()
-            compiled = torch.compile(m, mode=COMPILE_MODE)
+            if variant == "compile_optimized":
+                applied = road.apply(kernels, compile_mode=mode)
+                fn = applied.module
+            else:
+                fn = torch.compile(model, mode=None if mode == "default" else mode)
             t0 = time.perf_counter()
             with torch.no_grad():
-                out = flatten(compiled(*inputs))             # compiles
-            took = time.perf_counter() - t0
-            note = f"mode={COMPILE_MODE}, first call (compile) {took:.1f} s"
-            if reference_out is not None:
-                err, _ = compare([t.detach() for t in out], reference_out)
-                note += f", max error vs eager {err:.3g}"
-            row(variant, compiled, note, interpreted=interp and variant == "compile_optimized")
+                out = flatten(fn(*inputs))                  # compiles
+            last_compile = time.perf_counter() - t0
+            err = compare([t.detach() for t in out], reference_out)[0] if reference_out is not None else None
+            del out
+            us, noise = measure(fn, interpreted)
+            notes.append(f"{mode} {_fmt_us(us)} (compile {last_compile:.1f} s"
+                         + (f", max error vs eager {err:.3g}" if err is not None else "") + ")")
+            if best is None or us < best[0]:
+                best = (us, noise, mode)
         except Exception as e:
-            rows.append(dict(variant=variant, latency_us=None, noise=None, timing_mode=timing_mode,
-                             note=f"torch.compile failed: {type(e).__name__}: "
-                                  f"{' '.join(str(e).split())[:300]}"))
+            notes.append(f"{mode} failed: {type(e).__name__}: {' '.join(str(e).split())[:160]}")
         finally:
             if applied is not None:
                 applied.remove()
+            torch._dynamo.reset()
+            _free()
+    if best is None:
+        return dict(variant=variant, latency_us=None, noise=None, timing_mode=timing_mode,
+                    note="; ".join(x for x in (label, "torch.compile: " + "; ".join(notes)) if x))
+    return dict(variant=variant, latency_us=best[0], noise=best[1], timing_mode=timing_mode,
+                note="; ".join(x for x in (label, f"best mode {best[2]}", "modes: " + "; ".join(notes)) if x))
+
+
+def _mark_shipped(rows: list[dict]) -> list[dict]:
+    """The fastest variant is what the run hands back (never slower than eager or compile)."""
+    timed = [r for r in rows if r["latency_us"]]
+    if timed:
+        best = min(timed, key=lambda r: r["latency_us"])
+        best["note"] = "; ".join(x for x in ("shipped: the fastest variant", best["note"]) if x)
     return rows
+
+
+def shipped(timings: list[dict]) -> str | None:
+    return next((t["variant"] for t in timings if (t.get("note") or "").startswith("shipped")), None)
 
 
 # ---- end of a run -------------------------------------------------------------------------------
@@ -466,13 +733,30 @@ def run_source(run: dict, input_shape=None) -> sources.Loaded:
                         check=False, **(cfg.get("model_overrides") or {}))
 
 
-def finish_run(store, run_id: str, log=print, do_compile: bool | None = None) -> CheckResult | None:
-    """Integrate the run's kept kernels into its model, check it end to end, time it; store the
-    result (e2e_checks, e2e_timings) and log one line. Never raises: a failure to integrate is
-    recorded with status "error". Returns None when no kernel was kept."""
+def _input_sets(loaded, seed: int, want: int) -> list:
+    """Fresh input sets for the check: ``want`` of them, fewer when one set is large (a model's
+    inputs beyond 1/16 of the GPU get one set: a run holds a few copies of them at most)."""
+    first = loaded.check_inputs(seed)
+    size = max(_nbytes(s) for s in first)
+    limit = (torch.cuda.get_device_properties(0).total_memory / 16 if torch.cuda.is_available()
+             else 1 << 30)
+    n = 1 if size > limit else want
+    sets = list(first)
+    for i in range(1, n):
+        sets += loaded.check_inputs(seed + i)
+    return sets
+
+
+def finish_run(store, run_id: str, log=print, do_compile: bool | None = None,
+               deadline: float | None = None) -> CheckResult | None:
+    """Place the run's kept kernels that beat their baselines in its model, check it end to end,
+    time it; store the result (e2e_checks, e2e_timings) and log one line. Never raises: a
+    failure to integrate is recorded with status "error". Returns None when no kernel was kept.
+    ``deadline`` (time.monotonic()): the compile modes that do not fit before it are skipped."""
     run = store.get_run(run_id)
-    records = kept_kernels(store, run_id, skip_flagged=False)
-    if not records:
+    records, left_out = placeable(store, run_id, skip_flagged=False)
+    any_kept = records or left_out
+    if not any_kept:
         return None
     interp = run["timing_mode"] == "interpreter"
     try:
@@ -480,27 +764,43 @@ def finish_run(store, run_id: str, log=print, do_compile: bool | None = None) ->
         seed = run["config"].get("seed", 0)
         # fresh inputs: other random values than the profiled ones; one set under the
         # interpreter (each interpreted kernel call takes a second), three on a GPU
-        input_sets = [inp for i in range(1 if interp else 3)
-                      for inp in loaded.check_inputs(seed + 1000 + i)]
+        input_sets = _input_sets(loaded, seed + 1000, 1 if interp else 3)
+        road = graph_road(loaded.model, loaded.inputs, run["config"].get("families"))
         ks = load(records)
-        result = check(loaded.model, input_sets, ks, str(loaded.dtype).removeprefix("torch."))
+        dtype = str(loaded.dtype).removeprefix("torch.")
+        if ks:
+            result = check(loaded.model, input_sets, ks, dtype, road=road)
+        else:
+            result = CheckResult("skipped", None, E2E_TOLERANCE.get(dtype, 1e-4),
+                                 "no kernel beats its baseline: the optimized model is the original")
+        if road.name == "interception" and road.capture is None:
+            result.detail += "; the forward could not be captured: kernels placed by interception"
+        for name, why in left_out:
+            result.detail += f"; left out {name}: {why}"
+            result.family_flags[name.split("#")[0]] = "slower_than_baseline"
         ref = _run(loaded.model, input_sets[0])
         if run["timing_mode"] == "gpu" and result.usable:
-            result.usable, dropped = drop_slower(loaded.model, input_sets[0], result.usable)
+            result.usable, dropped = drop_slower(loaded.model, input_sets[0], result.usable,
+                                                 road=road, deadline=deadline)
             for k, why in dropped:
-                result.family_flags[k.family] = "slower"
+                result.family_flags[_flag_key(k.family, k.spec)] = "slower"
                 result.detail += f"; left out {k.name}: {why}"
         timings = time_variants(loaded.model, input_sets[0], result.usable, run["timing_mode"],
-                                do_compile, reference_out=ref)
+                                do_compile, reference_out=ref, road=road, deadline=deadline)
+        del ref, input_sets
+        _free()
     except Exception as e:
         msg = f"{type(e).__name__}: {' '.join(str(e).split())[:500]}"
         store.add_e2e_check(run_id, "check", "error", None, None, f"integration failed: {msg}",
                             [], {r.family: "unknown" for r in records})
         log(f"end-to-end: could not integrate the kept kernels: {msg}")
         return CheckResult("error", None, 0.0, msg)
-    ids = {r.family: r.experiment_id for r in records}
+    ids = {r.name: r.experiment_id for r in records}
     for u in result.kernels_used:
-        u["experiment_id"] = ids.get(u["family"])
+        u["experiment_id"] = ids.get(u["kernel"])
+    ship = shipped(timings)
+    if ship:
+        result.detail += f"; ships: {ship}"
     store.add_e2e_check(run_id, "check", result.status, result.max_error, result.tolerance,
                         result.detail, result.kernels_used, result.family_flags, timings)
     log("end-to-end: " + result.line() + "; " + timing_line(timings))
@@ -517,6 +817,14 @@ def timing_line(timings: list[dict]) -> str:
     eager, opt = by.get("eager"), by.get("optimized")
     if eager and opt and eager["latency_us"] and opt["latency_us"]:
         parts.append(f"optimized/eager speedup {eager['latency_us'] / opt['latency_us']:.3g}x")
+    comp = by.get("compile")
+    best_opt = min((t["latency_us"] for v, t in by.items() if v in ("optimized", "compile_optimized")
+                    and t["latency_us"]), default=None)
+    if comp and comp["latency_us"] and best_opt:
+        parts.append(f"best optimized/compile {comp['latency_us'] / best_opt:.3g}x")
+    ship = shipped(timings)
+    if ship:
+        parts.append(f"ships {ship}")
     skipped = [t for t in timings if t["latency_us"] is None and t.get("note")]
     if skipped:   # the note's first clause, e.g. "torch.compile skipped under the interpreter"
         parts.append(f"{skipped[0]['variant']}: {skipped[0]['note'].split(':')[0][:100]}")

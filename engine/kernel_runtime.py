@@ -97,16 +97,30 @@ class Kernel:
     source_hash: str = ""
     keys: frozenset = field(default_factory=frozenset)
     op: object = None
+    spec: dict = field(default_factory=dict)    # the contract it was verified under ({}: plain)
+    schema: str = ""                            # its custom-op schema (kernels/<family>.py)
 
     def __post_init__(self):
         self.dtype = _dtype(self.dtype)
         self.keys = frozenset(shape_key(self.family, s) for s in self.shapes)
+        self.exact = frozenset(tuple(int(v) for v in s) for s in self.shapes)
         self.name = self.name or self.family
-        self.op = _custom_op(self)
+        # the interception road (plain contracts only) registers its own ops per family
+        self.op = _custom_op(self) if not self.spec else None
+
+    def serves(self, spec: dict, shape, dtype, device_type: str) -> bool:
+        """Was it verified for this contract, this exact family shape, dtype and device?"""
+        return (spec_text(spec) == spec_text(self.spec) and tuple(int(v) for v in shape) in self.exact
+                and _dtype(dtype) == self.dtype and device_type == self.device_type)
+
+
+def spec_text(spec) -> str:
+    import json
+    return json.dumps(spec or {}, sort_keys=True)
 
 
 def load_kernel_file(path: str, family: str, dtype, device_type: str, shapes, tolerance,
-                     name: str = "") -> Kernel:
+                     name: str = "", contract: dict | None = None, schema: str = "") -> Kernel:
     """Import a kernel source file (Triton reads kernel source through inspect, so it must be a
     real file) and wrap its kernel_fn."""
     if device_type == "cpu":
@@ -116,11 +130,11 @@ def load_kernel_file(path: str, family: str, dtype, device_type: str, shapes, to
     mod_name = f"{OP_NAMESPACE}_kernel_{family}_{digest}"
     module = sys.modules.get(mod_name)
     if module is None:
-        spec = importlib.util.spec_from_file_location(mod_name, path)
-        module = importlib.util.module_from_spec(spec)
+        mspec = importlib.util.spec_from_file_location(mod_name, path)
+        module = importlib.util.module_from_spec(mspec)
         sys.modules[mod_name] = module
         try:
-            spec.loader.exec_module(module)
+            mspec.loader.exec_module(module)
         except BaseException:
             sys.modules.pop(mod_name, None)
             raise
@@ -128,7 +142,7 @@ def load_kernel_file(path: str, family: str, dtype, device_type: str, shapes, to
     if not callable(fn):
         raise ValueError(f"{path} defines no kernel_fn")
     return Kernel(family, fn, dtype, device_type, [list(s) for s in shapes], tuple(tolerance),
-                  name or family, digest)
+                  name or family, digest, spec=dict(contract or {}), schema=schema)
 
 
 def _need_interpreter() -> None:
@@ -861,15 +875,235 @@ def apply(model: nn.Module, kernels, probe: bool = True) -> Applied:
     return Applied(model, rt, swaps, swapped)
 
 
+# ---- the graph road: placed call sites -------------------------------------------------------------
+#
+# engine/place.py rewrites a captured graph: each matched subgraph becomes one call
+# ``site_call(site_id, *kernel_args)``. A Site knows its kernel, the exact shapes, dtypes and
+# strides of the tensors it was placed for (the graph is static: these are what it always
+# sees), and the output it must produce. In eager mode site_call runs the kernel directly (a
+# custom op's dispatch costs 10-20 us of CPU a call); under torch.compile it calls the site's
+# custom op, whose fake implementation gives inductor the output's shape and dtype, so the
+# kernel stays one opaque call in the compiled graph. Arguments that do not fit raise GuardMiss:
+# the optimized module catches it and runs the original model for that call.
+
+class GuardMiss(Exception):
+    """A placed site got tensors other than the ones it was verified and placed for."""
+
+
+@dataclass
+class Site:
+    id: int
+    kernel: Kernel
+    args: tuple           # per kernel argument: (shape, dtype, stride, device type) of a tensor, else None
+    out: tuple            # (shape, dtype) the kernel returns (contiguous)
+    op: object = None
+
+    def fits(self, values) -> bool:
+        for v, want in zip(values, self.args):
+            if want is None:
+                if isinstance(v, torch.Tensor):
+                    return False
+                continue
+            if not isinstance(v, torch.Tensor):
+                return False
+            shape, dtype, stride, dev = want
+            if (tuple(v.shape) != shape or v.dtype != dtype or v.device.type != dev
+                    or (v.numel() > 1 and tuple(v.stride()) != stride)):
+                return False
+        return not (torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad
+                                                    for v in values))
+
+
+SITES: dict = {}
+_SITE_OPS: dict = {}
+_LIB: list = []
+
+
+def _library():
+    if not _LIB:
+        _LIB.append(torch.library.Library(OP_NAMESPACE, "FRAGMENT"))
+    return _LIB[0]
+
+
+def _site_op(site: Site):
+    """The custom op behind a site: one per kernel and site signature, schema from the family."""
+    sig = hashlib.sha256(repr((site.args, site.out, site.kernel.source_hash)).encode()).hexdigest()[:12]
+    name = f"{site.kernel.family}_{site.kernel.source_hash or id(site.kernel.fn)}_{sig}"
+    if name in _SITE_OPS:
+        return _SITE_OPS[name]
+    schema = site.kernel.schema or "(Tensor x) -> Tensor"
+    lib = _library()
+    lib.define(name + schema)
+    fn = site.kernel.fn
+    shape, dtype = site.out
+
+    def impl(*args):
+        return fn(*args).contiguous()
+
+    def fake(*args):
+        return torch.empty(shape, dtype=dtype, device=next(a.device for a in args
+                                                           if isinstance(a, torch.Tensor)))
+    lib.impl(name, impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"{OP_NAMESPACE}::{name}", fake, lib=lib)
+    op = getattr(getattr(torch.ops, OP_NAMESPACE), name).default
+    _SITE_OPS[name] = op
+    return op
+
+
+def add_site(kernel: Kernel, args: tuple, out: tuple) -> int:
+    site = Site(len(SITES) + 1, kernel, tuple(args), tuple(out))
+    site.op = _site_op(site)
+    SITES[site.id] = site
+    return site.id
+
+
+def site_call(site_id: int, *args):
+    """What a placed node runs: the site's kernel on its arguments (see above)."""
+    site = SITES[site_id]
+    if not site.fits(args):
+        got = [(tuple(a.shape), a.dtype, tuple(a.stride())) if isinstance(a, torch.Tensor) else a for a in args]
+        raise GuardMiss(f"site {site_id} ({site.kernel.name}) got {got}, placed for {site.args}")
+    if torch.compiler.is_compiling():
+        return site.op(*args)
+    return site.kernel.fn(*args).contiguous()
+
+
+def _leaves(x) -> list:
+    from torch.utils._pytree import tree_leaves
+    return tree_leaves(x)
+
+
+def _signature(args, kwargs) -> tuple:
+    return tuple((tuple(t.shape), t.dtype, t.device.type) if isinstance(t, torch.Tensor) else
+                 ("value", t if isinstance(t, (int, float, bool, str, type(None))) else type(t))
+                 for t in _leaves((args, kwargs)))
+
+
+class Optimized(nn.Module):
+    """The model with its placed kernels: ``run`` (the rewritten graph(s), eager or compiled)
+    serves calls whose inputs have the captured shapes and dtypes, and any call that misses a
+    site's guard; every other call runs the original model. ``calls`` counts both."""
+
+    def __init__(self, original: nn.Module, run, example_args, example_kwargs=None, label="",
+                 signature=None):
+        super().__init__()
+        object.__setattr__(self, "original", original)   # not a submodule: no second state_dict
+        object.__setattr__(self, "run", run)
+        self.signature = signature if signature is not None else _signature(
+            tuple(example_args), dict(example_kwargs or {}))
+        self.label = label
+        self.calls = {"placed": 0, "original": 0, "guard_miss": 0}
+
+    def forward(self, *args, **kwargs):
+        if _signature(args, kwargs) == self.signature:
+            try:
+                out = self.run(*args, **kwargs)
+                self.calls["placed"] += 1
+                return out
+            except GuardMiss:
+                self.calls["guard_miss"] += 1
+        self.calls["original"] += 1
+        return self.original(*args, **kwargs)
+
+    def stats(self) -> dict:
+        return dict(self.calls)
+
+    def remove(self) -> None:
+        """Nothing to undo: the original model was never modified."""
+
+
+# ---- a rewritten graph written to a package (engine/export.py) and loaded back --------------------
+
+_DTYPES = {str(d).removeprefix("torch."): d for d in (torch.float32, torch.float16, torch.bfloat16,
+                                                      torch.float64, torch.int64, torch.int32,
+                                                      torch.int16, torch.int8, torch.uint8, torch.bool)}
+
+
+def site_rows(site_ids) -> list[dict]:
+    """Sites as JSON rows for a manifest."""
+    rows = []
+    for sid in site_ids:
+        st = SITES[sid]
+        rows.append({"id": sid, "kernel": st.kernel.name,
+                     "args": [None if a is None else [list(a[0]), str(a[1]).removeprefix("torch."),
+                                                      list(a[2]), a[3]] for a in st.args],
+                     "out": [list(st.out[0]), str(st.out[1]).removeprefix("torch.")]})
+    return rows
+
+
+def signature_rows(sig) -> list:
+    return [[list(x[0]), str(x[1]).removeprefix("torch."), x[2]] if len(x) == 3 and x[0] != "value"
+            else ["value", repr(x[1])] for x in sig]
+
+
+def _signature_from_rows(rows) -> tuple:
+    out = []
+    for r in rows:
+        if r[0] == "value":
+            import ast
+            out.append(("value", ast.literal_eval(r[1])))
+        else:
+            out.append((tuple(r[0]), _DTYPES[r[1]], r[2]))
+    return tuple(out)
+
+
+def load_graph(model: nn.Module, folder: str, entry: dict, kernels_by_name: dict) -> "Optimized":
+    """The module an exported graph describes: ``entry`` (manifest "graphs" row) names the
+    forward's source file, its pytree specs and constants, the sites it calls and the input
+    signature it serves. The graph reads the model's own weights (same names)."""
+    import pickle
+    remap = {}
+    for row in entry["sites"]:
+        k = kernels_by_name[row["kernel"]]
+        args = tuple(None if a is None else (tuple(a[0]), _DTYPES[a[1]], tuple(a[2]), a[3])
+                     for a in row["args"])
+        remap[row["id"]] = add_site(k, args, (tuple(row["out"][0]), _DTYPES[row["out"][1]]))
+
+    def call(site_id, *args):
+        return site_call(remap[site_id], *args)
+    from torch.fx import _pytree as fx_pytree
+    from torch.utils import _pytree as pytree
+    env = {"torch": torch, "inf": math.inf, "nan": math.nan, "NoneType": type(None),
+           "device": torch.device, "fx_pytree": fx_pytree, "pytree": pytree,
+           entry["site_call_name"]: call}
+    with open(os.path.join(folder, entry["file"])) as f:
+        exec(compile(f.read(), os.path.join(folder, entry["file"]), "exec"), env)
+    holder = nn.Module()
+    for name, child in model.named_children():
+        holder.add_module(name, child)
+    for name, p in model.named_parameters(recurse=False):
+        holder.register_parameter(name, p)
+    for name, b in model.named_buffers(recurse=False):
+        holder.register_buffer(name, b)
+    import warnings
+    with open(os.path.join(folder, entry["specs"]), "rb") as f, warnings.catch_warnings():
+        warnings.simplefilter("ignore")             # torch 2.13 deprecates LeafSpec's isinstance
+        specs = pickle.load(f)
+    holder._in_spec, holder._out_spec = specs["in_spec"], specs["out_spec"]
+    if entry.get("constants"):
+        consts = torch.load(os.path.join(folder, entry["constants"]), map_location="cpu")
+        dev = next((p.device for p in model.parameters()), torch.device("cpu"))
+        for name, t in consts.items():
+            holder.register_buffer(name, t.to(dev), persistent=False)
+    forward = env["forward"]
+
+    def run(*args, **kwargs):
+        return forward(holder, *args, **kwargs)
+    return Optimized(model, run, (), None, "exported rewritten graph",
+                     signature=_signature_from_rows(entry["signature"]))
+
+
 def load_manifest_kernels(folder: str, manifest: dict) -> list[Kernel]:
     """Kernels described by an export manifest: {"kernels": [{"family", "file", "dtype",
     "device_type", "shapes", "tolerance", "name"}, ...]}, files relative to ``folder``."""
     out = []
     for e in manifest["kernels"]:
         out.append(load_kernel_file(os.path.join(folder, e["file"]), e["family"], e["dtype"],
-                                    e["device_type"], e["shapes"], e["tolerance"], e.get("name", "")))
+                                    e["device_type"], e["shapes"], e["tolerance"], e.get("name", ""),
+                                    e.get("spec"), e.get("schema", "")))
     return out
 
 
 __all__ = ["Kernel", "Applied", "apply", "load_kernel_file", "load_manifest_kernels", "shape_key",
-           "probe_rmsnorm", "probe_mlp", "KernelMode", "Runtime"]
+           "probe_rmsnorm", "probe_mlp", "KernelMode", "Runtime", "Site", "SITES", "add_site",
+           "site_call", "GuardMiss", "Optimized"]

@@ -8,6 +8,7 @@ committed whole, so a run killed at any point resumes from the database with not
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from pathlib import Path
 import threading
@@ -220,7 +221,8 @@ def execute(cfg: RunConfig, control: Control | None = None, resume_run_id: str |
     store = Store(cfg.db)
     beat = _Heartbeat(store.path, control)
     try:
-        return _execute(cfg, control, store, resume_run_id, log, proposer, api_key)
+        return _execute(cfg, control, store, resume_run_id, log, proposer, api_key,
+                        started=time.monotonic())
     except ConfigError:
         # a usage error found before any run existed: leave no database behind that this call
         # created (nothing was written to it but its schema)
@@ -261,8 +263,32 @@ def _remove_created(paths: list[Path]) -> None:
             break
 
 
+# The end-to-end stage (engine/integrate.py: the kept kernels placed, checked, timed against
+# eager and torch.compile) runs inside --budget-minutes: the loop stops early enough to leave it
+# this share of the budget (at least E2E_MIN_S, at most E2E_MAX_S), and the stage itself skips
+# the compile modes its remaining time cannot hold.
+E2E_SHARE, E2E_MIN_S, E2E_MAX_S = 0.25, 15.0, 600.0
+
+
+def _deadline(cfg: RunConfig, started: float) -> float | None:
+    return started + cfg.budget_minutes * 60 if cfg.budget_minutes else None
+
+
+def _loop_cfg(cfg: RunConfig, deadline: float | None) -> RunConfig:
+    """The configuration the loop runs under: its minutes are what the whole-run budget has left,
+    less the end-to-end stage's share."""
+    if deadline is None:
+        return cfg
+    left = deadline - time.monotonic()
+    reserve = min(E2E_MAX_S, max(E2E_MIN_S, E2E_SHARE * cfg.budget_minutes * 60)) if cfg.e2e_check else 0.0
+    return replace(cfg, budget_minutes=max(left - reserve, 0.0) / 60 or 1e-6)
+
+
 def _prepare(cfg: RunConfig, store: Store, control: Control, log) -> str:
-    """Build the model, profile it, and create the run with its profile and targets."""
+    """Build the model, capture it, match the families, profile it by node, and create the run
+    with its profile and targets: one per (family, contract spec) the graph's matches fix. A
+    model whose forward cannot be captured is profiled by interception instead, and the run's
+    events say so."""
     import torch
     from engine import hw, sources
     from engine import profile as profiler
@@ -283,12 +309,29 @@ def _prepare(cfg: RunConfig, store: Store, control: Control, log) -> str:
                           f"{cfg.input_shape or 'its default'}: {_first_line(e)}") from None
     model, inputs = loaded.model, loaded.inputs
     del loaded
+    if gpu:
+        device["tf32"] = hw.tf32_allowed()       # which fp32 matmul rate this run's SOL uses
     run_id = store.create_run(cfg.model, asdict(cfg), device, device["timing_mode"], None)
     control.set(run_id=run_id)
-    store.update_run(run_id, current_reason="profiling the model")
-    log(f"profiling {cfg.model} ({dtype}) on {device['name']} ...")
+    store.update_run(run_id, current_reason="capturing the model's graph")
+    log(f"capturing {cfg.model} ({dtype}) on {device['name']} ...")
+    wanted = set(cfg.families or kernels.FAMILY_NAMES)
     try:
-        prof = profiler.profile_model(model, inputs)
+        plans = _profile_graph(cfg, store, run_id, model, inputs, log)
+        if plans is None:                       # not captured: the interception road
+            prof = profiler.profile_model(model, inputs)
+            rows = [asdict(f) for f in prof.families]
+            store.save_profile(run_id, rows, prof.total_us)
+            plans = []
+            for r in rows:
+                if r["has_kernel"] and r["shapes"]:
+                    tdtype, shapes = _target_shapes(r)
+                    plans.append(profiler.TargetPlan(r["family"], {}, tdtype, shapes, r["fraction"],
+                                                     r["time_us"], r["calls"]))
+            total_us = prof.total_us
+        else:
+            rows, total_us = plans[1], plans[2]
+            plans = plans[0]
         del model, inputs
     except Exception as e:
         store.update_run(run_id, status="failed", current_reason=None,
@@ -297,15 +340,13 @@ def _prepare(cfg: RunConfig, store: Store, control: Control, log) -> str:
         raise
     if gpu:
         torch.cuda.empty_cache()
-    rows = [asdict(f) for f in prof.families]
-    store.save_profile(run_id, rows, prof.total_us)
-    wanted = set(cfg.families or kernels.FAMILY_NAMES)
-    for r in rows:
-        if r["has_kernel"] and r["family"] in wanted and r["shapes"]:
-            tdtype, shapes = _target_shapes(r)
-            store.add_target(run_id, r["family"], tdtype, shapes, r["fraction"])
+    for tp in plans:
+        if tp.family in wanted and tp.shapes:
+            label = f"{tp.family} {json.dumps(tp.spec, sort_keys=True)}" if tp.spec else None
+            store.add_target(run_id, tp.family, tp.dtype, tp.shapes, tp.fraction, spec=tp.spec,
+                             label=label)
     found = ", ".join(f"{r['family']} {r['fraction']:.1%}" for r in rows)
-    store.event(run_id, f"profiled {cfg.model}: {prof.total_us:.0f} us per forward; {found}")
+    store.event(run_id, f"profiled {cfg.model}: {total_us:.0f} us per forward; {found}")
     log(f"run {run_id}: {found}")
     for r in rows:
         if r["family"] == "other" and r["top_ops"]:
@@ -329,7 +370,40 @@ def _first_line(e: BaseException) -> str:
     return line[line.find("you tried"):] if "you tried" in line else line[:300]
 
 
-def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=None) -> str:
+def _profile_graph(cfg, store, run_id, model, inputs, log):
+    """Capture, match, profile by node: (target plans, profile rows, total us), or None when the
+    forward could not be captured (the caller profiles by interception; an event says why)."""
+    from engine import capture, match
+    from engine import profile as profiler
+    cap = capture.capture(model, inputs)
+    if not cap.ok:
+        store.event(run_id, f"graph capture failed, profiled by interception instead: {cap.note}",
+                    "warn")
+        log(f"graph capture failed ({cap.note}); profiling by interception")
+        return None
+    nodes = sum(1 for g in cap.graphs for n in g.nodes() if n.op == "call_function")
+    store.event(run_id, f"captured by {cap.method}: {len(cap.graphs)} graph(s), {nodes} aten ops "
+                        f"in {cap.seconds:.1f} s" + (f" ({cap.note})" if cap.method != "export" else ""),
+                "warn" if cap.method != "export" else "info")
+    store.update_run(run_id, current_reason="matching the families in the graph")
+    matches = {g.index: match.find(g, families=cfg.families) for g in cap.graphs}
+    found = Counter(m.family for ms in matches.values() for m in ms)
+    store.event(run_id, "matched " + (", ".join(f"{f} x{n}" for f, n in found.most_common())
+                                      or "no family"))
+    store.update_run(run_id, current_reason="profiling the model")
+    gp = profiler.profile_graph(cap, matches)
+    for u in gp.unplaced:
+        store.event(run_id, f"{u['family']}: {u['count']} match(es), {u['time_us']:.0f} us per "
+                            f"forward, no target: {u['why']}", "warn")
+    rows = [asdict(f) for f in gp.result.families]
+    store.save_profile(run_id, rows, gp.result.total_us)
+    del cap, matches
+    return gp.targets, rows, gp.result.total_us
+
+
+def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=None,
+             started: float | None = None) -> str:
+    started = started or time.monotonic()
     control.stop_event.clear()
     control.set(state="starting", error=None)
     if resume_run_id:
@@ -370,6 +444,17 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=Non
     run = store.get_run(run_id)
     timing_mode = run["timing_mode"]
     interpret = timing_mode == "interpreter"
+    deadline = _deadline(cfg, started)
+    if not store.targets(run_id):
+        # nothing to optimize: no worker, no loop, no end-to-end stage; done within seconds of
+        # the profile
+        store.event(run_id, "the profile found no family with a kernel: nothing to optimize", "warn")
+        log("nothing to optimize: no profiled family has a kernel")
+        store.update_run(run_id, status="done", current_target=None, current_reason=None)
+        control.set(state="done", current_target=None)
+        _summary(store, run_id, log)
+        backends.ray_disconnect()
+        return run_id
     status = "done"
     pool = None
     try:
@@ -405,6 +490,8 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=Non
             [] if interpret else GPU_COMPILE_MODES)
         for t in store.targets(run_id):
             if t["ref_latency_us"] is None:
+                # the target's contract travels with it: the worker rebuilds the same Family
+                # (kernels.get(family, spec)) and times its reference, eager and compiled
                 r = pool.call(pool.reference,
                               {"op": "time_reference", "family": t["family"], "spec": t["spec"],
                                "dtype": t["dtype"], "shapes": t["shapes"], "seed": cfg.seed,
@@ -426,13 +513,9 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=Non
                 if comp.get("error"):
                     store.event(run_id, f"{t['family']}: torch.compile baseline not timed: "
                                         f"{comp['error']}", "warn")
-        if not store.targets(run_id):
-            store.event(run_id, "the profile found no family with a kernel: nothing to optimize",
-                        "warn")
-            log("nothing to optimize: no profiled family has a kernel")
         proposer = proposer or proposers.make(cfg.proposer, cfg.seed, cfg=cfg, api_key=api_key)
-        status = _Dispatch(cfg, store, pool, proposer, run_id, timing_mode, control, log).run(
-            run["current_target"])
+        status = _Dispatch(_loop_cfg(cfg, deadline), store, pool, proposer, run_id, timing_mode,
+                           control, log).run(run["current_target"])
     except BaseException as e:
         status = "stopped" if isinstance(e, KeyboardInterrupt) else "failed"
         if status == "failed":
@@ -454,7 +537,10 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=Non
         _summary(store, run_id, log)
     if status == "done" and cfg.e2e_check:
         from engine import integrate    # never raises: a failure is recorded and logged
-        integrate.finish_run(store, run_id, log)
+        integrate.finish_run(store, run_id, log, deadline=deadline)
+    if deadline is not None and time.monotonic() > deadline + 5:
+        store.event(run_id, f"the run took {(time.monotonic() - started) / 60:.1f} min of its "
+                            f"{cfg.budget_minutes:g} min budget", "warn")
     return run_id
 
 
@@ -794,21 +880,28 @@ def _summary(store: Store, run_id: str, log) -> None:
     exps = store.experiments(run_id)
     n = Counter(e["state"] for e in exps)
     log(f"run {run_id} {run['status']}: {len(exps)} experiments "
-        f"({n['kept']} kept, {n['reverted']} reverted, {n['failed']} failed)")
+        f"({n['kept']} kept as their target's best, {n['reverted']} reverted, {n['failed']} failed)")
     for t in targets:
-        line = f"  {t['family']:<13} {t['experiments']:3d} exp"
+        name = t["family"] + (f" {json.dumps(t['spec'], sort_keys=True)}" if t.get("spec") else "")
+        line = f"  {name:<13} {t['experiments']:3d} exp"
         if t["best_latency_us"]:
             line += f"  best {t['best_latency_us']:.1f} us"
             if t["speedup"]:
                 line += f"  {t['speedup']:.3g}x eager"
+            if t.get("compile_latency_us"):
+                line += f"  {t['compile_latency_us'] / t['best_latency_us']:.3g}x torch.compile"
             if t["sol_latency_us"]:
                 line += f"  {100 * t['sol_latency_us'] / t['best_latency_us']:.0f}% of speed of light"
+            ok, why = plan.beats_baseline(t, MIN_MARGIN)
+            if not ok and run["timing_mode"] == "gpu":
+                line += f"  [not placed: {why.split(':')[0]}]"
         else:
             line += "  no verified kernel"
         log(line)
     proj = plan.projected(targets)
     tag = " (interpreter timings: not GPU performance)" if run["timing_mode"] == "interpreter" else ""
-    log(f"  Amdahl-projected end-to-end speedup: {proj:.3f}x{tag}")
+    log(f"  Amdahl-projected end-to-end speedup over the baseline (faster of eager and "
+        f"torch.compile per target): {proj:.3f}x{tag}")
 
 
 class Engine:

@@ -1,10 +1,20 @@
-"""The planner: Amdahl's law decides what to work on next.
+"""The planner: Amdahl's law decides what to work on next, against the baseline a user would run.
 
-projected end-to-end speedup = 1 / ((1 - sum f) + sum f / s), with f a family's share of the model's
-time and s its kernel speedup over eager (a kernel slower than eager is never swapped in, so s >= 1).
+Every target has two references: PyTorch eager (``ref_latency_us``) and torch.compile of the same
+op (``compile_latency_us``, the fastest of its modes, when it was timed). The **baseline** is the
+faster of the two: a kernel counts as a gain only where it beats it, it is placed only then
+(engine/integrate.py), and the reports say "slower than the baseline" otherwise.
+
+projected end-to-end speedup = 1 / ((1 - sum f) + sum f / s), with f a target's share of the
+model's time under the baseline and s its kernel's speedup over the baseline (a kernel slower than
+its baseline is never placed, so s >= 1). f is the profiled (eager) share scaled by
+baseline / eager: an op torch.compile already runs 3x faster takes a third of its eager share of
+the compiled model.
+
 The next target is the one with the most end-to-end time still to win: f x (1 - speed of light /
-current best). A target rests after ``patience`` experiments in a row without improvement, or when
-it is within 10% of its speed of light; when every target rests, they all come back for another round.
+current), where current is the faster of the baseline and the best kernel. A target rests after
+``patience`` experiments in a row without improvement, or when it is within 10% of its speed of
+light; when every target rests, they all come back for another round.
 """
 from __future__ import annotations
 
@@ -19,12 +29,62 @@ def amdahl(parts) -> float:
     return 1.0 / denom if denom > 0 else float("inf")
 
 
+def baseline_us(t: dict) -> float | None:
+    """The faster of eager and torch.compile of the target's op (eager alone until compile is timed)."""
+    vals = [v for v in (t.get("ref_latency_us"), t.get("compile_latency_us")) if v]
+    return min(vals) if vals else None
+
+
+def baseline_name(t: dict) -> str:
+    ref, comp = t.get("ref_latency_us"), t.get("compile_latency_us")
+    if comp and (not ref or comp < ref):
+        return f"torch.compile ({t.get('compile_mode') or 'best mode'})"
+    return "eager"
+
+
+def baseline_noise(t: dict) -> float:
+    ref, comp = t.get("ref_latency_us"), t.get("compile_latency_us")
+    if comp and (not ref or comp < ref):
+        return t.get("compile_noise") or 0.0
+    return t.get("ref_noise") or 0.0
+
+
+def speedup_vs_baseline(t: dict) -> float | None:
+    base, best = baseline_us(t), t.get("best_latency_us")
+    return base / best if base and best else None
+
+
+def beats_baseline(t: dict, min_margin: float = 0.01) -> tuple[bool, str]:
+    """(True, "") when the target's best kernel is faster than its baseline by more than the
+    noise of both timings (the loop's keep rule: engine/verify.not_faster), else (False, why)."""
+    from engine.verify import not_faster
+    best, base = t.get("best_latency_us"), baseline_us(t)
+    if not best:
+        return False, "no verified kernel"
+    if not base:
+        return True, ""
+    why = not_faster(best, t.get("best_noise"), base, baseline_noise(t), min_margin)
+    if why:
+        return False, f"slower than its baseline, {baseline_name(t)} {base:.1f} us: {why}"
+    return True, ""
+
+
+def base_fraction(t: dict) -> float:
+    """The target's share of the model's time under the baseline (see the module doc)."""
+    ref, base = t.get("ref_latency_us"), baseline_us(t)
+    f = t["fraction"]
+    return f * base / ref if ref and base else f
+
+
 def projected(targets: list[dict]) -> float:
-    return amdahl((t["fraction"], t.get("speedup") or 1.0) for t in targets)
+    """Amdahl against the baseline: kernels that do not beat theirs count as not placed."""
+    return amdahl((base_fraction(t), speedup_vs_baseline(t) if beats_baseline(t)[0] else 1.0)
+                  for t in targets)
 
 
 def current_latency(t: dict) -> float | None:
-    return t.get("best_latency_us") or t.get("ref_latency_us")
+    vals = [v for v in (t.get("best_latency_us"), baseline_us(t)) if v]
+    return min(vals) if vals else None
 
 
 def near_sol(t: dict) -> bool:
@@ -37,7 +97,7 @@ def gain_left(t: dict) -> float | None:
     cur, sol = current_latency(t), t.get("sol_latency_us")
     if not cur or not sol:
         return None
-    return t["fraction"] * max(0.0, 1.0 - sol / cur)
+    return base_fraction(t) * max(0.0, 1.0 - sol / cur)
 
 
 def choose_next(targets: list[dict], patience: int) -> tuple[dict | None, str, bool]:
@@ -51,7 +111,7 @@ def choose_next(targets: list[dict], patience: int) -> tuple[dict | None, str, b
 
     def score(t):
         g = gain_left(t)
-        return (g if g is not None else t["fraction"], -t["experiments"])
+        return (g if g is not None else base_fraction(t), -t["experiments"])
 
     t = max(pool, key=score)
     return t, reason(t, new_round), new_round
@@ -61,6 +121,8 @@ def reason(t: dict, new_round: bool = False) -> str:
     parts = [f"{t['family']}: {t['fraction']:.1%} of model time"]
     if t.get("speedup"):
         parts.append(f"best {t['speedup']:.2f}x eager")
+    if t.get("compile_latency_us") and t.get("best_latency_us"):
+        parts.append(f"{t['compile_latency_us'] / t['best_latency_us']:.2f}x torch.compile")
     g = gain_left(t)
     if g is not None:
         parts.append(f"{100 * t['sol_latency_us'] / current_latency(t):.0f}% of speed of light, "

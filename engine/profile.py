@@ -74,17 +74,13 @@ _FORWARD_SCOPE = "engine::forward"
 _WEAK = frozenset({"fused_mlp"})   # scopes that don't absorb classified ops (rule 4)
 TOP_OPS = 5                        # how many op names each row keeps
 
-_OP_FAMILY = {
-    "aten::softmax": "softmax", "aten::_softmax": "softmax", "aten::_safe_softmax": "softmax",
-    "aten::layer_norm": "layernorm", "aten::native_layer_norm": "layernorm",
-    "aten::rms_norm": "rmsnorm", "aten::_fused_rms_norm": "rmsnorm",
-    "aten::cross_entropy_loss": "cross_entropy",
-    "aten::linear": "matmul", "aten::matmul": "matmul", "aten::mm": "matmul", "aten::addmm": "matmul",
-    "aten::bmm": "matmul", "aten::baddbmm": "matmul", "aten::_scaled_mm": "matmul",
-    "aten::scaled_dot_product_attention": "attention",
-    "aten::_flash_attention_forward": "attention", "aten::_efficient_attention_forward": "attention",
-    "aten::sum": "reduce", "aten::mean": "reduce",
-}
+def _op_table() -> dict:
+    """aten op name -> family, from each family's ``profile_ops`` (kernels/<family>.py)."""
+    import kernels
+    return {op: fam.name for fam in kernels.all_families() for op in fam.profile_ops}
+
+
+_OP_FAMILY = _op_table()
 
 
 def _op_family(name: str) -> str | None:
@@ -548,3 +544,247 @@ def _finish(raw: dict, iters: int, device: str) -> ProfileResult:
         ))
     rows.sort(key=lambda r: -r.time_us)
     return ProfileResult(families=rows, total_us=raw["total"] / iters, device=device)
+
+
+# ==== the graph road: time per captured node ===================================================
+#
+# profile_graph(capture, matches) runs the model with every captured graph executed node by
+# node under a profiler scope "node::<graph>:<node>" and attributes each device activity (GPU)
+# or each aten op's self CPU time (CPU) to the innermost node scope around it: every
+# microsecond goes to exactly one node, or to "other" when no node scope holds it (Python
+# between graphs, a kernel launched outside them). A node belongs to the match that claimed it
+# (engine/match.py), else to "other". The total is measured apart (GPU: every device activity in
+# the window; CPU: the spans of top-level ops), so sum(rows) == total is a real check.
+
+NODE_PREFIX = "node::"
+
+
+@dataclass
+class TargetPlan:
+    """A target the graph profile proposes: one family under one contract, its real shapes."""
+    family: str
+    spec: dict
+    dtype: str
+    shapes: list                 # [{"shape": [...], "count": n}], most time first
+    fraction: float              # share of the forward these shapes' matches take
+    time_us: float
+    matches: int
+
+
+@dataclass
+class GraphProfile:
+    result: ProfileResult
+    node_us: dict                # "graph:node" -> us per forward
+    targets: list                # TargetPlan, most time first
+    unplaced: list               # [{"family", "why", "time_us", "count"}]: recognized, no contract
+
+
+class _Timed(torch.fx.Interpreter):
+    """Runs a graph node by node, each call in a profiler scope named after the node."""
+
+    def __init__(self, gm, index: int):
+        super().__init__(gm)
+        self.prefix = f"{NODE_PREFIX}{index}:"
+
+    def run_node(self, n):
+        if n.op != "call_function":
+            return super().run_node(n)
+        with record_function(self.prefix + n.name):
+            return super().run_node(n)
+
+
+def _timed_runner(cap):
+    def wrap(graph):
+        interp = _Timed(graph.gm, graph.index)
+        if graph.origin == "export":
+            codegen = graph.gm.graph._codegen
+
+            def run(*args, **kwargs):
+                return interp.run(*codegen.process_inputs(*args, **kwargs))
+            return run
+        return lambda *flat: interp.run(*flat)
+    return cap.runner(wrap)
+
+
+def _graph_attribute(events, on_gpu: bool) -> dict:
+    node_us = defaultdict(float)                       # "graph:node" -> us
+    other = defaultdict(lambda: [0.0, 0])              # op or kernel name -> [us, calls]
+    device = defaultdict(list)
+    if on_gpu:
+        for e in events:
+            if e.device_type != DeviceType.CPU and not _is_annotation(e):
+                device[e.id].append(e)
+    matched: set = set()
+    cpu_total = 0.0
+
+    def visit(evt, node, under_op):
+        nonlocal cpu_total
+        if _is_annotation(evt) and evt.name.startswith(NODE_PREFIX):
+            node = evt.name[len(NODE_PREFIX):]
+        is_op = _is_op(evt)
+        if on_gpu:
+            if not _is_annotation(evt) and evt.id in device and evt.id not in matched:
+                matched.add(evt.id)
+                for d in device[evt.id]:
+                    us = d.time_range.elapsed_us()
+                    if node is not None:
+                        node_us[node] += us
+                    else:
+                        other[d.name][0] += us
+                        other[d.name][1] += 1
+        elif is_op:
+            if node is not None:
+                node_us[node] += evt.self_cpu_time_total
+            else:
+                other[evt.name][0] += evt.self_cpu_time_total
+                other[evt.name][1] += 1
+            if not under_op:
+                cpu_total += evt.cpu_time_total
+        for child in evt.cpu_children:
+            visit(child, node, under_op or is_op)
+
+    for root in (e for e in events if e.name == _FORWARD_SCOPE and e.device_type == DeviceType.CPU):
+        for child in root.cpu_children:
+            visit(child, None, False)
+    if on_gpu:
+        total = 0.0
+        for cid, acts in device.items():
+            for d in acts:
+                us = d.time_range.elapsed_us()
+                total += us
+                if cid not in matched:            # launched outside the walked trees
+                    other[d.name][0] += us
+                    other[d.name][1] += 1
+    else:
+        total = cpu_total
+    return dict(node_us=node_us, other=other, total=total)
+
+
+def _match_dtype(m) -> str:
+    import kernels
+    fam = kernels.get(m.family, m.fit.spec or None) if m.fit else kernels.get(m.family)
+    for arg in fam.arg_names:
+        ref = m.fit.args.get(arg) if m.fit else None
+        if ref is not None and ref.name is not None:
+            meta = m.meta(ref.name)
+            if meta is not None:
+                return _dtype_name(meta["dtype"])
+    meta = m.out_meta()
+    return _dtype_name(meta["dtype"]) if meta else "float32"
+
+
+def profile_graph(cap, matches: dict, warmup: int = 1, iters: int = 3,
+                  max_shapes: int = 4) -> GraphProfile:
+    """Profile the captured model (engine/capture.py) with its ``matches`` ({graph index:
+    [Match]}); per-forward figures. See the section comment above."""
+    from kernels.patterns import spec_key
+    model, inputs, kwargs = cap.model, cap.inputs, cap.kwargs
+    device = _model_device(model, inputs)
+    on_gpu = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    run = _timed_runner(cap)
+    with torch.no_grad():
+        for _ in range(warmup):
+            run(*inputs, **kwargs)
+        if on_gpu:
+            torch.cuda.synchronize(device)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*clears events at the end of each cycle")
+            with torch.profiler.profile(activities=activities) as prof:
+                for _ in range(iters):
+                    with record_function(_FORWARD_SCOPE):
+                        run(*inputs, **kwargs)
+                if on_gpu:
+                    torch.cuda.synchronize(device)
+    if cap.method == "dynamo":
+        torch._dynamo.reset()
+    raw = _graph_attribute(prof.events(), on_gpu)
+    node_us = {k: v / iters for k, v in raw["node_us"].items()}
+    total = raw["total"] / iters
+
+    owner = {}                                         # "graph:node" -> match
+    for gi, ms in matches.items():
+        for m in ms:
+            for n in m.nodes:
+                owner[f"{gi}:{n.name}"] = m
+    fam_time = defaultdict(float)
+    fam_calls = Counter()
+    fam_ops = defaultdict(lambda: defaultdict(lambda: [0.0, 0]))
+    match_us = {}
+    for gi, ms in matches.items():
+        for m in ms:
+            us = sum(node_us.get(f"{gi}:{n.name}", 0.0) for n in m.nodes)
+            match_us[id(m)] = us
+            fam_time[m.family] += us
+            fam_calls[m.family] += 1
+            for n in m.nodes:
+                op = f"aten::{getattr(n.target, '_opname', n.target)}"
+                fam_ops[m.family][op][0] += node_us.get(f"{gi}:{n.name}", 0.0)
+                fam_ops[m.family][op][1] += 1
+    other_ops = defaultdict(lambda: [0.0, 0])
+    for key, us in node_us.items():
+        if key not in owner:
+            gi, name = key.split(":", 1)
+            node = next((n for n in cap.graphs[int(gi)].gm.graph.nodes if n.name == name), None)
+            op = f"aten::{getattr(node.target, '_opname', getattr(node.target, '__name__', '?'))}" if node else name
+            other_ops[op][0] += us
+            other_ops[op][1] += 1
+    for name, (us, calls) in raw["other"].items():
+        other_ops[name][0] += us / iters
+        other_ops[name][1] += round(calls / iters)
+    other_us = sum(v[0] for v in other_ops.values())
+    attributed = sum(fam_time.values()) + other_us
+
+    # targets: placeable matches by (family, spec); the shapes with the most time
+    groups: dict = {}
+    unplaced: dict = {}
+    for gi, ms in matches.items():
+        for m in ms:
+            if not m.placeable:
+                u = unplaced.setdefault((m.family, m.why_not), {"family": m.family, "why": m.why_not,
+                                                                "time_us": 0.0, "count": 0})
+                u["time_us"] += match_us[id(m)]
+                u["count"] += 1
+                continue
+            g = groups.setdefault((m.family, spec_key(m.fit.spec)), {"spec": m.fit.spec, "by": {}})
+            key = (tuple(int(s) for s in m.fit.shape), _match_dtype(m))
+            e = g["by"].setdefault(key, [0, 0.0])
+            e[0] += 1
+            e[1] += match_us[id(m)]
+    targets = []
+    for (fam, _), g in groups.items():
+        by_dtype = Counter()
+        for (shape, dt), (n, us) in g["by"].items():
+            by_dtype[dt] += us if us > 0 else 1e-9 * n
+        dtype = by_dtype.most_common(1)[0][0]
+        ranked = sorted(((shape, n, us) for (shape, dt), (n, us) in g["by"].items() if dt == dtype),
+                        key=lambda t: (-t[2], -t[1]))[:max_shapes]
+        us = sum(t[2] for t in ranked)
+        targets.append(TargetPlan(fam, g["spec"], dtype,
+                                  [{"shape": list(s), "count": n} for s, n, _ in ranked],
+                                  us / attributed if attributed > 0 else 0.0, us,
+                                  sum(t[1] for t in ranked)))
+    targets.sort(key=lambda t: -t.time_us)
+
+    from kernels import FAMILY_NAMES
+    rows = []
+    for fam in FAMILY_NAMES:
+        if fam not in fam_calls:
+            continue
+        shapes = [dict(shape=list(shape), dtype=dt, count=n, spec=g["spec"])
+                  for (f, _), g in groups.items() if f == fam for (shape, dt), (n, _) in g["by"].items()]
+        shapes += [dict(shape=[], dtype="", count=u["count"], why_not=u["why"])
+                   for (f, _), u in unplaced.items() if f == fam]
+        top = sorted(fam_ops[fam].items(), key=lambda kv: -kv[1][0])[:TOP_OPS]
+        rows.append(FamilyTime(fam, fam_time[fam], fam_time[fam] / attributed if attributed > 0 else 0.0,
+                               fam_calls[fam], shapes,
+                               [dict(name=n, time_us=v[0], calls=v[1]) for n, v in top if v[0] > 0],
+                               has_kernel=any(t.family == fam for t in targets)))
+    top = sorted(other_ops.items(), key=lambda kv: -kv[1][0])[:TOP_OPS]
+    if other_us > 0 or not rows:
+        rows.append(FamilyTime(OTHER, other_us, other_us / attributed if attributed > 0 else 0.0,
+                               sum(v[1] for v in other_ops.values()), [],
+                               [dict(name=n, time_us=v[0], calls=v[1]) for n, v in top if v[0] > 0]))
+    rows.sort(key=lambda r: -r.time_us)
+    return GraphProfile(ProfileResult(rows, total, _device_name(device)), node_us, targets,
+                        sorted(unplaced.values(), key=lambda u: -u["time_us"]))

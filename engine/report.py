@@ -5,6 +5,7 @@ Used by ``python -m engine report RUN`` (and for docs/benchmarks.md). Reads the 
 from __future__ import annotations
 
 import datetime as _dt
+import json
 from collections import Counter
 
 from engine import plan, verify
@@ -25,13 +26,17 @@ def run_markdown(store: Store, run_id: str) -> str:
            f"- config: `{_cfg(run['config'])}`",
            f"- status: {run['status']}, {run['experiments_done']} experiments"]
     if ceil:
-        out.append(f"- measured ceilings: copy {ceil['copy_gbps']:.0f} GB/s (read + write), "
-                   f"bf16 matmul {ceil['matmul_tflops']:.0f} TFLOP/s")
+        by = ceil.get("matmul_tflops_by") or {}
+        rates = (", ".join(f"{k} {v:.0f}" for k, v in by.items()) + " TFLOP/s matmul" if by
+                 else f"bf16 matmul {ceil['matmul_tflops']:.0f} TFLOP/s")
+        out.append(f"- measured ceilings: copy {ceil['copy_gbps']:.0f} GB/s (read + write), {rates}")
     if interp:
         out.append("- **interpreter timings** (Triton's CPU interpreter): not GPU performance")
-    out += ["", "| family | share of model | experiments | kept | eager (us) | best (us) | "
-            "speedup vs eager | % of speed of light | found at experiment |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    out += ["", "The baseline of a target is the faster of eager and torch.compile of its op (best "
+            "mode); only a best kernel faster than it is placed in the model.", "",
+            "| target | share of model | experiments | new bests | eager (us) | torch.compile (us) | "
+            "best (us) | vs eager | vs baseline | % of speed of light | found at experiment |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     exps = store.experiments(run_id)
     for t in store.targets(run_id):
         mine = [e for e in exps if e["target_id"] == t["id"]]
@@ -39,9 +44,14 @@ def run_markdown(store: Store, run_id: str) -> str:
         best = next((e for e in mine if e["id"] == t["best_experiment_id"]), None)
         pct = (f"{100 * t['sol_latency_us'] / t['best_latency_us']:.0f}%"
                if t["sol_latency_us"] and t["best_latency_us"] else "n/a")
-        out.append(f"| {t['family']} | {t['fraction']:.1%} | {len(mine)} | {kept} | "
-                   f"{_us(t['ref_latency_us'])} | {_us(t['best_latency_us'])} | "
-                   f"{(t['speedup'] or 0):.3g}x | {pct} | "
+        vb = plan.speedup_vs_baseline(t)
+        ok, _ = plan.beats_baseline(t)
+        vs_base = "-" if not vb else f"{vb:.3g}x" + ("" if ok or interp else " (slower than the baseline: not placed)")
+        name = t["family"] + (f" `{json.dumps(t['spec'], sort_keys=True)}`" if t.get("spec") else "")
+        comp = _us(t.get("compile_latency_us")) + (f" ({t['compile_mode']})" if t.get("compile_mode") else "")
+        out.append(f"| {name} | {t['fraction']:.1%} | {len(mine)} | {kept} | "
+                   f"{_us(t['ref_latency_us'])} | {comp} | {_us(t['best_latency_us'])} | "
+                   f"{(t['speedup'] or 0):.3g}x | {vs_base} | {pct} | "
                    f"{'#%d (%d of its target)' % (best['seq'], mine.index(best) + 1) if best else '-'} |")
     out += ["", "Per shape, best kernel of each target (shape of the main input, dtype, calls per "
             "forward):", "", "| family | shape | dtype | calls | eager (us) | best (us) | speedup | "
@@ -79,11 +89,12 @@ def run_markdown(store: Store, run_id: str) -> str:
     fails = Counter(e["failed_stage"] for e in exps if e["state"] == "failed")
     slower = sum(r["n"] for r in store.stage_outcomes(run_id)      # bench-first: timed only
                  if r["stage"] == verify.STAGES[-1] and r["status"] == "slower")
-    out += ["", f"Outcomes: {states['kept']} kept, {states['reverted']} reverted"
+    out += ["", f"Outcomes: {states['kept']} kept as their target's best, {states['reverted']} reverted"
             + (f" ({slower} timed after the smoke test only, bench-first)" if slower else "")
             + f", {states['failed']} failed" + (" (" + ", ".join(f"{k}: {v}" for k, v in
                                                             fails.most_common()) + ")" if fails else "")
-            + f". Amdahl-projected end-to-end speedup: {plan.projected(store.targets(run_id)):.3f}x."]
+            + f". Amdahl-projected end-to-end speedup over the baseline: "
+              f"{plan.projected(store.targets(run_id)):.3f}x."]
     out += _end_to_end(store, run_id, plan.projected(store.targets(run_id)), interp)
     return "\n".join(out) + "\n"
 
@@ -124,6 +135,10 @@ def _end_to_end(store: Store, run_id: str, projected: float, interp: bool) -> li
     slower = [f for f, v in (c["family_flags"] or {}).items() if v == "slower"]
     if slower:
         out.append(f"Left out of the optimized model (it ran slower with them): {', '.join(slower)}.")
+    base = [f for f, v in (c["family_flags"] or {}).items() if v == "slower_than_baseline"]
+    if base:
+        out.append(f"Never placed (slower than their baseline, the faster of eager and "
+                   f"torch.compile): {', '.join(base)}.")
     timings = store.e2e_timings(c["id"])
     if timings:
         eager = next((t["latency_us"] for t in timings if t["variant"] == "eager"), None)

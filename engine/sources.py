@@ -4,8 +4,10 @@ A spec is one string, the same in ``--model`` and in the dashboard:
 
 - a built-in zoo name (``llama-tiny``, ``gpt2``, ... see engine/models.py);
 - ``hf:NAME``: a Hugging Face transformers model built from a small config with random weights
-  (``hf:llama``, ``hf:mistral``, ``hf:gpt2``, ``hf:bert``, and ``hf:llama-large`` at LLaMA
-  widths). Nothing is downloaded: the config is written here and the weights are random. Needs
+  (``hf:llama``, ``hf:mistral``, ``hf:qwen2``, ``hf:gpt2``, ``hf:bert``; ``hf:llama-large`` at
+  LLaMA-7B widths; ``hf:llama-1b``, ``hf:mistral-1b``, ``hf:qwen2-1b``, ``hf:gpt2-1b``,
+  ``hf:bert-1b`` at ~1B-parameter widths, 4 layers unless --n-layer says otherwise). Nothing is
+  downloaded: the config is written here and the weights are random. Needs
   ``pip install transformers``;
 - ``path/to/file.py:Name``: Name is an nn.Module class (constructed with the arguments of the
   file's ``get_init_inputs()`` if it has one, else none) or a zero-argument function returning a
@@ -44,7 +46,6 @@ import torch.nn.functional as F
 
 import kernels
 from engine import models
-from kernels import attention as _attention, cross_entropy as _cross_entropy
 
 # Small configs: hidden 64 keeps a forward pass to milliseconds on CPU and a kernel under the
 # interpreter to seconds. "llama-large" has the built-in llama's widths (hidden 4096, FFN 14336,
@@ -64,8 +65,28 @@ HF_PRESETS = {
     "bert": ("BertConfig", "BertForMaskedLM", dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         vocab_size=256, max_position_embeddings=256)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=256, max_position_embeddings=256)),
+    # ~1B-parameter widths (the GPU acceptance models; pick the depth with --n-layer): TinyLlama,
+    # a Mistral of the same widths, Qwen2-1.5B, GPT-2 XL's width and BERT-large
+    "llama-1b": ("LlamaConfig", "LlamaForCausalLM", dict(
+        hidden_size=2048, intermediate_size=5632, num_hidden_layers=4, num_attention_heads=32,
+        num_key_value_heads=4, vocab_size=32000, max_position_embeddings=4096)),
+    "mistral-1b": ("MistralConfig", "MistralForCausalLM", dict(
+        hidden_size=2048, intermediate_size=5632, num_hidden_layers=4, num_attention_heads=32,
+        num_key_value_heads=8, vocab_size=32000, max_position_embeddings=4096, sliding_window=None)),
+    "qwen2-1b": ("Qwen2Config", "Qwen2ForCausalLM", dict(
+        hidden_size=1536, intermediate_size=8960, num_hidden_layers=4, num_attention_heads=12,
+        num_key_value_heads=2, vocab_size=151936, max_position_embeddings=4096)),
+    "gpt2-1b": ("GPT2Config", "GPT2LMHeadModel", dict(
+        n_embd=1600, n_layer=4, n_head=25, vocab_size=50257, n_positions=2048)),
+    "bert-1b": ("BertConfig", "BertForMaskedLM", dict(
+        hidden_size=1024, intermediate_size=4096, num_hidden_layers=4, num_attention_heads=16,
+        vocab_size=30522, max_position_embeddings=512)),
 }
-HF_DEFAULT_SHAPE = {"llama-large": (1, 2048)}   # others: (2, 16)
+HF_DEFAULT_SHAPE = {"llama-large": (1, 2048), "llama-1b": (4, 2048), "mistral-1b": (4, 2048),
+                    "qwen2-1b": (4, 2048), "gpt2-1b": (4, 2048), "bert-1b": (8, 512)}   # others: (2, 16)
 # --n-layer and friends, named as the zoo names them, mapped to each config's own field.
 _HF_ALIASES = {"n_layer": ("num_hidden_layers", "n_layer")}
 
@@ -304,16 +325,14 @@ class OpModel(nn.Module):
     """One call of each family's operator, in the family's shape convention, with the family's
     own inputs (kernels/<family>.py make_inputs): forward(*tensors) -> the outputs.
 
-    Each call is written the way model code writes it, so profiling finds it by the usual rules
-    (engine/profile.py): rmsnorm and the gated MLP are modules (their weights are parameters, as
-    in a model), rotary is engine/models.py's apply_rotary, the rest are the functional ops. The
-    per-call constants (eps, causal, scale) are attributes; the other inputs are forward's
-    arguments, in the family's argument order."""
+    Each call is the family's own reference (kernels/<family>.py ``reference``), which is one of
+    its spellings: the model's graph is matched like any model's (engine/match.py), so nothing
+    here names a family. The per-call constants (eps, causal, scale) are attributes; the tensors
+    are forward's arguments, in the family's argument order."""
 
     def __init__(self, calls: list[dict]):
         super().__init__()
         self.calls = calls          # [{"family", "shape", "tensors": [names], "consts": {...}}]
-        self.layers = nn.ModuleDict()    # family -> its module (rmsnorm, fused_mlp)
 
     def forward(self, *tensors):
         outs, i = [], 0
@@ -321,29 +340,7 @@ class OpModel(nn.Module):
             kw = dict(c["consts"])
             for n in c["tensors"]:
                 kw[n], i = tensors[i], i + 1
-            fam = c["family"]
-            if fam in self.layers:
-                out = self.layers[fam](kw["x"])
-            elif fam == "rotary":
-                out = models.apply_rotary(kw["x"], kw["cos"], kw["sin"])
-            elif fam == "softmax":
-                out = torch.softmax(kw["x"], dim=-1)
-            elif fam == "layernorm":
-                out = F.layer_norm(kw["x"], (kw["x"].shape[-1],), kw["weight"], kw["bias"], kw["eps"])
-            elif fam == "cross_entropy":
-                logits = kw["logits"]
-                out = F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                      kw["targets"].reshape(-1).long(),
-                                      ignore_index=_cross_entropy.IGNORE_INDEX)
-            elif fam == "matmul":
-                out = torch.matmul(kw["a"], kw["b"])
-            elif fam == "attention":
-                out = _attention.reference(**kw)
-            elif fam == "reduce":
-                out = kw["x"].sum(dim=-1)
-            else:                                     # a family added without an op form
-                raise SourceError(f"op:{fam} has no operator form")
-            outs.append(out)
+            outs.append(kernels.get(c["family"]).reference(**kw))
         return outs[0] if len(outs) == 1 else tuple(outs)
 
 
@@ -372,28 +369,11 @@ def _load_op(src, dtype, device, input_shape, seed) -> Loaded:
         return out
 
     first = draw(seed)
-    specs, params = [], {}
-    for (fam, shape), kw in zip(calls, first):
-        module_args = {"rmsnorm": ("weight",), "fused_mlp": ("w_gate", "w_up", "w_down")}.get(fam.name, ())
-        specs.append({"family": fam.name, "shape": shape,
-                      "tensors": [n for n in fam.arg_names
-                                  if isinstance(kw[n], torch.Tensor) and n not in module_args],
-                      "consts": {n: kw[n] for n in fam.arg_names if not isinstance(kw[n], torch.Tensor)}})
-        params[fam.name] = kw
-    model = OpModel(specs)
-    if "rmsnorm" in params:
-        kw = params["rmsnorm"]
-        norm = models.RMSNorm(kw["weight"].shape[0], eps=kw["eps"])
-        norm.weight = nn.Parameter(kw["weight"].detach().clone(), requires_grad=False)
-        model.layers["rmsnorm"] = norm
-    if "fused_mlp" in params:
-        kw = params["fused_mlp"]
-        f, d = kw["w_gate"].shape
-        mlp = models.SwiGLUMLP(d, f)
-        for part, w in (("gate", kw["w_gate"]), ("up", kw["w_up"]), ("down", kw["w_down"])):
-            getattr(mlp, part).weight = nn.Parameter(w.detach().contiguous().clone(), requires_grad=False)
-        model.layers["fused_mlp"] = mlp
-    model = model.to(device).eval()
+    specs = [{"family": fam.name, "shape": shape,
+              "tensors": [n for n in fam.arg_names if isinstance(kw[n], torch.Tensor)],
+              "consts": {n: kw[n] for n in fam.arg_names if not isinstance(kw[n], torch.Tensor)}}
+             for (fam, shape), kw in zip(calls, first)]
+    model = OpModel(specs).to(device).eval()
 
     def make(s):
         return tuple(kw[n] for c, kw in zip(specs, draw(s) if s != seed else first)

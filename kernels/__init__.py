@@ -32,6 +32,7 @@ The family name is the join key everywhere: file name, database column, test and
 from __future__ import annotations
 
 import importlib
+import json
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -68,6 +69,18 @@ class Family:
     size: Callable | None = None
     # (profiler shape record: dict) -> shape tuple; None: tuple(record["shape"])
     from_profile: Callable | None = None
+    # How the family is found in a model's graph and placed there (kernels/patterns.py):
+    # the spellings that compute it, and what a match of one means under this contract.
+    spellings: tuple = ()
+    from_match: Callable | None = None       # (engine.match.Match) -> Fit | None; raises NoFit
+    # The custom op a placed kernel becomes: its arguments in arg_names order, as a
+    # torch.library schema ("(Tensor x, Tensor? weight, float eps) -> Tensor").
+    op_schema: str = ""
+    # aten ops that alone compute the family's plain contract, as the profiler names them
+    # ("aten::softmax"): the interception road's profile (when a model's graph cannot be
+    # captured) reads them.
+    profile_ops: tuple = ()
+    spec: dict = field(default_factory=dict)  # the contract spec this Family was configured with
 
     def starter(self) -> str:
         return self.render(dict(self.default))
@@ -103,7 +116,13 @@ def get(name: str, spec: dict | None = None) -> Family:
     configure = getattr(mod, "configure", None)
     if configure is None:
         raise UnknownFamily(f"family {name!r} has one contract; it takes no spec (got {spec!r})")
-    return configure(dict(spec))
+    key = (name, json.dumps(spec, sort_keys=True))
+    if key not in _CONFIGURED:         # the engine asks for the same contract on every probe
+        _CONFIGURED[key] = configure(dict(spec))
+    return _CONFIGURED[key]
+
+
+_CONFIGURED: dict = {}
 
 
 def all_families() -> list[Family]:

@@ -45,6 +45,7 @@ Search space (``SPACE``), rendered by ``render`` into one self-contained candida
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -52,6 +53,7 @@ import torch.nn.functional as F
 
 from kernels import Family
 from kernels import _common as C
+from kernels.patterns import Fit, NoFit, Ref, Scalar, Spelling, T
 
 NAME = "attention"
 SIGNATURE = "kernel_fn(q, k, v, causal, scale)"
@@ -490,3 +492,187 @@ FAMILY = Family(
     size=size,
     from_profile=from_profile,
 )
+
+
+# ---------------------------------------------------------------------------------------------
+# spellings: how model code writes it (kernels/patterns.py)
+# ---------------------------------------------------------------------------------------------
+
+def _scores(q, kt, scale_kind, scale, div):
+    if scale_kind == "qmul":
+        return (q * scale) @ kt
+    s = q @ kt
+    if scale_kind == "mul":
+        return s * scale
+    if scale_kind == "div":
+        return s / div
+    return s
+
+
+def _masked(s, kind, mask, fill):
+    if kind == "masked_fill":
+        return s.masked_fill(mask, fill)
+    if kind == "where":
+        return torch.where(mask, s, fill)
+    if kind == "add":
+        return s + mask
+    return s
+
+
+def _by_hand(scale_kind, mask_kind):
+    def fn(q, kt, v, mask, scale, div, fill):
+        p = torch.softmax(_masked(_scores(q, kt, scale_kind, scale, div), mask_kind, mask, fill), -1)
+        return p @ v
+    mask = {"masked_fill": T((8, 8), "bool"), "where": T((8, 8), "bool"), "add": T((8, 8))}.get(mask_kind)
+    args = (("q", T((2, 4, 8, 16))), ("kt", T((2, 4, 16, 8))), ("v", T((2, 4, 8, 16))),
+            ("mask", mask), ("scale", Scalar("scale") if scale_kind in ("mul", "qmul") else None),
+            ("div", Scalar("div") if scale_kind == "div" else None),
+            ("fill", Scalar("fill") if mask_kind in ("masked_fill", "where") else None))
+    return Spelling(f"{scale_kind}_{mask_kind}", fn, args)
+
+
+_SCALES = ("none", "mul", "div", "qmul")
+_MASKS = ("none", "masked_fill", "where", "add")
+SPELLINGS = tuple(_by_hand(a, b) for a in _SCALES for b in _MASKS) + (
+    # F.scaled_dot_product_attention: mask, dropout, causal flag, scale and GQA captured as given
+    Spelling("sdpa", lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
+             (("q", T((2, 4, 8, 16))), ("k", T((2, 4, 8, 16))), ("v", T((2, 4, 8, 16)))),
+             loose=("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")),
+)
+_VERY_NEGATIVE = -1e4       # a fill or bias at or below this gives exp(...) == 0 in fp32 and bf16
+
+
+def _hidden(m, kind, sq, sk):
+    """The positions a constant mask hides, as a bool [Sq, Sk] the same for every (batch, head);
+    None when it is not a constant of the model; raises NoFit for a mask that is not a plain
+    hide-or-keep one."""
+    mask = m.const("mask") if kind != "sdpa" else m.const("attn_mask")
+    if mask is None:
+        raise NoFit("the mask is not a constant of the model (it depends on the inputs, a padding "
+                    "mask, or is written in place): the contract takes no runtime mask")
+    mask = mask.detach().to("cpu")
+    if kind in ("masked_fill", "where"):
+        fill = m.scalar("fill")
+        if fill is None or fill > _VERY_NEGATIVE:
+            raise NoFit(f"masked scores set to {fill}: the contract hides them (-inf)")
+        if mask.dtype != torch.bool:
+            return None
+        hide = mask if kind == "masked_fill" else ~mask
+    elif mask.dtype == torch.bool:                                     # SDPA: True takes part
+        hide = ~mask
+    else:                                                              # an additive bias
+        very = mask <= _VERY_NEGATIVE
+        if not bool(((mask == 0) | very).all()):
+            raise NoFit("a float attention bias other than 0 / -inf: the contract has no bias")
+        hide = very
+    try:
+        hide = hide.expand(*hide.shape[:-2], sq, sk).reshape(-1, sq, sk)
+    except RuntimeError:
+        return None
+    if not bool((hide == hide[:1]).all()):
+        raise NoFit("the mask differs between batches or heads: the contract has one mask")
+    return hide[0]
+
+
+def from_match(m):
+    """Attention as the family computes it: q [B, H, S, D], k/v with Hkv heads (a repeat of
+    the heads looked through), no mask or a causal one, a constant scale."""
+    name = m.pattern.split("/")[1]
+    sdpa = name == "sdpa"
+    q = m.meta("q")
+    if q is None or not q["dtype"].is_floating_point:
+        return None
+    if sdpa:
+        if (m.scalar("dropout_p") or 0.0) != 0.0:
+            raise NoFit(f"dropout p={m.scalar('dropout_p')}: the contract has none")
+        k_views = ()
+    else:
+        src = m.swapped_last("kt")
+        if src is not None:
+            m.rebind("k", src, [m.node("kt")])
+            k_views = ()
+        else:
+            m.inputs["k"] = m.node("kt")
+            k_views = (("transpose", -2, -1),)
+    rank = len(q["shape"])
+    if rank not in (3, 4):
+        raise NoFit(f"q of rank {rank}: the contract takes [B, H, S, D]")
+    reps = []
+    for name_kv in ("k", "v"):
+        if k_views and name_kv == "k":
+            reps.append(1)
+            continue
+        src, rep, thr = m.head_repeat(m.node(name_kv))
+        if rep > 1:
+            m.rebind(name_kv, src, thr)
+        reps.append(rep)
+    k, v = m.meta("k"), m.meta("v")
+    if k is None or v is None:
+        return None
+    kshape = tuple(k["shape"])
+    if k_views:
+        kshape = kshape[:-2] + (kshape[-1], kshape[-2])
+    if rank == 3:
+        q4, k4, v4 = (1,) + tuple(q["shape"]), (1,) + kshape, (1,) + tuple(v["shape"])
+    else:
+        q4, k4, v4 = tuple(q["shape"]), kshape, tuple(v["shape"])
+    b, h, sq, d = q4
+    if reps[0] != reps[1] or k4 != v4 or k4[0] != b or k4[3] != d or len(k4) != 4:
+        return None
+    hkv, sk = k4[1], k4[2]
+    if sdpa and reps[0] == 1 and m.scalar("enable_gqa") is not True and hkv != h:
+        return None                          # SDPA would refuse these heads
+    if h % hkv:
+        return None
+    if q["dtype"] != k["dtype"] or q["dtype"] != v["dtype"] or m.out_meta()["dtype"] != q["dtype"]:
+        raise NoFit("q, k, v and the output in different dtypes: the contract takes one")
+    if d > MAX_HEAD_DIM:
+        raise NoFit(f"head dim {d} > {MAX_HEAD_DIM}: the kernels hold a [BLOCK_M, D] tile")
+    if sq != sk:
+        raise NoFit(f"{sq} queries, {sk} keys: the contract's inputs have equal lengths")
+    # the mask: none, or a constant one; causal when it hides exactly the future keys
+    if sdpa:
+        causal = bool(m.scalar("is_causal"))
+        kind = "sdpa" if m.node("attn_mask") is not None else "none"
+        scale = m.scalar("scale")
+        if m.captures.get("scale") is not None and scale is None:
+            raise NoFit("the scale is not a number known when the graph is captured")
+    else:
+        causal = False
+        kind = name.split("_", 1)[1]
+        sk_name = name.split("_", 1)[0]
+        if sk_name in ("mul", "qmul"):
+            scale = m.scalar("scale")
+        elif sk_name == "div":
+            div = m.scalar("div")
+            scale = None if not div else 1.0 / div
+        else:
+            scale = 1.0
+        if scale is None:
+            raise NoFit("the scale is not a number known when the graph is captured")
+    if kind != "none":
+        hide = _hidden(m, kind, sq, sk)
+        if hide is None:
+            return None
+        future = torch.ones(sq, sk, dtype=torch.bool).triu(1)
+        if torch.equal(hide, future):
+            causal = True
+        elif bool(hide.any()):
+            raise NoFit("a constant mask that is not the causal one: the contract has no other")
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    views = ((("unsqueeze", 0),) if rank == 3 else ())
+    args = {"q": Ref("q", views), "k": Ref("k", k_views + views), "v": Ref("v", views),
+            "causal": Ref.lit(bool(causal)), "scale": Ref.lit(float(scale))}
+    return Fit({}, (b, h, sq, d, hkv, int(causal)), args,
+               post=((("squeeze", 0),) if rank == 3 else ()))
+
+
+FAMILY = dataclasses.replace(
+    FAMILY, spellings=SPELLINGS, from_match=from_match,
+    op_schema="(Tensor q, Tensor k, Tensor v, bool causal, float scale) -> Tensor",
+    profile_ops=("aten::scaled_dot_product_attention", "aten::_flash_attention_forward",
+                 "aten::_efficient_attention_forward", "aten::_scaled_dot_product_flash_attention",
+                 "aten::_scaled_dot_product_efficient_attention",
+                 "aten::_scaled_dot_product_cudnn_attention",
+                 "aten::_scaled_dot_product_flash_attention_for_cpu"))

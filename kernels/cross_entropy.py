@@ -33,11 +33,14 @@ for 384 KB and fail to launch).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 
 from kernels import Family
 from kernels import _common as C
+from kernels.patterns import Fit, NoFit, Ref, Spelling, T
 from kernels.softmax import softmax_input
 
 NAME = "cross_entropy"
@@ -370,3 +373,87 @@ FAMILY = Family(
     notes={"ignore_index": IGNORE_INDEX, "output": "0-d float32",
            "all_ignored": "NaN, like torch", "max_tile_elems": 65536},
 )
+
+
+# ---------------------------------------------------------------------------------------------
+# spellings: how model code writes it (kernels/patterns.py)
+# ---------------------------------------------------------------------------------------------
+
+def _gather_mean(x, t):
+    return -torch.log_softmax(x, -1).gather(-1, t.unsqueeze(-1)).mean()
+
+
+def _gather_squeeze(x, t):
+    return -torch.log_softmax(x, -1).gather(1, t.unsqueeze(1)).squeeze(1).mean()
+
+
+_XT = (("x", T((4, 16))), ("t", T((4,), "int64")))
+_CE_LOOSE = ("weight", "reduction", "ignore_index", "label_smoothing")
+SPELLINGS = (
+    # F.cross_entropy / nn.CrossEntropyLoss, and log_softmax followed by nll_loss
+    Spelling("cross_entropy", lambda x, t: F.cross_entropy(x, t), _XT, loose=_CE_LOOSE),
+    Spelling("log_softmax_nll", lambda x, t: F.nll_loss(F.log_softmax(x, -1), t), _XT,
+             loose=("weight", "reduction", "ignore_index")),
+    # picking the target's log-probability by hand: no ignore_index
+    Spelling("log_softmax_gather", _gather_mean, _XT),
+    Spelling("log_softmax_gather_squeeze", _gather_squeeze, _XT),
+)
+_MEAN = 1          # at::Reduction::Mean, as the aten ops take it
+
+
+def from_match(m):
+    """Mean cross-entropy over rows of 2-D logits [N, V] and int64 targets [N]."""
+    x, t, out = m.meta("x"), m.meta("t"), m.out_meta()
+    if x is None or t is None or out is None or not x["dtype"].is_floating_point:
+        return None
+    if t["dtype"] not in (torch.int64, torch.int32):
+        return None                          # class probabilities, not indices
+    if len(x["shape"]) != 2 or tuple(t["shape"]) != (x["shape"][0],):
+        raise NoFit(f"logits {list(x['shape'])}, targets {list(t['shape'])}: the contract takes "
+                    f"[N, V] logits (classes last) and [N] targets")
+    gather = "gather" in m.pattern
+    if not gather:
+        if m.node("weight") is not None:
+            raise NoFit("class weights: the contract weighs every class the same")
+        if m.scalar("reduction") != _MEAN:
+            raise NoFit(f"reduction {m.scalar('reduction')}: the contract takes the mean")
+        if (m.scalar("label_smoothing") or 0.0) != 0.0:
+            raise NoFit("label smoothing: the contract has none")
+        if m.scalar("ignore_index") != IGNORE_INDEX:
+            raise NoFit(f"ignore_index {m.scalar('ignore_index')}: the contract ignores -100")
+    post = () if out["dtype"] == torch.float32 else (("to", str(out["dtype"]).removeprefix("torch.")),)
+    targets = Ref("t", (("long",),)) if t["dtype"] != torch.int64 else Ref("t")
+    return Fit({"ignore_index": None} if gather else {}, tuple(x["shape"]),
+               {"logits": Ref("x"), "targets": targets}, post=post)
+
+
+def _inputs_no_ignore(shape, dtype, device, gen, kind="normal"):
+    """The family's inputs with every target a class (the hand-written spelling has no ignore
+    index: -100 would be an out-of-range gather there)."""
+    inp = make_inputs(shape, dtype, device, gen, kind)
+    t = inp["targets"]
+    v = int(shape[-1])
+    inp["targets"] = torch.where(t == IGNORE_INDEX, torch.remainder(torch.arange(t.numel(), device=t.device)
+                                                                    .reshape(t.shape), v), t)
+    if kind == "neg_inf" and t.numel() >= 1:
+        # row 0 is all -inf in that kind; with a target it would be +inf: give it a finite logit
+        inp["logits"] = inp["logits"].clone()
+        inp["logits"].reshape(-1, v)[0, int(inp["targets"].reshape(-1)[0])] = 0.0
+    return inp
+
+
+def configure(spec: dict) -> Family:
+    """``spec["ignore_index"] = None``: no row is ignored (targets are always classes); the
+    kernels are the family's (they ignore -100, which then never occurs)."""
+    if set(spec) - {"ignore_index"} or spec.get("ignore_index", IGNORE_INDEX) not in (None, IGNORE_INDEX):
+        raise ValueError(f"cross_entropy takes a spec {{ignore_index: None}}; got {spec!r}")
+    if spec.get("ignore_index", IGNORE_INDEX) == IGNORE_INDEX:
+        return FAMILY
+    return dataclasses.replace(FAMILY, make_inputs=_inputs_no_ignore, spec=dict(spec),
+                               description="Mean cross-entropy, every target a class (no ignore index).")
+
+
+FAMILY = dataclasses.replace(
+    FAMILY, spellings=SPELLINGS, from_match=from_match,
+    op_schema="(Tensor logits, Tensor targets) -> Tensor",
+    profile_ops=("aten::cross_entropy_loss",))

@@ -33,12 +33,14 @@ Search space (``SPACE``), rendered by ``render`` into one self-contained candida
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 import torch.nn.functional as F
 
 from kernels import Family
+from kernels.patterns import Fit, NoFit, Ref, Spelling, T
 from kernels import _common as C
 from kernels import matmul as MM
 
@@ -418,3 +420,103 @@ ACTIVATION = Family(
     notes={"bound": "memory", "no_run": "No run in the database kept a fused_mlp experiment of "
                                         "the \"separate\" variant: starter only."},
 )
+
+
+# ---------------------------------------------------------------------------------------------
+# spellings: how model code writes it (kernels/patterns.py)
+# ---------------------------------------------------------------------------------------------
+
+_ACTS = {
+    "silu": lambda g: F.silu(g),
+    "sigmoid": lambda g: g * torch.sigmoid(g),
+    "gelu": lambda g: F.gelu(g),                  # approximate captured: "none" or "tanh"
+}
+
+
+def _gated(act):
+    def fn(x, wg, wu, wd):
+        return F.linear(_ACTS[act](F.linear(x, wg)) * F.linear(x, wu), wd)
+    args = (("x", T((2, 4, 8))), ("wg", T((16, 8))), ("wu", T((16, 8))), ("wd", T((8, 16))))
+    return Spelling(f"{act}_gate_up_down", fn, args, loose=("approximate",))
+
+
+SPELLINGS = tuple(_gated(a) for a in _ACTS)
+_ACT_SPEC = {"silu": None, "sigmoid": None, "gelu:none": "gelu", "gelu:tanh": "gelu_tanh"}
+
+
+def from_match(m):
+    """down(act(gate(x)) * up(x)) with bias-free projections; act silu (SwiGLU) or gelu (GeGLU)."""
+    x = m.meta("x")
+    ws = [m.meta(n) for n in ("wg", "wu", "wd")]
+    if x is None or any(w is None or len(w["shape"]) != 2 for w in ws):
+        return None
+    d, (f, d1), (f2, d2), (d3, f3) = x["shape"][-1], ws[0]["shape"], ws[1]["shape"], ws[2]["shape"]
+    if not (d == d1 == d2 == d3 and f == f2 == f3):
+        return None
+    if any(w["dtype"] != x["dtype"] for w in ws) or not x["dtype"].is_floating_point:
+        raise NoFit("weights and x in different dtypes: the contract takes one")
+    act = m.pattern.split("/")[1].split("_")[0]
+    if act == "gelu":
+        act = f"gelu:{m.captures.get('approximate', 'none')}"
+    if act not in _ACT_SPEC:
+        return None
+    spec = {"act": _ACT_SPEC[act]} if _ACT_SPEC[act] else {}
+    args = {"x": Ref("x"), "w_gate": Ref("wg"), "w_up": Ref("wu"), "w_down": Ref("wd")}
+    return Fit(spec, tuple(x["shape"]) + (f,), args)
+
+
+# GeLU in fp32 for the kernels: the exact form through erf, the tanh form through exp
+# (tanh(z) = 1 - 2 / (exp(2z) + 1): exact limits at both ends, no overflow to NaN).
+_GELU_SRC = {
+    "gelu": "0.5 * {g} * (1.0 + tl.erf({g} * 0.7071067811865476)) * {u}",
+    "gelu_tanh": ("0.5 * {g} * (2.0 - 2.0 / (tl.exp(1.5957691216057308 * ({g} + 0.044715 * {g} * {g} * {g})) "
+                  "+ 1.0)) * {u}"),
+}
+
+
+def _act_reference(act):
+    approx = "tanh" if act == "gelu_tanh" else "none"
+
+    def reference(x, w_gate, w_up, w_down):
+        return F.linear(F.gelu(F.linear(x, w_gate), approximate=approx) * F.linear(x, w_up), w_down)
+    return reference
+
+
+def _act_bound(act):
+    approx = "tanh" if act == "gelu_tanh" else "none"
+
+    def bound(x, w_gate, w_up, w_down):
+        # as error_bound, with gelu's value and a slope bound of 1.13 (|gelu'| <= 1.13 everywhere)
+        g, u = F.linear(x, w_gate), F.linear(x, w_up)
+        a = F.gelu(g, approximate=approx)
+        xa = x.abs()
+        dh = 1.13 * u.abs() * F.linear(xa, w_gate.abs()) + a.abs() * F.linear(xa, w_up.abs())
+        depth = max(x.shape[-1], w_down.shape[-1])
+        return F.linear((a * u).abs() + dh, w_down.abs()) * max(1.0, depth / 64.0)
+    return bound
+
+
+def configure(spec: dict) -> Family:
+    """``spec["act"]``: "gelu" (erf) or "gelu_tanh": the GeGLU MLP down(gelu(gate(x)) * up(x))."""
+    act = spec.get("act", "silu")
+    if set(spec) - {"act"} or act not in ("silu", "gelu", "gelu_tanh"):
+        raise ValueError(f"fused_mlp takes a spec {{act: silu|gelu|gelu_tanh}}; got {spec!r}")
+    if act == "silu":
+        return FAMILY
+    expr = _GELU_SRC[act]
+
+    def render_act(params):
+        src = render(params)
+        for g, u in (("acc_g", "acc_u"), ("g", "u")):
+            src = src.replace(_silu_mul(g, u), expr.format(g=g, u=u))
+        return src.replace('"""Fused-MLP candidate', f'"""GeGLU ({act}) fused-MLP candidate, silu read as {act}', 1)
+    return dataclasses.replace(
+        FAMILY, reference=_act_reference(act), error_bound=_act_bound(act), render=render_act,
+        signature=f"kernel_fn(x, w_gate, w_up, w_down) with {act}",
+        description=f"GeGLU MLP down({act}(gate(x)) * up(x)), nn.Linear weight layout.",
+        spec=dict(spec))
+
+
+FAMILY = dataclasses.replace(
+    FAMILY, spellings=SPELLINGS, from_match=from_match,
+    op_schema="(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down) -> Tensor")

@@ -27,11 +27,15 @@ for 384 KB and fail to launch).
 """
 from __future__ import annotations
 
+import dataclasses
+import itertools
+
 import torch
 import torch.nn.functional as F
 
 from kernels import Family
 from kernels import _common as C
+from kernels.patterns import Fit, NoFit, Ref, Scalar, Spelling, T, from_end, trailing_run
 
 NAME = "layernorm"
 SIGNATURE = "kernel_fn(x, weight, bias, eps)"
@@ -244,7 +248,7 @@ def kernel_fn(x, weight, bias, eps):
 '''
 
 
-def render(params) -> str:
+def render_rows(params) -> str:
     """Complete candidate source for one point of SPACE (missing params take DEFAULT values)."""
     p = C.resolve(NAME, SPACE, DEFAULT, params)
     one_pass = p["variant"] == "one_pass"
@@ -283,6 +287,180 @@ PROGS_PER_SM = {p["progs_per_sm"]}     # persistent grid only
     return C.tidy("\n".join(parts))
 
 
+# ---------------------------------------------------------------------------------------------
+# spellings: how model code writes it (kernels/patterns.py)
+# ---------------------------------------------------------------------------------------------
+
+# the variance: x.var(unbiased=False), or the mean of the centered squares (HF's old BertLayerNorm)
+_VAR = {
+    "var": lambda x: x.var(-1, keepdim=True, unbiased=False),
+    "centered": lambda x: (x - x.mean(-1, keepdim=True)).pow(2).mean(-1, keepdim=True),
+}
+_INV = {"div": lambda c, v, eps: c / torch.sqrt(v + eps),
+        "rsqrt": lambda c, v, eps: c * torch.rsqrt(v + eps)}
+_AFFINE = ("wb", "w", "none")
+
+
+def _spelling(var, inv, affine):
+    def fn(x, w, b, eps):
+        y = _INV[inv](x - x.mean(-1, keepdim=True), _VAR[var](x), eps)
+        if affine == "wb":
+            return y * w + b
+        return y * w if affine == "w" else y
+    args = (("x", T((4, 16))), ("w", T((16,)) if affine != "none" else None),
+            ("b", T((16,)) if affine == "wb" else None), ("eps", Scalar("eps")))
+    return Spelling(f"{var}_{inv}_{affine}", fn, args, free_dims=True)
+
+
+SPELLINGS = tuple(_spelling(*c) for c in itertools.product(_VAR, _INV, _AFFINE)) + (
+    # F.layer_norm / nn.LayerNorm, weight and bias present or not (loose: captured as they are)
+    Spelling("layer_norm", lambda x, w, b: F.layer_norm(x, (16,), w, b, 1e-5),
+             (("x", T((4, 16))), ("w", T((16,))), ("b", T((16,)))),
+             loose=("weight", "bias", "eps", "cudnn_enable")),
+)
+
+
+def _affine_ref(m, name, norm_shape):
+    """The weight or bias as the contract takes it ([D]), or None when it is not one value per
+    normalized element (leading 1s allowed: [1, 1, D] broadcasts the same)."""
+    v = m.meta(name)
+    if v is None:
+        return None
+    ws = tuple(v["shape"])
+    while len(ws) > len(norm_shape) and ws[0] == 1:
+        ws = ws[1:]
+    return Ref(name, (("reshape", [-1]),)) if ws == tuple(norm_shape) else None
+
+
+def from_match(m):
+    """LayerNorm over the matched trailing dims, weight and bias each present or not."""
+    x = m.meta("x")
+    if x is None or not x["dtype"].is_floating_point:
+        return None
+    shape = x["shape"]
+    if m.pattern.endswith("/layer_norm"):
+        k = len(m.op_args("layer_norm")["normalized_shape"])
+        dims = tuple(range(-k, 0))
+        w_name, b_name = "weight", "bias"
+        eps = m.scalar("eps")
+    else:
+        dims = from_end(m.captures.get("dims", (-1,)), len(shape))
+        w_name, b_name = "w", "b"
+        eps = m.scalar("eps")
+    if not trailing_run(dims):
+        raise NoFit(f"layernorm over dims {list(dims)}: not adjacent dims")
+    if dims[-1] != -1:
+        raise NoFit(f"layernorm over dims {list(dims)}, followed by other dims: the kernels "
+                    f"normalize trailing dims")
+    if eps is None:
+        raise NoFit("eps is not a number known when the graph is captured")
+    norm_shape = shape[len(shape) + dims[0]:]
+    args = {"x": Ref("x"), "weight": Ref.lit(None), "bias": Ref.lit(None), "eps": Ref.lit(float(eps))}
+    spec = {}
+    for arg, name in (("weight", w_name), ("bias", b_name)):
+        if m.node(name) is None:
+            spec[arg] = False
+            continue
+        ref = _affine_ref(m, name, norm_shape)
+        if ref is None or m.meta(name)["dtype"] != x["dtype"]:
+            return None                     # not a per-feature affine of x's dtype
+        args[arg] = ref
+    if len(dims) > 1:
+        spec["dims"] = len(dims)
+    return Fit(spec, tuple(shape), args)
+
+
+# ---------------------------------------------------------------------------------------------
+# contracts a match can fix: several trailing dims; weight, bias each optional
+# ---------------------------------------------------------------------------------------------
+
+def _reference_for(k):
+    def reference(x, weight, bias, eps):
+        ns = tuple(x.shape[-k:])
+        w = weight.reshape(ns) if weight is not None else None
+        b = bias.reshape(ns) if bias is not None else None
+        return F.layer_norm(x, ns, w, b, eps)
+    return reference
+
+
+def _inputs_for(k, weight, bias):
+    def make(shape, dtype, device, gen, kind="normal"):
+        dtype = C.as_dtype(dtype)
+        shape = tuple(int(s) for s in shape)
+        d = 1
+        for s in shape[len(shape) - k:]:
+            d *= s
+        n = 1
+        for s in shape[:len(shape) - k]:
+            n *= s
+        x = C.norm_input((n, d), dtype, gen, kind).reshape(shape)
+        w = (1.0 + 0.1 * C.randn(gen, d)).to(dtype).to(device) if weight else None
+        b = (0.1 * C.randn(gen, d)).to(dtype).to(device) if bias else None
+        return {"x": x.to(dtype).to(device), "weight": w, "bias": b, "eps": 1e-5}
+    return make
+
+
+def _cost_for(k, weight, bias):
+    def cost(shape, dtype):
+        item = C.itemsize(dtype)
+        shape = tuple(int(s) for s in shape)
+        d = 1
+        for s in shape[len(shape) - k:]:
+            d *= s
+        n = 1
+        for s in shape[:len(shape) - k]:
+            n *= s
+        return 2 * n * d * item + (int(weight) + int(bias)) * d * item, 7 * n * d + 4 * n
+    return cost
+
+
+def _render_for(k):
+    """The row kernels of SPACE on x flattened to [N, D], D the k normalized dims' elements."""
+    def render(params):
+        src = render_rows(params).replace("def kernel_fn(x, weight, bias, eps):",
+                                          "def _rows(x, weight, bias, eps):")
+        return C.tidy(src + f'''
+
+NORM_DIMS = {k}   # the trailing dims normalized together
+
+
+def kernel_fn(x, weight, bias, eps):
+    """LayerNorm over the last NORM_DIMS dims of x; weight, bias [D] (those dims flattened) or None."""
+    lead = x.shape[:x.dim() - NORM_DIMS]
+    d = 1
+    for s in x.shape[x.dim() - NORM_DIMS:]:
+        d *= s
+    w = weight.reshape(-1) if weight is not None else None
+    b = bias.reshape(-1) if bias is not None else None
+    return _rows(x.reshape(tuple(lead) + (d,)), w, b, eps).reshape(x.shape)
+''')
+    return render
+
+
+def configure(spec: dict) -> Family:
+    """LayerNorm over the last ``spec["dims"]`` dims (default 1), with ``spec["weight"]`` and
+    ``spec["bias"]`` (default True each: [D], the normalized dims flattened)."""
+    k = int(spec.get("dims", 1))
+    weight, bias = bool(spec.get("weight", True)), bool(spec.get("bias", True))
+    if set(spec) - {"dims", "weight", "bias"} or k < 1:
+        raise ValueError(f"layernorm takes a spec {{dims: int >= 1, weight: bool, bias: bool}}; got {spec!r}")
+    if k == 1 and weight and bias:
+        return FAMILY
+    lay = lambda ss: tuple(tuple(s[:-1]) + (s[-1],) + (1,) * (k - 1) for s in ss)  # noqa: E731
+    what = (f"over the last {k} dims" if k > 1 else "over the last dim") + \
+        ("" if weight else ", no weight") + ("" if bias else ", no bias")
+    return dataclasses.replace(
+        FAMILY, reference=_reference_for(k), make_inputs=_inputs_for(k, weight, bias),
+        cost=_cost_for(k, weight, bias), bench_shapes=lay(BENCH_SHAPES) + (((16, 64, 256, 256),) if k == 3 else ()),
+        sweep_shapes=lay(SWEEP_SHAPES), edge_shapes=lay(EDGE_SHAPES),
+        render=_render_for(k) if k > 1 else render_rows,
+        signature=f"kernel_fn(x, weight, bias, eps) {what}",
+        description=f"LayerNorm {what}.", spec=dict(spec))
+
+
+render = render_rows
+
+
 FAMILY = Family(
     name=NAME,
     signature=SIGNATURE,
@@ -298,6 +476,10 @@ FAMILY = Family(
     space=SPACE,
     default=DEFAULT,
     render=render,
+    spellings=SPELLINGS,
+    from_match=from_match,
+    op_schema="(Tensor x, Tensor? weight, Tensor? bias, float eps) -> Tensor",
+    profile_ops=("aten::layer_norm", "aten::native_layer_norm"),
     description="LayerNorm over the last dim with weight and bias (torch.nn.functional.layer_norm).",
     notes={"one_pass_max_block": 65536, "max_tile_elems": 65536,
            "numerics": "per-row shift by x[row, 0], mean then centered variance, fp32"},

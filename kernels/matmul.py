@@ -53,11 +53,13 @@ BLOCK_K (EVEN_K, decided at launch).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 
 from kernels import Family
+from kernels.patterns import Fit, NoFit, Ref, Spelling, T
 from kernels import _common as C
 
 NAME = "matmul"
@@ -614,3 +616,118 @@ FAMILY = Family(
     bound_tol=BOUND_TOL,
     from_profile=from_profile,
 )
+
+
+# ---------------------------------------------------------------------------------------------
+# spellings: how model code writes it (kernels/patterns.py)
+# ---------------------------------------------------------------------------------------------
+
+_AB = (("a", T((4, 8))), ("b", T((8, 6))))
+SPELLINGS = (
+    Spelling("matmul", lambda a, b: a @ b, _AB),
+    Spelling("matmul_batched", lambda a, b: a @ b, (("a", T((2, 4, 8))), ("b", T((2, 8, 6))))),
+    Spelling("matmul_4d", lambda a, b: a @ b, (("a", T((2, 3, 4, 8))), ("b", T((2, 3, 8, 6))))),
+    Spelling("mm", lambda a, b: torch.mm(a, b), _AB),
+    Spelling("bmm", lambda a, b: torch.bmm(a, b), (("a", T((2, 4, 8))), ("b", T((2, 8, 6))))),
+    # nn.Linear: x @ W^T (+ bias), at the ranks models call it with
+    Spelling("linear", lambda x, w: torch.nn.functional.linear(x, w), (("x", T((4, 8))), ("w", T((6, 8)))),
+             loose=("bias",)),
+    Spelling("linear_3d", lambda x, w: torch.nn.functional.linear(x, w),
+             (("x", T((2, 4, 8))), ("w", T((6, 8)))), loose=("bias",)),
+    Spelling("addmm", lambda c, a, b: torch.addmm(c, a, b), (("c", T((6,))),) + _AB),
+    Spelling("einsum", lambda a, b: torch.einsum("ij,jk->ik", a, b), _AB, loose=("equation",)),
+)
+
+
+def _lead(shape):
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def _gemm(a, b, out):
+    """How a @ b (torch.matmul semantics) of these shapes runs as the family's 2-D / 3-D GEMM:
+    (shape, a views, b views, post ops), or NoFit."""
+    ash, bsh = tuple(a["shape"]), tuple(b["shape"])
+    post = [("reshape", list(out["shape"]))]
+    if len(bsh) == 1:                                  # matrix-vector: b [K] -> [K, 1]
+        b_views, bsh = [("unsqueeze", -1)], bsh + (1,)
+    else:
+        b_views = []
+    if len(ash) == 1:
+        raise NoFit("a vector times a matrix: the contract's a is a matrix")
+    m_, k = ash[-2], ash[-1]
+    n = bsh[-1]
+    if bsh[-2] != k:
+        return None
+    if len(bsh) == 2:                                  # [..., M, K] @ [K, N]: fold the leading dims into M
+        rows = _lead(ash[:-1])
+        a_views = [("reshape", [rows, k])] if len(ash) != 2 else []
+        return (rows, k, n), a_views, b_views, post
+    la, lb = ash[:-2], bsh[:-2]
+    bt = _lead(lb)
+    if len(ash) == 2 or _lead(la) == 1:                # one a for every batch of b
+        a_views = [("reshape", [m_, k])] if len(ash) != 2 else []
+    elif tuple(la) == tuple(lb) or len(la) >= len(lb) and tuple(la[len(la) - len(lb):]) == tuple(lb) and _lead(la) == bt:
+        a_views = [("reshape", [bt, m_, k])] if len(ash) != 3 else []
+    else:
+        raise NoFit(f"batch dims {list(la)} @ {list(lb)} broadcast: the contract takes equal batches")
+    b_views += [("reshape", [bt, k, n])] if len(bsh) != 3 else []
+    return (bt, m_, k, n), a_views, b_views, post
+
+
+def _einsum_pair(eq: str):
+    """For "<lead>k,kn-><lead>n" (a contraction of a's last index with a matrix): True."""
+    try:
+        lhs, rhs = eq.replace(" ", "").split("->")
+        x, y = lhs.split(",")
+    except ValueError:
+        return False
+    return (len(y) == 2 and x[-1] == y[0] and rhs == x[:-1] + y[1] and len(set(x + y)) == len(x) + 1)
+
+
+def from_match(m):
+    """A GEMM in any of torch's spellings, as the family's a [M, K] @ b [K, N] (leading dims of
+    a folded into M) or batched product; a linear layer's bias and an addmm's added term stay
+    an add after the kernel."""
+    name = m.pattern.split("/")[1]
+    out = m.out_meta()
+    if out is None:
+        return None
+    post_add = []
+    if name.startswith("linear"):
+        a, w = m.meta("x"), m.meta("w")
+        if a is None or w is None or len(w["shape"]) != 2:
+            return None
+        b = dict(w, shape=(w["shape"][1], w["shape"][0]))
+        an, bn, b_extra = "x", "w", [("t",)]
+        if m.node("bias") is not None:
+            post_add = [("add", Ref("bias"))]
+    else:
+        a, b = m.meta("a"), m.meta("b")
+        an, bn, b_extra = "a", "b", []
+        if name == "addmm":
+            if m.meta("c") is None:
+                return None
+            post_add = [("add", Ref("c"))]
+        if name == "einsum" and not _einsum_pair(str(m.captures.get("equation", ""))):
+            raise NoFit(f"einsum {m.captures.get('equation')!r}: not a contraction the contract runs")
+    if a is None or b is None:
+        return None
+    if a["dtype"] != b["dtype"] or not a["dtype"].is_floating_point or out["dtype"] != a["dtype"]:
+        raise NoFit(f"operands {a['dtype']} @ {b['dtype']} -> {out['dtype']}: the contract "
+                    f"multiplies two tensors of one float dtype")
+    got = _gemm(a, b, out)
+    if got is None:
+        return None
+    shape, av, bv, post = got
+    return Fit({}, tuple(shape), {"a": Ref(an, tuple(av)), "b": Ref(bn, tuple(b_extra + bv))},
+               post=tuple(post + post_add))
+
+
+FAMILY = dataclasses.replace(
+    FAMILY, spellings=SPELLINGS, from_match=from_match,
+    op_schema="(Tensor a, Tensor b) -> Tensor",
+    profile_ops=("aten::linear", "aten::matmul", "aten::mm", "aten::addmm", "aten::bmm",
+                 "aten::baddbmm", "aten::_scaled_mm"))

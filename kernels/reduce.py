@@ -25,10 +25,13 @@ drops until the (stages - 1) pipelined load buffers fit 48 KB of shared memory.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from kernels import Family
 from kernels import _common as C
+from kernels.patterns import Fit, NoFit, Ref, Spelling, T, from_end, odi, trailing_run
 
 NAME = "reduce"
 SIGNATURE = "kernel_fn(x)"
@@ -299,6 +302,220 @@ MERGE_ROWS = 16        # rows per program of the split merge
     return C.tidy("\n".join(parts))
 
 
+# ---------------------------------------------------------------------------------------------
+# spellings: how model code writes it (kernels/patterns.py)
+# ---------------------------------------------------------------------------------------------
+
+_X = (("x", T((4, 16))),)
+SPELLINGS = (
+    # keepdim and dtype are captured as they are: one spelling per op
+    Spelling("sum", lambda x: x.sum(-1), _X, free_dims=True, loose=("keepdim", "dtype")),
+    Spelling("mean", lambda x: x.mean(-1), _X, free_dims=True, loose=("keepdim", "dtype")),
+    Spelling("sum_all", lambda x: x.sum(), _X, loose=("dtype",)),
+    Spelling("mean_all", lambda x: x.mean(), _X, loose=("dtype",)),
+)
+
+
+def from_match(m):
+    """A sum or mean over adjacent dims, in x's dtype."""
+    x, out = m.meta("x"), m.out_meta()
+    if x is None or not x["dtype"].is_floating_point or out is None:
+        return None
+    name = m.pattern.split("/")[1]
+    rank = len(x["shape"])
+    if name.endswith("_all"):
+        dims = tuple(range(-rank, 0)) if rank else (-1,)
+        keepdim = False
+    else:
+        dims = m.captures.get("dims", (-1,))
+        dims = tuple(range(-rank, 0)) if dims == ("all",) else from_end(dims, rank)
+        keepdim = bool(m.captures.get("keepdim", False))
+    op = "mean" if name.startswith("mean") else "sum"
+    if rank == 0:
+        raise NoFit(f"{op} of a 0-d tensor")
+    if not trailing_run(dims):
+        raise NoFit(f"{op} over dims {list(dims)}: not adjacent dims")
+    if out["dtype"] != x["dtype"]:
+        raise NoFit(f"{op} of {x['dtype']} into {out['dtype']}: the contract returns x's dtype")
+    spec = {}
+    if op == "mean":
+        spec["op"] = "mean"
+    if dims != (-1,):
+        spec["dims"] = list(dims)
+    if keepdim:
+        spec["keepdim"] = True
+    return Fit(spec, tuple(x["shape"]), {"x": Ref("x")})
+
+
+# ---------------------------------------------------------------------------------------------
+# contracts a match can fix: mean, any adjacent dims, keepdim
+# ---------------------------------------------------------------------------------------------
+
+def _dd(x, dims):
+    r = x.dim()
+    return tuple(range(r + dims[0], r + dims[-1] + 1))
+
+
+def _reference_for(dims, op, keepdim):
+    def reference(x):
+        f = torch.mean if op == "mean" else torch.sum
+        return f(x, dim=_dd(x, dims), keepdim=keepdim)
+    return reference
+
+
+def _bound_for(dims, op, keepdim):
+    def bound(x):
+        b = x.abs().sum(dim=_dd(x, dims), keepdim=keepdim)
+        if op == "mean":
+            n = 1
+            for d in _dd(x, dims):
+                n *= x.shape[d]
+            b = b / max(n, 1)
+        return b
+    return bound
+
+
+def _inputs_for(dims):
+    def make(shape, dtype, device, gen, kind="normal"):
+        shape = tuple(int(s) for s in shape)
+        o, d, i = odi(shape, dims)
+        # the adversarial kinds act on reduced groups: [O*I, D] laid out as [O, D, I]
+        x = make_inputs((o * i, d), dtype, device, gen, kind)["x"]
+        return {"x": x.reshape(o, i, d).transpose(1, 2).reshape(shape).contiguous()}
+    return make
+
+
+def _cost_for(dims):
+    def cost(shape, dtype):
+        item = C.itemsize(dtype)
+        o, d, i = odi(shape, dims)
+        return o * d * i * item + o * i * item, o * d * i
+    return cost
+
+
+def _layout(dims, odis):
+    inner = -dims[-1] - 1
+    return tuple((o, d) + (1,) * (len(dims) - 1) + ((i,) + (1,) * (inner - 1) if inner else ())
+                 for o, d, i in odis)
+
+
+SPEC_SPACE = {"block_d": [16, 32, 64, 128, 256, 1024, 4096], "block_i": [32, 64, 128, 256],
+              "rows_per_prog": [1, 2, 4, 8], "num_warps": [1, 2, 4, 8]}
+SPEC_DEFAULT = {"block_d": 64, "block_i": 128, "rows_per_prog": 1, "num_warps": 4}
+
+
+def _render_for(dims, op, keepdim):
+    def render(params):
+        p = C.resolve(NAME, SPEC_SPACE, SPEC_DEFAULT, params)
+        return C.tidy(f'''"""Reduce candidate for a widened contract: x.{op}(dims={list(dims)}, keepdim={keepdim}), fp32 accumulation.
+
+x viewed as [O, D, I] (D the reduced dims, adjacent; O before, I after); y [O, I] in x's dtype,
+rounded once{", the sum times 1/D" if op == "mean" else ""}. Rows kernel when I == 1 (a [ROWS, BLOCK_D] tile
+sliding along D), column kernel otherwise (a [BLOCK_D, BLOCK_I] tile sliding along D, coalesced
+along I). Bytes the op must move: O*D*I*itemsize + O*I*itemsize; x is read once.
+Point: {C.point_line(SPEC_SPACE, p)}
+"""
+{C.IMPORTS_SRC}
+DIMS = {tuple(dims)!r}
+KEEPDIM = {keepdim!r}
+MEAN = {op == "mean"!r}
+BLOCK_D = {p["block_d"]}       # reduced elements per step
+BLOCK_I = {p["block_i"]}       # positions along I per program (column kernel)
+ROWS_PER_PROG = {p["rows_per_prog"]}    # rows per program (rows kernel)
+NUM_WARPS = {p["num_warps"]}
+
+
+@triton.jit
+def _reduce_rows(x_ptr, y_ptr, N, D, scale, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """x contiguous [N, D]: a program adds ROWS rows chunk by chunk (per-lane fp32 sums)."""
+    rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
+    row_mask = rows < N
+    acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+    for start in range(0, D, BLOCK_D):
+        cols = start + tl.arange(0, BLOCK_D)
+        mask = row_mask[:, None] & (cols < D)[None, :]
+        acc += tl.load(x_ptr + rows[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + rows, (tl.sum(acc, axis=1) * scale).to(y_ptr.dtype.element_ty), mask=row_mask)
+
+
+@triton.jit
+def _reduce_cols(x_ptr, y_ptr, D, I, n_iblk, scale, BLOCK_D: tl.constexpr, BLOCK_I: tl.constexpr):
+    """x contiguous [O, D, I]: program (o, i block) adds BLOCK_I columns over D."""
+    pid = tl.program_id(0)
+    o = (pid // n_iblk).to(tl.int64)
+    cols = (pid % n_iblk) * BLOCK_I + tl.arange(0, BLOCK_I)
+    cmask = cols < I
+    base = o * D * I
+    acc = tl.zeros([BLOCK_D, BLOCK_I], dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        ds = d0 + tl.arange(0, BLOCK_D)
+        mask = (ds < D)[:, None] & cmask[None, :]
+        acc += tl.load(x_ptr + base + ds[:, None].to(tl.int64) * I + cols[None, :], mask=mask,
+                       other=0.0).to(tl.float32)
+    tl.store(y_ptr + o * I + cols, (tl.sum(acc, axis=0) * scale).to(y_ptr.dtype.element_ty), mask=cmask)
+
+
+def kernel_fn(x):
+    r = x.dim()
+    lo, hi = r + DIMS[0], r + DIMS[-1] + 1
+    o, d, i = 1, 1, 1
+    for s in x.shape[:lo]:
+        o *= s
+    for s in x.shape[lo:hi]:
+        d *= s
+    for s in x.shape[hi:]:
+        i *= s
+    out_shape = tuple(x.shape[:lo]) + ((1,) * (hi - lo) if KEEPDIM else ()) + tuple(x.shape[hi:])
+    y = torch.empty(out_shape, dtype=x.dtype, device=x.device)
+    if o * i == 0:
+        return y
+    scale = (1.0 / d if d else float("nan")) if MEAN else 1.0
+    xc = x.contiguous()                  # [O, D, I] with unit stride along I
+    if i == 1:
+        width = min(BLOCK_D * 16, triton.next_power_of_2(max(d, 1)))
+        rows = ROWS_PER_PROG
+        while rows > 1 and rows * width > 16384:
+            rows //= 2
+        _reduce_rows[(triton.cdiv(o, rows),)](xc, y, o, d, scale, ROWS=rows, BLOCK_D=width,
+                                              num_warps=NUM_WARPS)
+    else:
+        n_iblk = triton.cdiv(i, BLOCK_I)
+        _reduce_cols[(o * n_iblk,)](xc, y, d, i, n_iblk, scale, BLOCK_D=BLOCK_D, BLOCK_I=BLOCK_I,
+                                    num_warps=NUM_WARPS)
+    return y
+''')
+    return render
+
+
+_SPEC_SWEEP = ((1, 1, 1), (2, 3, 5), (3, 7, 33), (2, 64, 130), (1, 130, 17), (5, 1000, 3),
+               (4, 64, 4096), (1, 4096, 300), (2, 30000, 1))
+_SPEC_EDGE = ((1, 1, 7), (1, 64, 1), (3, 97, 13), (13, 5, 127), (1, 3, 65537))
+_SPEC_BENCH = ((128, 4096, 4095), (16384, 8192, 1), (8, 2048, 4096), (64, 1024, 1024))
+
+
+def configure(spec: dict) -> Family:
+    """``spec``: {"op": "sum" | "mean", "dims": adjacent negative dims (default [-1]),
+    "keepdim": bool}."""
+    op = spec.get("op", "sum")
+    dims = tuple(int(d) for d in spec.get("dims", (-1,)))
+    keepdim = bool(spec.get("keepdim", False))
+    if (set(spec) - {"op", "dims", "keepdim"} or op not in ("sum", "mean") or not trailing_run(dims)
+            or dims[-1] >= 0):
+        raise ValueError(f"reduce takes a spec {{op: sum|mean, dims: adjacent negative dims, "
+                         f"keepdim: bool}}; got {spec!r}")
+    if op == "sum" and dims == (-1,) and not keepdim:
+        return FAMILY
+    lay = lambda t: _layout(dims, t)  # noqa: E731
+    what = f"x.{op}(dims={list(dims)}{', keepdim=True' if keepdim else ''})"
+    return dataclasses.replace(
+        FAMILY, reference=_reference_for(dims, op, keepdim), error_bound=_bound_for(dims, op, keepdim),
+        make_inputs=_inputs_for(dims), cost=_cost_for(dims), bench_shapes=lay(_SPEC_BENCH),
+        sweep_shapes=lay(_SPEC_SWEEP), edge_shapes=lay(_SPEC_EDGE), space=dict(SPEC_SPACE),
+        default=dict(SPEC_DEFAULT), render=_render_for(dims, op, keepdim),
+        signature=f"kernel_fn(x) -> {what}", description=f"{what}, fp32 accumulation, x's dtype.",
+        spec=dict(spec))
+
+
 FAMILY = Family(
     name=NAME,
     signature=SIGNATURE,
@@ -314,6 +531,10 @@ FAMILY = Family(
     space=SPACE,
     default=DEFAULT,
     render=render,
+    spellings=SPELLINGS,
+    from_match=from_match,
+    op_schema="(Tensor x) -> Tensor",
+    profile_ops=("aten::sum", "aten::mean"),
     description="Sum over the last dim (x.sum(-1)), fp32 accumulation, result in x's dtype.",
     notes={"one_pass_max_block": 65536, "max_tile_elems": 65536, "bound": "memory",
            "inf_and_neg_inf": "NaN, like torch"},

@@ -26,10 +26,14 @@ for 384 KB and fail to launch).
 """
 from __future__ import annotations
 
+import dataclasses
+import itertools
+
 import torch
 
 from kernels import Family
 from kernels import _common as C
+from kernels.patterns import Fit, NoFit, Ref, Scalar, Spelling, T, from_end, odi, trailing_run
 
 NAME = "rmsnorm"
 SIGNATURE = "kernel_fn(x, weight, eps)"
@@ -187,7 +191,7 @@ def kernel_fn(x, weight, eps):
     return "\n".join(lines)
 
 
-def render(params) -> str:
+def render_rows(params) -> str:
     """Complete candidate source for one point of SPACE (missing params take DEFAULT values)."""
     p = C.resolve(NAME, SPACE, DEFAULT, params)
     one_pass = p["variant"] == "one_pass"
@@ -224,6 +228,292 @@ PROGS_PER_SM = {p["progs_per_sm"]}     # persistent grid only
     return C.tidy("\n".join(parts))
 
 
+# ---------------------------------------------------------------------------------------------
+# spellings: how model code writes it (kernels/patterns.py)
+# ---------------------------------------------------------------------------------------------
+
+# the inverse root: rsqrt(v), 1 / sqrt(v) (HF's older norms, KernelBench), or a division by sqrt
+_INV = {
+    "rsqrt": lambda x, v: x * torch.rsqrt(v),
+    "recip": lambda x, v: x * (1 / torch.sqrt(v)),
+    "div": lambda x, v: x / torch.sqrt(v),
+}
+# the square: x.pow(2) (and x ** 2), x * x, x.square()
+_SQ = {"pow": lambda x: x.pow(2), "mul": lambda x: x * x, "square": lambda x: x.square()}
+# the mean: .mean(dims) or .sum(dims) / n (n captured and checked against the dims' size)
+_AVG = {"mean": lambda q: q.mean(-1, keepdim=True), "sum": None}
+
+
+def _spelling(inv, sq, avg, weight):
+    def fn(x, w, eps, n):
+        q = _SQ[sq](x)
+        ms = q.mean(-1, keepdim=True) if avg == "mean" else q.sum(-1, keepdim=True) / n
+        y = _INV[inv](x, ms + eps)
+        return y * w if weight else y
+    args = (("x", T((4, 16))), ("w", T((16,)) if weight else None), ("eps", Scalar("eps")),
+            ("n", Scalar("n", "int") if avg == "sum" else None))
+    return Spelling(f"{inv}_{sq}_{avg}{'_w' if weight else ''}", fn, args, free_dims=True)
+
+
+SPELLINGS = tuple(_spelling(*c) for c in itertools.product(_INV, _SQ, _AVG, (True, False))) + (
+    Spelling("rms_norm", lambda x, w, eps: torch.nn.functional.rms_norm(x, (16,), w, eps),
+             (("x", T((4, 16))), ("w", T((16,))), ("eps", Scalar("eps")))),
+)
+
+
+def _weight_ref(m, x_shape, dims):
+    """The weight as the contract takes it ([D], the normalized dims flattened), or None when the
+    matched multiplier is not a per-feature weight of those dims."""
+    w = m.meta("w")
+    if w is None or not w["dtype"].is_floating_point:
+        return None
+    r = len(x_shape)
+    lo, hi = r + dims[0], r + dims[-1] + 1
+    want = x_shape[lo:hi]
+    ws = (1,) * (r - len(w["shape"])) + tuple(w["shape"])
+    if len(ws) != r or ws[lo:hi] != tuple(want) or any(s != 1 for s in ws[:lo] + ws[hi:]):
+        return None
+    return Ref("w", (("reshape", [-1]),))
+
+
+def from_match(m):
+    """RMSNorm over the matched dims (adjacent, any position), with or without weight."""
+    x = m.meta("x")
+    if x is None or not x["dtype"].is_floating_point:
+        return None
+    shape = x["shape"]
+    if m.pattern.endswith("/rms_norm"):
+        dims = tuple(range(-len(m.op_args("rms_norm")["normalized_shape"]), 0))
+    else:
+        dims = from_end(m.captures.get("dims", (-1,)), len(shape))
+    if not dims or not trailing_run(dims) or any(d < -len(shape) for d in dims):
+        raise NoFit(f"RMS over dims {list(dims)}: not adjacent dims")
+    _, d, _ = odi(shape, dims)
+    n = m.scalar("n")
+    if "n" in m.captures and n != d:
+        return None                         # divides the sum of squares by something else
+    eps = m.scalar("eps")
+    if eps is None and m.captures.get("eps", 0) is None:
+        eps = torch.finfo(x["dtype"]).eps       # F.rms_norm's default (nn.RMSNorm(eps=None))
+    if eps is None:
+        raise NoFit("eps is not a number known when the graph is captured")
+    has_w = "w" in m.inputs
+    args = {"x": Ref("x"), "weight": Ref.lit(None), "eps": Ref.lit(float(eps))}
+    if has_w:
+        ref = _weight_ref(m, shape, dims)
+        if ref is None:
+            return None                     # scaled by something that is not a weight
+        args["weight"] = ref
+    spec = {}
+    if dims != (-1,):
+        spec["dims"] = list(dims)
+    if not has_w:
+        spec["weight"] = False
+    return Fit(spec, tuple(shape), args)
+
+
+# ---------------------------------------------------------------------------------------------
+# contracts a match can fix: any adjacent dims, with or without weight
+# ---------------------------------------------------------------------------------------------
+
+def _norm_dims(x, dims):
+    r = x.dim()
+    return tuple(range(r + dims[0], r + dims[-1] + 1))
+
+
+def _reference_for(dims):
+    def reference(x, weight, eps):
+        dd = _norm_dims(x, dims)
+        y = x * torch.rsqrt(x.pow(2).mean(dd, keepdim=True) + eps)
+        if weight is not None:
+            lo, hi = dd[0], dd[-1] + 1
+            y = y * weight.reshape(tuple(x.shape[lo:hi]) + (1,) * (x.dim() - hi))
+        return y
+    return reference
+
+
+def _inputs_for(dims, weight):
+    def make(shape, dtype, device, gen, kind="normal"):
+        dtype = C.as_dtype(dtype)
+        shape = tuple(int(s) for s in shape)
+        o, d, i = odi(shape, dims)
+        # the adversarial kinds act on normalization groups: generate [O*I, D], lay out [O, D, I]
+        x = C.norm_input((o * i, d), dtype, gen, kind).reshape(o, i, d).transpose(1, 2)
+        x = x.reshape(shape)
+        out = {"x": x.to(dtype).to(device), "weight": None, "eps": 1e-6}
+        if weight:
+            out["weight"] = (1.0 + 0.1 * C.randn(gen, d)).to(dtype).to(device)
+        return out
+    return make
+
+
+def _cost_for(dims, weight):
+    def cost(shape, dtype):
+        item = C.itemsize(dtype)
+        o, d, i = odi(shape, dims)
+        n = o * d * i
+        return 2 * n * item + (d * item if weight else 0), 4 * n + 2 * o * i
+    return cost
+
+
+def _layout(dims, odis):
+    """Shapes of rank len(dims) + 2 laying out each (O, D, I) triple for ``dims``."""
+    inner = -dims[-1] - 1
+    out = []
+    for o, d, i in odis:
+        out.append((o, d) + (1,) * (len(dims) - 1) + ((i,) + (1,) * (inner - 1) if inner else ()))
+    return tuple(out)
+
+
+_INNER_SWEEP = ((1, 1, 1), (2, 3, 5), (3, 7, 33), (2, 64, 130), (1, 130, 17), (5, 33, 64),
+                (2, 1000, 3), (4, 64, 4096), (1, 4096, 300))
+_INNER_EDGE = ((1, 1, 7), (1, 64, 1), (3, 97, 13), (13, 5, 127), (1, 3, 65537))
+_INNER_BENCH = ((112, 64, 262144), (16, 64, 65536), (8, 4096, 2048), (64, 1024, 1024))
+
+# the column kernel's own axes (names apart from SPACE's: a point of a widened contract holds both)
+INNER_SPACE = {"block_i": [32, 64, 128, 256, 512], "block_di": [8, 16, 32, 64],
+               "inner_warps": [1, 2, 4, 8], "inner_tile": [4096, 8192, 16384]}
+INNER_DEFAULT = {"block_i": 128, "block_di": 16, "inner_warps": 4, "inner_tile": 8192}
+
+
+def _render_for(dims, weight, inner: bool):
+    """Candidates for the widened contract: the row kernels of SPACE on x flattened to
+    [N, D] (D the normalized dims) when nothing follows them, and, when dims sit before other
+    dims ([O, D, I], I > 1), a column kernel: a program normalizes BLOCK_I positions of one o,
+    walking D (stride I) in chunks of BLOCK_D. A missing weight is a cached vector of ones
+    (multiplying by 1.0 is exact): the row kernels stay as they are."""
+    def render(params):
+        rows_p = {k: v for k, v in dict(params).items() if k in SPACE}
+        inner_p = C.resolve(NAME, INNER_SPACE, INNER_DEFAULT,
+                            {k: v for k, v in dict(params).items() if k in INNER_SPACE})
+        src = render_rows(rows_p).replace("def kernel_fn(x, weight, eps):", "def _rows(x, weight, eps):")
+        head = f'''"""RMSNorm candidate for a widened contract: normalized over dims {list(dims)} (adjacent,
+counted from the end){"" if weight else ", no weight"}. x viewed as [O, D, I]: O the dims before,
+D the normalized ones, I the ones after. Bytes the op must move: 2*O*D*I*itemsize{" + D*itemsize" if weight else ""}.
+Inner point: {C.point_line(INNER_SPACE, inner_p)}
+"""
+'''
+        tail = f'''
+
+DIMS = {tuple(dims)!r}
+BLOCK_I = {inner_p["block_i"]}       # positions along I per program (coalesced: I has stride 1)
+BLOCK_DI = {inner_p["block_di"]}       # normalized elements per step of the column kernel's loops
+INNER_WARPS = {inner_p["inner_warps"]}
+INNER_TILE = {inner_p["inner_tile"]}     # a [next_pow2(D), BLOCK_I] tile up to this many elements: one pass
+_ONES = {{}}
+
+
+def _ones(d, dtype, device):
+    key = (d, dtype, device)
+    if key not in _ONES:
+        _ONES[key] = torch.ones(d, dtype=dtype, device=device)
+    return _ONES[key]
+
+
+@triton.jit
+def _rmsnorm_cols(x_ptr, w_ptr, y_ptr, D, I, n_iblk, eps,
+                  BLOCK_D: tl.constexpr, BLOCK_I: tl.constexpr, ONE_PASS: tl.constexpr):
+    """x, y contiguous [O, D, I]; program (o, i block) normalizes BLOCK_I columns over D.
+    ONE_PASS: BLOCK_D covers D, the tile is loaded once; else pass 1 sums squares chunk by chunk
+    and pass 2 re-reads, normalizes and writes."""
+    pid = tl.program_id(0)
+    o = (pid // n_iblk).to(tl.int64)
+    cols = (pid % n_iblk) * BLOCK_I + tl.arange(0, BLOCK_I)            # [BLOCK_I] along I
+    cmask = cols < I
+    base = o * D * I
+    if ONE_PASS:
+        ds = tl.arange(0, BLOCK_D)
+        mask = (ds < D)[:, None] & cmask[None, :]
+        offs = base + ds[:, None].to(tl.int64) * I + cols[None, :]
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.math.rsqrt(tl.sum(x * x, axis=0) / D + eps)          # [BLOCK_I]
+        w = tl.load(w_ptr + ds, mask=ds < D, other=0.0).to(tl.float32)
+        y = x * rstd[None, :] * w[:, None]
+        tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        acc = tl.zeros([BLOCK_D, BLOCK_I], dtype=tl.float32)
+        for d0 in range(0, D, BLOCK_D):
+            ds = d0 + tl.arange(0, BLOCK_D)
+            mask = (ds < D)[:, None] & cmask[None, :]
+            x = tl.load(x_ptr + base + ds[:, None].to(tl.int64) * I + cols[None, :], mask=mask,
+                        other=0.0).to(tl.float32)
+            acc += x * x
+        rstd = tl.math.rsqrt(tl.sum(acc, axis=0) / D + eps)            # [BLOCK_I]
+        for d0 in range(0, D, BLOCK_D):
+            ds = d0 + tl.arange(0, BLOCK_D)
+            mask = (ds < D)[:, None] & cmask[None, :]
+            offs = base + ds[:, None].to(tl.int64) * I + cols[None, :]
+            x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + ds, mask=ds < D, other=0.0).to(tl.float32)
+            y = x * rstd[None, :] * w[:, None]
+            tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def kernel_fn(x, weight, eps):
+    """RMSNorm of x over DIMS; weight [D] (the normalized dims flattened) or None."""
+    r = x.dim()
+    lo, hi = r + DIMS[0], r + DIMS[-1] + 1
+    o, d, i = 1, 1, 1
+    for s in x.shape[:lo]:
+        o *= s
+    for s in x.shape[lo:hi]:
+        d *= s
+    for s in x.shape[hi:]:
+        i *= s
+    w = weight.reshape(-1) if weight is not None else _ones(d, x.dtype, x.device)
+    if i == 1:                           # nothing after the normalized dims: the row kernels
+        return _rows(x.reshape(o, d), w, eps).reshape(x.shape)
+    xc = x.contiguous()                  # the column kernel reads [O, D, I] contiguous
+    out_dtype = x.dtype if w.dtype == x.dtype else torch.float32
+    y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    if o * d * i == 0:
+        return y
+    block_d = triton.next_power_of_2(d)
+    one_pass = block_d * BLOCK_I <= INNER_TILE
+    n_iblk = triton.cdiv(i, BLOCK_I)
+    _rmsnorm_cols[(o * n_iblk,)](xc, w.contiguous(), y, d, i, n_iblk, float(eps),
+                                 BLOCK_D=block_d if one_pass else BLOCK_DI, BLOCK_I=BLOCK_I,
+                                 ONE_PASS=one_pass, num_warps=INNER_WARPS)
+    return y
+'''
+        return C.tidy(head + src + tail)
+    return render
+
+
+def configure(spec: dict) -> Family:
+    """RMSNorm over ``spec["dims"]`` (adjacent dims counted from the end; default [-1]), with
+    ``spec["weight"]`` (default True: weight [D] over the normalized dims, flattened)."""
+    dims = tuple(int(d) for d in spec.get("dims", (-1,)))
+    weight = bool(spec.get("weight", True))
+    unknown = set(spec) - {"dims", "weight"}
+    if unknown or not dims or not trailing_run(dims) or dims[-1] >= 0:
+        raise ValueError(f"rmsnorm takes a spec {{dims: adjacent negative dims, weight: bool}}; "
+                         f"got {spec!r}")
+    if dims == (-1,) and weight:
+        return FAMILY
+    inner = dims[-1] != -1
+    if inner:
+        bench, sweep, edge = (_layout(dims, _INNER_BENCH), _layout(dims, _INNER_SWEEP),
+                              _layout(dims, _INNER_EDGE))
+    else:
+        k = len(dims)
+        lay = lambda ss: tuple(tuple(s[:-1]) + (s[-1],) + (1,) * (k - 1) for s in ss)  # noqa: E731
+        bench, sweep, edge = lay(BENCH_SHAPES), lay(SWEEP_SHAPES), lay(EDGE_SHAPES)
+    space = dict(SPACE, **INNER_SPACE) if inner else dict(SPACE)
+    default = dict(DEFAULT, **INNER_DEFAULT) if inner else dict(DEFAULT)
+    what = f"over dims {list(dims)}" + ("" if weight else ", no weight")
+    return dataclasses.replace(
+        FAMILY, reference=_reference_for(dims), make_inputs=_inputs_for(dims, weight),
+        cost=_cost_for(dims, weight), bench_shapes=bench, sweep_shapes=sweep, edge_shapes=edge,
+        space=space, default=default, render=_render_for(dims, weight, inner),
+        signature=f"kernel_fn(x, weight, eps) {what}",
+        description=f"RMSNorm {what}: x * rsqrt(mean(x^2, dims) + eps){' * weight' if weight else ''}.",
+        spec=dict(spec))
+
+
+render = render_rows
+
+
 FAMILY = Family(
     name=NAME,
     signature=SIGNATURE,
@@ -241,4 +531,8 @@ FAMILY = Family(
     render=render,
     description="RMSNorm over the last dim: x * rsqrt(mean(x^2) + eps) * weight (Llama-style).",
     notes={"one_pass_max_block": 65536, "max_tile_elems": 65536},
+    spellings=SPELLINGS,
+    from_match=from_match,
+    op_schema="(Tensor x, Tensor? weight, float eps) -> Tensor",
+    profile_ops=("aten::rms_norm", "aten::_fused_rms_norm"),
 )

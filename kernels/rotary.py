@@ -25,10 +25,13 @@ at 16384 elements (ROWS halves until it fits).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from kernels import Family
 from kernels import _common as C
+from kernels.patterns import Fit, NoFit, Ref, Spelling, T
 
 NAME = "rotary"
 SIGNATURE = "kernel_fn(x, cos, sin)"
@@ -300,3 +303,132 @@ FAMILY = Family(
     error_bound=error_bound,
     bound_tol=BOUND_TOL,
 )
+
+
+# ---------------------------------------------------------------------------------------------
+# spellings: how model code writes it (kernels/patterns.py)
+# ---------------------------------------------------------------------------------------------
+
+def _half_slices(x):                     # HF LLaMA / Mistral / Qwen2 / GPT-NeoX rotate_half
+    return torch.cat((-x[..., x.shape[-1] // 2:], x[..., : x.shape[-1] // 2]), dim=-1)
+
+
+def _half_chunk(x):                      # the zoo's rotate_half
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rotate_every_two(x):                 # GPT-J / interleaved pairs (x0, x1), (x2, x3), ...
+    return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+
+
+_ROT = {"half": _half_slices, "chunk": _half_chunk, "interleaved": rotate_every_two}
+
+
+def _spelling(rot):
+    def fn(x, cos, sin):
+        return x * cos + _ROT[rot](x) * sin
+    return Spelling(f"{rot}", fn, (("x", T((2, 4, 8, 16))), ("cos", T((8, 16))), ("sin", T((8, 16)))))
+
+
+SPELLINGS = tuple(_spelling(r) for r in _ROT)
+
+
+def _table_ref(m, name, b, s, dh):
+    """cos/sin as the contract takes them ([S, Dh], leading dims of 1 allowed), from a table
+    that broadcasts over x [B, H, S, Dh]: per position only, or per batch too when every batch
+    row is the same (a constant: position ids from arange). None when it is neither."""
+    t = m.meta(name)
+    if t is None:
+        return None
+    shape = (1,) * (4 - len(t["shape"])) + tuple(t["shape"])
+    if len(shape) != 4 or shape[1] != 1 or shape[2:] != (s, dh):
+        return None
+    rank = len(t["shape"])
+    if shape[0] == 1:
+        return Ref(name)
+    if shape[0] != b:
+        return None
+    c = m.const(name)
+    if c is None:
+        raise NoFit(f"{name} differs per batch row (position ids among the inputs): the contract "
+                    f"takes one table for every row")
+    c = c.reshape(b, -1)
+    if not bool((c == c[:1]).all()):
+        raise NoFit(f"{name} differs per batch row: the contract takes one table for every row")
+    return Ref(name, (("select", 0, 0),) if rank == 4 else (("select", 0, 0),))
+
+
+def from_match(m):
+    """RoPE of x [B, H, S, Dh] (or a slice of it, partial rotary) by tables broadcasting as
+    [S, Dh]; rotate-half, or interleaved pairs (spec style)."""
+    x = m.meta("x")
+    if x is None or not x["dtype"].is_floating_point:
+        return None
+    style = m.pattern.split("/")[1]
+    shape = tuple(x["shape"])
+    if len(shape) != 4:
+        raise NoFit(f"x of rank {len(shape)}: the contract takes x [B, H, S, Dh]")
+    b, h, s, dh = shape
+    if dh % 2:
+        return None
+    refs = {n: _table_ref(m, n, b, s, dh) for n in ("cos", "sin")}
+    if any(r is None for r in refs.values()):
+        cos = m.meta("cos")
+        if cos is not None and len(cos["shape"]) == 4 and cos["shape"][2] == 1:
+            raise NoFit("tables broadcast over the heads of x [B, S, H, Dh]: the contract takes "
+                        "x [B, H, S, Dh]")
+        return None
+    if m.meta("cos")["dtype"] != x["dtype"] or m.meta("sin")["dtype"] != x["dtype"]:
+        raise NoFit("tables in another dtype than x: the contract takes one")
+    spec = {"style": "interleaved"} if style == "interleaved" else {}
+    return Fit(spec, shape, {"x": Ref("x"), "cos": refs["cos"], "sin": refs["sin"]})
+
+
+def _interleaved_reference(x, cos, sin):
+    return x * cos + rotate_every_two(x) * sin
+
+
+def _interleaved_bound(x, cos, sin):
+    return x.abs() * cos.abs() + rotate_every_two(x).abs() * sin.abs()
+
+
+def _interleaved_inputs(shape, dtype, device, gen, kind="normal"):
+    """The family's inputs with tables in the interleaved layout: each frequency twice in a row."""
+    inp = make_inputs(shape, dtype, device, gen, kind)
+    if kind != "random_tables":
+        s, dh = int(shape[2]), int(shape[3])
+        inv_freq = 1.0 / (THETA ** (torch.arange(0, dh, 2, dtype=torch.float32) / dh))
+        ang = torch.outer(torch.arange(s, dtype=torch.float32), inv_freq).repeat_interleave(2, dim=-1)
+        inp["cos"] = ang.cos().to(C.as_dtype(dtype)).to(device)
+        inp["sin"] = ang.sin().to(C.as_dtype(dtype)).to(device)
+    return inp
+
+
+def configure(spec: dict) -> Family:
+    """``spec["style"] = "interleaved"``: pairs (x[2i], x[2i+1]) rotate together (GPT-J),
+    tables with each frequency twice in a row."""
+    style = spec.get("style", "half")
+    if set(spec) - {"style"} or style not in ("half", "interleaved"):
+        raise ValueError(f"rotary takes a spec {{style: half|interleaved}}; got {spec!r}")
+    if style == "half":
+        return FAMILY
+
+    def render_interleaved(params):
+        # the rotate-half kernels with the pair (i, i + Dh/2) read as (2i, 2i + 1)
+        src = render(params)
+        src = src.replace("(cols + HALF)[None, :]", "(2 * cols + 1)[None, :]")
+        src = src.replace("cols[None, :]", "(2 * cols)[None, :]")
+        src = src.replace("rotate_half(x) = cat(-x2, x1)", "rotate_every_two: pairs (2i, 2i + 1)")
+        return src.replace('"""Rotary candidate', '"""Interleaved rotary candidate (pairs 2i, 2i+1)', 1)
+    return dataclasses.replace(
+        FAMILY, reference=_interleaved_reference, error_bound=_interleaved_bound,
+        make_inputs=_interleaved_inputs, render=render_interleaved,
+        signature="kernel_fn(x, cos, sin), interleaved pairs",
+        description="Interleaved rotary embedding (GPT-J): x * cos + rotate_every_two(x) * sin.",
+        spec=dict(spec))
+
+
+FAMILY = dataclasses.replace(
+    FAMILY, spellings=SPELLINGS, from_match=from_match,
+    op_schema="(Tensor x, Tensor cos, Tensor sin) -> Tensor")

@@ -29,12 +29,14 @@ for 384 KB and fail to launch).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 
 from kernels import Family
 from kernels import _common as C
+from kernels.patterns import Fit, NoFit, Ref, Spelling, T, from_end
 
 NAME = "softmax"
 SIGNATURE = "kernel_fn(x)"
@@ -174,10 +176,25 @@ def _load(hint: str) -> str:
 def _write_loop(p, m: str, inv: str) -> str:
     _, stream = C.cache_hints(p["cache_hints"])
     e = C.exp_expr(f"x - {m}[:, None]", p["use_exp2"])
+    # log-softmax: inv holds log(sum) and the write is x - max - log(sum)
+    y = f"(x - {m}[:, None]) - {inv}[:, None]" if p.get("log") else f"{e} * {inv}[:, None]"
     return _loop(f'''
 {_load(stream)}
-y = {e} * {inv}[:, None]
+y = {y}
 tl.store(y_row + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=col_mask)''')
+
+
+def _inv(p, total: str) -> str:
+    """What the write loop scales by: 1 / sum (softmax) or log(sum) (log-softmax)."""
+    return f"tl.log({total})" if p.get("log") else f"1.0 / {total}"
+
+
+def _one_pass_out(p) -> str:
+    if p.get("log"):
+        return '''lse = tl.log(tl.sum(e, axis=1))                                    # [ROWS] log of the row sum
+tl.store(y_row + cols[None, :], ((x - m[:, None]) - lse[:, None]).to(y_ptr.dtype.element_ty), mask=col_mask)'''
+    return '''inv = 1.0 / tl.sum(e, axis=1)                                      # [ROWS]
+tl.store(y_row + cols[None, :], (e * inv[:, None]).to(y_ptr.dtype.element_ty), mask=col_mask)'''
 
 
 def _one_pass_kernel(p):
@@ -192,8 +209,7 @@ col_mask = row_mask[:, None] & (cols < D)[None, :]                 # [ROWS, BLOC
 x = tl.load(x_row + cols[None, :], mask=col_mask, other=float("-inf"){stream}).to(tl.float32)
 m = tl.max(x, axis=1)                                              # [ROWS] row max
 e = {e}                                                            # in (0, 1]; NaN if the row is all -inf
-inv = 1.0 / tl.sum(e, axis=1)                                      # [ROWS]
-tl.store(y_row + cols[None, :], (e * inv[:, None]).to(y_ptr.dtype.element_ty), mask=col_mask)'''
+{_one_pass_out(p)}'''
     return C.tiled_kernel("_softmax_one_pass", _ARGS + ", BLOCK: tl.constexpr", doc, "", body,
                           p["grid"] == "persistent")
 
@@ -215,7 +231,8 @@ m_new = tl.maximum(m, tl.max(x, axis=1))
 # rows that saw only -inf so far subtract 0: exp(-inf - 0) = 0, not exp(-inf + inf) = NaN
 m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
 s = s * {C.exp_expr("m - m_ref", x2)} + tl.sum({C.exp_expr("x - m_ref[:, None]", x2)}, axis=1)
-m = m_new''') + "\ninv = 1.0 / s                                                      # [ROWS]"
+m = m_new''') + ("\ninv = tl.log(s)                                                    # [ROWS]"
+              if p.get("log") else "\ninv = 1.0 / s                                                      # [ROWS]")
     else:
         doc = '''
 """Tile [ROWS, BLOCK_D] sliding along D. Loop 1: every lane keeps its own running max and
@@ -233,7 +250,7 @@ s_lane = s_lane * {C.exp_expr("m_lane - m_ref", x2)} + {C.exp_expr("x - m_ref", 
 m_lane = m_new''') + f'''
 m = tl.max(m_lane, axis=1)                                         # [ROWS] row max
 m_ref = tl.where(m == float("-inf"), 0.0, m)
-inv = 1.0 / tl.sum(s_lane * {C.exp_expr("m_lane - m_ref[:, None]", x2)}, axis=1)'''
+inv = {_inv(p, "tl.sum(s_lane * " + C.exp_expr("m_lane - m_ref[:, None]", x2) + ", axis=1)")}'''
     body = _ROWS + "\n" + stats.strip("\n") + "\n" + _write_loop(p, "m", "inv")
     return C.tiled_kernel("_softmax_online",
                           _ARGS + ", BLOCK_D: tl.constexpr, NUM_STAGES: tl.constexpr",
@@ -253,7 +270,7 @@ acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
 ''' + _loop(f'''
 {_load(keep)}
 acc += {C.exp_expr("x - m[:, None]", p["use_exp2"])}''') + '''
-inv = 1.0 / tl.sum(acc, axis=1)                                    # [ROWS]
+inv = ''' + _inv(p, "tl.sum(acc, axis=1)") + '''                                    # [ROWS]
 ''' + _write_loop(p, "m", "inv")
     return C.tiled_kernel("_softmax_three_pass",
                           _ARGS + ", BLOCK_D: tl.constexpr, NUM_STAGES: tl.constexpr",
@@ -290,9 +307,11 @@ def kernel_fn(x):
 '''
 
 
-def render(params) -> str:
-    """Complete candidate source for one point of SPACE (missing params take DEFAULT values)."""
+def render(params, log: bool = False) -> str:
+    """Complete candidate source for one point of SPACE (missing params take DEFAULT values);
+    ``log``: log-softmax, y = x - max - log(sum(exp(x - max)))."""
     p = C.resolve(NAME, SPACE, DEFAULT, params)
+    p["log"] = log
     v = p["variant"]
     if v == "one_pass":
         traffic = ("reads x once and writes y once (2*N*D*itemsize) when next_pow2(D) <= 65536;\n"
@@ -301,7 +320,9 @@ def render(params) -> str:
         traffic = "reads x twice (the second time mostly from L2) and writes y once"
     else:
         traffic = "reads x three times (re-reads mostly from L2) and writes y once"
-    doc = f'''"""Softmax candidate ({v}, {p["grid"]} grid): y = exp(x - max) / sum(exp(x - max)), last dim.
+    what = ("Log-softmax candidate ({v}, {g} grid): y = x - max - log(sum(exp(x - max))), last dim."
+            if log else "Softmax candidate ({v}, {g} grid): y = exp(x - max) / sum(exp(x - max)), last dim.")
+    doc = f'''"""{what.format(v=v, g=p["grid"])}
 
 x [..., D] is viewed as [N, D] (leading dims merged; any row stride, unit column stride);
 y [N, D] is written contiguous in x's dtype; all arithmetic in fp32. A row that is all -inf
@@ -328,6 +349,80 @@ PROGS_PER_SM = {p["progs_per_sm"]}     # persistent grid only
     return C.tidy("\n".join(parts))
 
 
+# ---------------------------------------------------------------------------------------------
+# spellings: how model code writes it (kernels/patterns.py)
+# ---------------------------------------------------------------------------------------------
+
+def _manual(x):
+    e = (x - x.amax(-1, keepdim=True)).exp()
+    return e / e.sum(-1, keepdim=True)
+
+
+def _manual_max(x):
+    e = torch.exp(x - torch.max(x, -1, keepdim=True)[0])
+    return e / torch.sum(e, -1, keepdim=True)
+
+
+def _manual_log(x):
+    m = x.amax(-1, keepdim=True)
+    return (x - m) - torch.log(torch.exp(x - m).sum(-1, keepdim=True))
+
+
+_X = (("x", T((4, 16))),)
+# every spelling subtracts the max (or is torch's own op): exp(x) / sum(exp(x)) overflows at
+# large x and is another function; it stays out
+SPELLINGS = (
+    Spelling("softmax", lambda x: torch.softmax(x, -1), _X, free_dims=True),
+    Spelling("log_softmax", lambda x: torch.log_softmax(x, -1), _X, free_dims=True),
+    Spelling("amax_exp_sum", _manual, _X, free_dims=True),
+    Spelling("max_exp_sum", _manual_max, _X, free_dims=True),
+    Spelling("logsumexp", lambda x: x - torch.logsumexp(x, -1, keepdim=True), _X, free_dims=True),
+    Spelling("amax_log_sum_exp", _manual_log, _X, free_dims=True),
+)
+_LOG = ("log_softmax", "logsumexp", "amax_log_sum_exp")
+
+
+def from_match(m):
+    """Softmax (or log-softmax) over the last dim, output in x's dtype."""
+    x, out = m.meta("x"), m.out_meta()
+    if x is None or not x["dtype"].is_floating_point or out is None:
+        return None
+    dims = from_end(m.captures.get("dims", (-1,)), len(x["shape"]))
+    log = m.pattern.split("/")[1] in _LOG
+    what = "log-softmax" if log else "softmax"
+    if len(dims) != 1:
+        return None
+    if dims != (-1,):
+        raise NoFit(f"{what} over dim {dims[0]}: the kernels run over the last dim")
+    if out["dtype"] != x["dtype"]:
+        raise NoFit(f"{what} of {x['dtype']} into {out['dtype']}: the contract returns x's dtype")
+    return Fit({"log": True} if log else {}, tuple(x["shape"]), {"x": Ref("x")})
+
+
+# log-softmax outputs are x - max - log(sum): the log of an fp32 sum of D terms carries an
+# absolute error of a few fp32 ulps of 1 whatever the output's size (near 0 for the row max),
+# so atol is 64 ulps of 1.0; rtol covers x - max and the output's rounding, as for softmax.
+LOG_TOLERANCE = {
+    torch.float32: (64 * 2.0**-24, 1e-5),
+    torch.float16: (1e-3, 2e-3),
+    torch.bfloat16: (8e-3, 1.6e-2),
+}
+
+
+def configure(spec: dict) -> Family:
+    """``spec["log"]``: log-softmax over the last dim (x - max - log(sum(exp(x - max))))."""
+    if set(spec) - {"log"}:
+        raise ValueError(f"softmax takes a spec {{log: bool}}; got {spec!r}")
+    if not spec.get("log"):
+        return FAMILY
+    return dataclasses.replace(
+        FAMILY, reference=lambda x: torch.log_softmax(x, dim=-1), tolerance=LOG_TOLERANCE,
+        render=lambda params: render(params, log=True),
+        signature="kernel_fn(x) -> log_softmax(x, -1)",
+        description="Log-softmax over the last dim (torch.log_softmax(x, dim=-1)).",
+        spec=dict(spec))
+
+
 FAMILY = Family(
     name=NAME,
     signature=SIGNATURE,
@@ -343,6 +438,10 @@ FAMILY = Family(
     space=SPACE,
     default=DEFAULT,
     render=render,
+    spellings=SPELLINGS,
+    from_match=from_match,
+    op_schema="(Tensor x) -> Tensor",
+    profile_ops=("aten::softmax", "aten::_softmax", "aten::_safe_softmax"),
     description="Softmax over the last dim (torch.softmax(x, dim=-1)).",
     notes={"one_pass_max_block": 65536, "max_tile_elems": 65536,
            "all_neg_inf_row": "NaN, like torch"},

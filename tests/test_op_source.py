@@ -1,21 +1,25 @@
 """The op: model source (one family's operator at a shape, for the loop and the benchmark): it
-parses, profiles to exactly the family shape it names, drives a run, and bad specs get one clear
-message. CPU, under Triton's interpreter."""
+parses, is matched by its graph to exactly the family shape it names, drives a run, and bad specs
+get one clear message. CPU, under Triton's interpreter."""
 import pytest
 import torch
 
-import kernels
-from engine import benchfamilies, profile, sources
+from engine import benchfamilies, capture, match, sources
 from engine.cli import main as cli_main
 from engine.store import Store
 
 
 def _profiled(spec: str) -> dict:
-    """{family: [family-convention shapes]} of ``spec``'s profile, as the loop's targets get them."""
+    """{family: [family-convention shapes]} of ``spec``'s graph matches, as the loop's targets
+    get them (plain contracts: every op: call is the family's own reference)."""
     loaded = sources.load(spec)
-    prof = profile.profile_model(loaded.model, loaded.inputs)
-    return {f.family: [kernels.get(f.family).profile_shape(s) for s in f.shapes]
-            for f in prof.families if f.shapes and f.family != "other"}
+    cap = capture.capture(loaded.model, loaded.inputs)
+    assert cap.method == "export", cap.note
+    out: dict = {}
+    for m in match.find(cap.graphs[0]):
+        assert m.placeable and m.fit.spec == {}, (m.pattern, m.why_not, m.fit)
+        out.setdefault(m.family, []).append(tuple(m.fit.shape))
+    return out
 
 
 @pytest.mark.parametrize("spec, family, shape", [

@@ -1,0 +1,228 @@
+"""Capture a model's forward as aten-level FX graphs, every node carrying its shape, dtype, strides.
+
+``capture(model, inputs)`` tries, in order:
+
+1. ``torch.export.export(model, inputs, strict=False)``: one graph for the whole forward, its
+   parameters and buffers as ``get_attr`` nodes of ``ep.module()`` (so constants such as a causal
+   ``tril`` buffer can be read and folded). This is the main road: transformers models, the zoo
+   and KernelBench problems export.
+2. dynamo with a backend of ours: a forward that export refuses (data-dependent Python control
+   flow, ``.item()``, prints) runs under ``torch.compile(backend=...)``; every graph break yields
+   one more graph, and each of those torch-level graphs is exported to aten on the inputs dynamo
+   hands the backend. Code between the graphs is Python the profile shows as "other".
+3. Nothing: the run falls back to call interception (engine/kernel_runtime.py ``apply``) and the
+   caller records why (``Capture.note``).
+
+Every node of a captured graph has ``node.meta["val"]``, a FakeTensor (or a tuple of them, or a
+SymInt) with the shape, dtype and strides the node produces on these inputs: the matcher
+(engine/match.py) reads shapes from it and placement (engine/place.py) guards on it.
+
+``Capture.runner(wrap)`` runs the model with every captured graph replaced by ``wrap(graph)``, a
+callable of the graph's flat inputs: the profiler wraps graphs in a node-timing interpreter,
+placement in the rewritten graph. Export graphs take the model's own (pytree) inputs; dynamo
+graphs the flat tensors dynamo passes.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+# Runtime dtype asserts export puts after every .to(): they use nodes without computing anything,
+# and would otherwise look like extra consumers of a matched subgraph's inner values.
+_DROP = {"_assert_tensor_metadata"}
+
+
+@dataclass
+class Graph:
+    """One captured aten graph. ``gm(*flat_inputs)`` (dynamo) or ``gm(*args, **kwargs)``
+    (export: the model's own signature) computes it. ``static`` maps placeholder names to the
+    tensors behind them when those are the model's parameters or buffers (dynamo lifts them to
+    inputs): constants the matcher may read."""
+    gm: torch.fx.GraphModule
+    origin: str                               # "export" | "dynamo"
+    index: int = 0
+    example: tuple = ()                       # dynamo: the flat inputs it was traced on
+    static: dict = field(default_factory=dict)
+
+    def nodes(self):
+        return self.gm.graph.nodes
+
+
+@dataclass
+class Capture:
+    method: str                               # "export" | "dynamo" | "none"
+    graphs: list[Graph]
+    note: str = ""                            # why a fallback was taken (the run's event says so)
+    seconds: float = 0.0
+    model: nn.Module | None = None
+    inputs: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.graphs)
+
+    def runner(self, wrap):
+        """A callable running the model's forward with each graph replaced by ``wrap(graph)``.
+        Export: one graph, called with the model's inputs. Dynamo: the model under a
+        torch.compile whose backend hands out the wrapped graphs in capture order."""
+        if self.method == "export":
+            fn = wrap(self.graphs[0])
+            return fn
+        if self.method == "dynamo":
+            return _dynamo_runner(self, wrap)
+        raise RuntimeError("nothing was captured")
+
+
+def _clean(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    import operator
+    g = gm.graph
+    for n in list(g.nodes):
+        if n.op == "call_function" and getattr(n.target, "_opname", None) in _DROP and not n.users:
+            g.erase_node(n)
+    for n in reversed(list(g.nodes)):       # unread items of tuple results (max's indices)
+        if n.op == "call_function" and n.target is operator.getitem and not n.users:
+            g.erase_node(n)
+    gm.recompile()
+    return gm
+
+
+def export_graph(fn: nn.Module, args: tuple, kwargs: dict | None = None) -> torch.fx.GraphModule:
+    """``fn``'s forward on these inputs as an aten GraphModule (torch.export, non-strict), with
+    parameters and buffers as get_attr nodes. Raises what torch.export raises."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ep = torch.export.export(fn, tuple(args), kwargs or {}, strict=False)
+    return _clean(ep.module())
+
+
+def capture(model: nn.Module, inputs, kwargs: dict | None = None, allow_dynamo: bool = True) -> Capture:
+    """The model's forward on ``inputs`` as aten graphs; see the module doc for the order tried.
+    Runs under no_grad and leaves the model as it was."""
+    inputs = tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,)
+    kwargs = dict(kwargs or {})
+    t0 = time.perf_counter()
+    why_export = ""
+    try:
+        with torch.no_grad():
+            gm = export_graph(model, inputs, kwargs)
+        return Capture("export", [Graph(gm, "export")], "", time.perf_counter() - t0, model,
+                       inputs, kwargs)
+    except Exception as e:
+        why_export = f"torch.export failed: {type(e).__name__}: {_one_line(e)}"
+    if not allow_dynamo:
+        return Capture("none", [], why_export, time.perf_counter() - t0, model, inputs, kwargs)
+    try:
+        graphs = _dynamo_capture(model, inputs, kwargs)
+    except Exception as e:
+        return Capture("none", [], f"{why_export}; dynamo capture failed: {type(e).__name__}: "
+                       f"{_one_line(e)}", time.perf_counter() - t0, model, inputs, kwargs)
+    if not graphs:
+        return Capture("none", [], f"{why_export}; dynamo captured no graph",
+                       time.perf_counter() - t0, model, inputs, kwargs)
+    return Capture("dynamo", graphs, f"{why_export}; captured by dynamo as {len(graphs)} graph(s)",
+                   time.perf_counter() - t0, model, inputs, kwargs)
+
+
+def _static_names(gm, example, model) -> dict:
+    """Placeholders of a dynamo graph that are the model's parameters or buffers."""
+    ids = {id(t) for t in list(model.parameters()) + list(model.buffers())}
+    names = [n.target for n in gm.graph.nodes if n.op == "placeholder"]
+    return {name: t for name, t in zip(names, example) if isinstance(t, torch.Tensor) and id(t) in ids}
+
+
+def _dynamo_capture(model, inputs, kwargs) -> list[Graph]:
+    graphs: list[Graph] = []
+    failures: list[str] = []
+
+    def backend(gm, example):
+        try:
+            example = tuple(example)
+            agm = export_graph(gm, example)
+            graphs.append(Graph(agm, "dynamo", len(graphs), example, _static_names(gm, example, model)))
+        except Exception as e:          # a graph export refuses stays out; its ops run as "other"
+            failures.append(f"{type(e).__name__}: {_one_line(e)}")
+        return gm.forward
+
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(model, backend=backend, dynamic=False)
+        with torch.no_grad(), _quiet():
+            compiled(*inputs, **kwargs)
+    finally:
+        torch._dynamo.reset()
+    if failures and not graphs:
+        raise RuntimeError("; ".join(failures[:3]))
+    return graphs
+
+
+def _dynamo_runner(cap: Capture, wrap):
+    """torch.compile(model) whose backend returns wrap(graph) for the graphs in capture order
+    (dynamo compiles the same frames in the same order on the same inputs)."""
+    queue = list(cap.graphs)
+
+    def backend(gm, example):
+        if not queue:
+            return gm.forward             # a graph not seen at capture: run as traced
+        return _flat(wrap(queue.pop(0)))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(cap.model, backend=backend, dynamic=False)
+
+    def run(*args, **kwargs):
+        with _quiet():
+            return compiled(*args, **kwargs)
+    return run
+
+
+def _flat(fn):
+    # a dynamo backend's callable takes the flat inputs and returns a tuple/list of outputs
+    def call(*args):
+        out = fn(*args)
+        return out if isinstance(out, (tuple, list)) else (out,)
+    return call
+
+
+@contextlib.contextmanager
+def _quiet():
+    # graph-break warnings are expected on this road: the capture note already says so
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import logging
+        log = logging.getLogger("torch._dynamo")
+        level = log.level
+        log.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            log.setLevel(level)
+
+
+def _one_line(e: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(e).split())
+    return text[:limit] + ("..." if len(text) > limit else "")
+
+
+def val(node):
+    """The FakeTensor (or value) a node produces, or None."""
+    return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+
+
+def tensor_meta(node) -> dict | None:
+    """{shape, dtype, stride, device} of a node's tensor value, plain Python, or None."""
+    v = val(node)
+    if not isinstance(v, torch.Tensor):
+        return None
+    try:
+        return {"shape": tuple(int(s) for s in v.shape), "dtype": v.dtype,
+                "stride": tuple(int(s) for s in v.stride()), "device": v.device.type}
+    except Exception:                     # symbolic sizes: not a static graph
+        return None
+
+
+__all__ = ["Capture", "Graph", "capture", "export_graph", "val", "tensor_meta"]

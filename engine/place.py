@@ -1,0 +1,339 @@
+"""Place verified kernels by rewriting the captured graph.
+
+``place(capture, kernels)`` matches the families in every captured graph again (engine/match.py)
+and, for each match a kernel was verified for (same family, same contract spec, the exact family
+shape, dtype and device), replaces the matched subgraph with one call of the kernel:
+
+    [views of the match's inputs] -> site_call(site, *kernel args) -> [post ops] -> consumers
+
+(engine/kernel_runtime.py ``site_call``: the kernel eagerly, its custom op under torch.compile).
+The views are the ones the family's ``from_match`` asked for (a linear's weight transposed, a
+causal rotary table's batch row, a norm's weight flattened); the post ops put the result in the
+shape and dtype the consumers read (a GEMM's folded rows unfolded, a bias added back, a loss
+cast to the logits' dtype). Nodes of the match nothing reads any more are removed; the rest of
+the graph is untouched. A match no kernel serves keeps its original ops, and ``skipped`` says
+why (the profile and the report quote it).
+
+``optimized(capture, placement, compile_mode)`` is the model that runs the rewritten graphs:
+eagerly (``compile_mode=None``) or through torch.compile with the kernels opaque to inductor;
+inputs with other shapes or dtypes than the captured ones run the original model
+(kernel_runtime.Optimized).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+
+import kernels as families
+from engine import capture as cap
+from engine import kernel_runtime as rt
+from engine import match
+from kernels.patterns import Ref
+
+aten = torch.ops.aten
+
+# aten ops for the views and post ops a Fit names (kernels/patterns.py Ref.views, Fit.post)
+_VIEW_ATEN = {
+    "t": lambda x: (aten.t.default, (x,)),
+    "reshape": lambda x, s: (aten.reshape.default, (x, list(s))),
+    "select": lambda x, d, i: (aten.select.int, (x, d, i)),
+    "squeeze": lambda x, d: (aten.squeeze.dim, (x, d)),
+    "unsqueeze": lambda x, d: (aten.unsqueeze.default, (x, d)),
+    "transpose": lambda x, a, b: (aten.transpose.int, (x, a, b)),
+    "contiguous": lambda x: (aten.clone.default, (x,)),
+    "to": lambda x, d: (aten.to.dtype, (x, getattr(torch, d) if isinstance(d, str) else d)),
+    "long": lambda x: (aten.to.dtype, (x, torch.int64)),
+    "expand": lambda x, s: (aten.expand.default, (x, list(s))),
+    "slice": lambda x, d, a, b: (aten.slice.Tensor, (x, d, a, b)),
+    "permute": lambda x, p: (aten.permute.default, (x, list(p))),
+}
+
+
+@dataclass
+class Placement:
+    graphs: list                               # rewritten GraphModules, one per captured graph
+    sites: list = field(default_factory=list)    # {"family", "spec", "shape", "kernel", "site", "pattern"}
+    skipped: list = field(default_factory=list)  # {"family", "spec", "shape", "why", "pattern"}
+
+    def families(self) -> dict:
+        out: dict = {}
+        for s in self.sites:
+            out[s["kernel"]] = out.get(s["kernel"], 0) + 1
+        return out
+
+
+def _fake_mode(gm: fx.GraphModule):
+    for n in gm.graph.nodes:
+        v = n.meta.get("val")
+        if isinstance(v, torch.Tensor) and hasattr(v, "fake_mode"):
+            return v.fake_mode
+    return None
+
+
+def _fake_of(v, mode):
+    if isinstance(v, fx.Node):
+        return v.meta.get("val")
+    return v
+
+
+def _emit(g: fx.Graph, target, args, mode):
+    n = g.call_function(target, tuple(args))
+    if mode is not None:
+        try:
+            with mode:
+                n.meta["val"] = target(*[_fake_of(a, mode) for a in args])
+        except Exception:
+            pass
+    return n
+
+
+def _meta_tuple(v) -> tuple | None:
+    if not isinstance(v, torch.Tensor):
+        return None
+    return (tuple(int(s) for s in v.shape), v.dtype, tuple(int(s) for s in v.stride()), v.device.type)
+
+
+def _kernel_for(kernels: list, m: match.Match, dtype, device_type):
+    for k in kernels:
+        if k.family == m.family and k.serves(m.fit.spec, m.fit.shape, dtype, device_type):
+            return k
+    return None
+
+
+def _rewrite_one(g: fx.Graph, env: dict, m: match.Match, k: rt.Kernel, mode) -> tuple[bool, str]:
+    """Replace the copy of match ``m`` in ``g`` (``env``: original node -> copy) by a site."""
+    fam = families.get(m.family, m.fit.spec or None)
+    out_orig = env[m.output]
+    args, metas = [], []
+    with g.inserting_before(out_orig):
+        for name in fam.arg_names:
+            ref = m.fit.args[name]
+            if ref.name is None:
+                args.append(ref.value)
+                metas.append(None)
+                continue
+            src = m.node(ref.name)
+            node = env.get(src, src) if isinstance(src, fx.Node) else src
+            for v in ref.views:
+                target, vargs = _VIEW_ATEN[v[0]](node, *v[1:])
+                node = _emit(g, target, vargs, mode)
+            args.append(node)
+            metas.append(_meta_tuple(node.meta.get("val")) if isinstance(node, fx.Node) else None)
+        if any(isinstance(a, fx.Node) and a.meta.get("val") is None for a in args):
+            return False, "no shape information for an argument of the kernel"
+        # what the kernel returns: the family's reference under this contract, on fake inputs
+        try:
+            with mode:
+                fake_out = fam.reference(**{n: _fake_of(a, mode) for n, a in zip(fam.arg_names, args)})
+        except Exception as e:
+            return False, f"the family reference does not run on these inputs: {type(e).__name__}"
+        site = rt.add_site(k, tuple(metas), (tuple(int(s) for s in fake_out.shape), fake_out.dtype))
+        y = g.call_function(rt.site_call, (site,) + tuple(args))
+        with mode:
+            y.meta["val"] = fake_out.contiguous()      # what site_call returns
+        for op in m.fit.post:
+            name, rest = op[0], op[1:]
+            if name == "add":
+                other = rest[0]
+                if isinstance(other, Ref):
+                    src = m.node(other.name)
+                    other = env.get(src, src)
+                y = _emit(g, aten.add.Tensor, (y, other), mode)
+            else:
+                target, vargs = _VIEW_ATEN[name](y, *rest)
+                y = _emit(g, target, vargs, mode)
+    want, got = out_orig.meta.get("val"), y.meta.get("val")
+    if (not isinstance(want, torch.Tensor) or not isinstance(got, torch.Tensor)
+            or tuple(want.shape) != tuple(got.shape) or want.dtype != got.dtype):
+        _drop(g, y)
+        return False, (f"the kernel's result would be {tuple(getattr(got, 'shape', ()))} "
+                       f"{getattr(got, 'dtype', None)}, the graph reads {tuple(getattr(want, 'shape', ()))} "
+                       f"{getattr(want, 'dtype', None)}")
+    out_orig.replace_all_uses_with(y)
+    env[m.output] = y             # later sites that read this output read the kernel's result
+    # the matched nodes nothing reads any more go; the rest of the graph stays as it was
+    for n in reversed(m.nodes):
+        c = env.get(n)
+        if c is not None and c.graph is g and not c.users:
+            g.erase_node(c)
+    return True, f"site {site}"
+
+
+def _drop(g: fx.Graph, node: fx.Node) -> None:
+    """Remove ``node`` and the nodes inserted for it (they have no other reader)."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if n.users or n.op != "call_function":
+            continue
+        ins = list(n.all_input_nodes)
+        g.erase_node(n)
+        stack.extend(i for i in ins if i.op == "call_function" and not i.users
+                     and (i.target in (rt.site_call,) or "val" in i.meta))
+
+
+def _val(a):
+    return a.meta.get("val") if isinstance(a, fx.Node) else a
+
+
+def _changed(old, new) -> bool:
+    if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor):
+        return (tuple(old.shape) != tuple(new.shape) or old.dtype != new.dtype
+                or tuple(old.stride()) != tuple(new.stride()))
+    return True
+
+
+def _repropagate(g: fx.Graph, mode) -> None:
+    """Fake values downstream of the sites again: a kernel returns its result contiguous where
+    the replaced op may have returned another layout, and every later guard must hold the strides
+    the graph will really pass (a rotary site's output is the next attention site's q)."""
+    if mode is None:
+        return
+    from torch.utils._pytree import tree_map
+    dirty = set()
+    for n in g.nodes:
+        if n.op != "call_function":
+            continue
+        if n.target is rt.site_call:
+            site = rt.SITES[n.args[0]]
+            site.args = tuple(_meta_tuple(_val(a)) if isinstance(a, fx.Node) else None
+                              for a in n.args[1:])
+            site.op = rt._site_op(site)
+            dirty.add(n)
+            continue
+        if not any(i in dirty for i in n.all_input_nodes):
+            continue
+        old = n.meta.get("val")
+        try:
+            with mode:
+                new = n.target(*tree_map(_val, n.args), **tree_map(_val, n.kwargs))
+        except Exception:
+            continue
+        n.meta["val"] = new
+        if _changed(old, new):
+            dirty.add(n)
+
+
+def place(capture: cap.Capture, kernels: list, matches: dict | None = None,
+          families=None) -> Placement:
+    """Rewrite each captured graph with the ``kernels`` (rt.Kernel, loaded with their spec and
+    schema) that serve its matches (found here, among ``families``, when not given); the
+    original GraphModules are left as they were."""
+    out = Placement([])
+    for graph in capture.graphs:
+        ms = matches.get(graph.index) if matches is not None else None
+        if ms is None:
+            ms = match.find(graph, families=families)
+        gm = graph.gm
+        g = fx.Graph()
+        env: dict = {}
+        ret = g.graph_copy(gm.graph, env)
+        g.output(ret)
+        g._codegen = gm.graph._codegen
+        mode = _fake_mode(gm)
+        for m in ms:
+            row = {"family": m.family, "spec": (m.fit.spec if m.fit else {}), "pattern": m.pattern,
+                   "shape": list(m.fit.shape) if m.fit else []}
+            if not m.placeable:
+                out.skipped.append(dict(row, why=m.why_not or "no contract"))
+                continue
+            meta = m.meta(next((r.name for r in m.fit.args.values() if r.name is not None), None) or "")
+            dtype = meta["dtype"] if meta else None
+            device_type = meta["device"] if meta else "cpu"
+            k = _kernel_for(kernels, m, dtype, device_type)
+            if k is None:
+                have = [x.name for x in kernels if x.family == m.family]
+                out.skipped.append(dict(row, why=(f"no kept kernel verified for this shape/spec "
+                                                  f"(kept: {', '.join(have)})") if have else
+                                        "no kept kernel of this family"))
+                continue
+            if mode is None:
+                out.skipped.append(dict(row, why="the graph carries no fake tensors to guard on"))
+                continue
+            ok, why = _rewrite_one(g, env, m, k, mode)
+            if ok:
+                out.sites.append(dict(row, kernel=k.name, site=why))
+            else:
+                out.skipped.append(dict(row, why=why))
+        _repropagate(g, mode)
+        g.lint()
+        new = fx.GraphModule(gm, g)
+        out.graphs.append(new)
+    return out
+
+
+def optimized(capture: cap.Capture, placement: Placement, compile_mode: str | None = None):
+    """The model running the rewritten graphs: eagerly, or compiled with ``compile_mode``
+    ("default", "max-autotune", ...; the kernels stay opaque custom ops)."""
+    graphs = {g.index: new for g, new in zip(capture.graphs, placement.graphs)}
+
+    def wrap(graph):
+        gm = graphs[graph.index]
+        if compile_mode is None:
+            return gm
+        return torch.compile(gm, mode=None if compile_mode == "default" else compile_mode,
+                             dynamic=False)
+    run = capture.runner(wrap)
+    label = "rewritten graph" + (f", torch.compile({compile_mode})" if compile_mode else ", eager")
+    return rt.Optimized(capture.model, run, capture.inputs, capture.kwargs, label)
+
+
+__all__ = ["Placement", "place", "optimized"]
+
+
+class Specializing(torch.nn.Module):
+    """The optimized model for any input signature: the rewritten graph of each signature seen
+    (captured, matched and placed on its first call: a zoo LM called with ids alone returns
+    logits, with ids and targets a loss: two graphs), the original model where capture fails.
+    ``placements`` maps each signature to its Placement (None: not captured)."""
+
+    def __init__(self, model, kernels: list, compile_mode: str | None = None, first=None,
+                 families=None):
+        super().__init__()
+        object.__setattr__(self, "original", model)
+        object.__setattr__(self, "kernels", list(kernels))
+        self.compile_mode = compile_mode
+        self.families = families
+        self.cache: dict = {}
+        self.placements: dict = {}
+        if first is not None:
+            capture, matches = first
+            self._add(rt._signature(capture.inputs, capture.kwargs), capture, matches)
+
+    def _add(self, sig, capture, matches=None):
+        if capture is None or not capture.ok:
+            self.cache[sig], self.placements[sig] = None, None
+            return
+        pl = place(capture, self.kernels, matches, self.families)
+        # a signature no kernel serves runs the model itself, not a copy of its graph
+        self.cache[sig] = optimized(capture, pl, self.compile_mode) if pl.sites else None
+        self.placements[sig] = pl
+
+    def forward(self, *args, **kwargs):
+        sig = rt._signature(args, kwargs)
+        if sig not in self.cache:
+            self._add(sig, cap.capture(self.original, args, kwargs))
+        mod = self.cache[sig]
+        if mod is None:
+            self.unplaced_calls += 1
+            return self.original(*args, **kwargs)
+        return mod(*args, **kwargs)
+
+    unplaced_calls = 0
+
+    def stats(self) -> dict:
+        return self.calls
+
+    def remove(self) -> None:
+        """Nothing to undo: the original model was never modified."""
+
+    @property
+    def calls(self) -> dict:
+        out = {"placed": 0, "original": self.unplaced_calls, "guard_miss": 0}
+        for m in self.cache.values():
+            if m is not None:
+                for k, v in m.calls.items():
+                    out[k] += v
+        return out

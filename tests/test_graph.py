@@ -1,0 +1,554 @@
+"""The graph road: capture, family matching in the spellings real code uses, decoys that must not
+match, placement by rewriting with verified kernels, the node profile's counted-once invariant,
+the baseline rule and the budget. CPU, under Triton's interpreter; shapes are tiny."""
+import math
+import os
+import tempfile
+import time
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import kernels
+from engine import capture, export, hw, integrate, match, models, place, plan, profile
+from engine import kernel_runtime as rt
+from engine import verify
+from engine.loop import RunConfig, _loop_cfg, execute
+from engine.store import Store
+from kernels import rotary as _rotary
+from kernels.patterns import Scalar, T
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+
+class Fn(nn.Module):
+    """A function as a model, with optional buffers (constants the matcher may fold)."""
+
+    def __init__(self, fn, **buffers):
+        super().__init__()
+        self.fn = fn
+        for k, v in buffers.items():
+            self.register_buffer(k, v)
+
+    def forward(self, *args):
+        return self.fn(self, *args)
+
+
+def found(model, *inputs, probe=True):
+    cap = capture.capture(model.eval(), inputs)
+    assert cap.ok, cap.note
+    return cap, {g.index: match.find(g, probe=probe) for g in cap.graphs}
+
+
+def families(ms) -> list:
+    return [(m.family, m.fit.spec if m.fit else None, bool(m.why_not)) for g in ms.values() for m in g]
+
+
+_KERNELS: dict = {}
+
+
+def starter(family, spec, shapes, dtype="float32"):
+    """The family's starter under ``spec``, loaded as a runtime kernel verified for ``shapes``."""
+    fam = kernels.get(family, spec or None)
+    src = fam.starter()
+    key = (family, rt.spec_text(spec), verify.source_hash(src), tuple(map(tuple, shapes)))
+    if key not in _KERNELS:
+        d = tempfile.mkdtemp()
+        path = os.path.join(d, f"{family}.py")
+        with open(path, "w") as f:
+            f.write(src)
+        _KERNELS[key] = rt.load_kernel_file(path, family, dtype, "cpu", [list(s) for s in shapes],
+                                            fam.tolerance[getattr(torch, dtype)], f"{family}#1",
+                                            spec, fam.op_schema)
+    return _KERNELS[key]
+
+
+def place_starters(cap, ms):
+    """Every placeable match served by its family's starter; returns (Placement, kernels)."""
+    shapes: dict = {}
+    for g in ms.values():
+        for m in g:
+            if m.placeable:
+                shapes.setdefault((m.family, rt.spec_text(m.fit.spec)), (m.fit.spec, set()))[1].add(
+                    tuple(m.fit.shape))
+    ks = [starter(f, spec, sorted(ss)) for (f, _), (spec, ss) in shapes.items()]
+    return place.place(cap, ks, ms), ks
+
+
+# ---- the family contract: everything derives from kernels.all_families() ---------------------
+
+def test_every_family_declares_its_contract_patterns_and_op_schema():
+    fams = kernels.all_families()
+    assert [f.name for f in fams] == list(kernels.FAMILY_NAMES)
+    traced = match.patterns()
+    for fam in fams:
+        assert fam.spellings and callable(fam.from_match), fam.name
+        assert fam.op_schema.startswith("(") and "-> Tensor" in fam.op_schema, fam.name
+        # the schema names the kernel's arguments, in order
+        names = [a.strip().split(" ")[-1] for a in fam.op_schema[1:fam.op_schema.index(")")].split(",")]
+        assert tuple(names) == fam.arg_names, fam.name
+        assert any(p.family == fam.name for p in traced), fam.name
+        for op in fam.profile_ops:
+            assert profile._OP_FAMILY[op] == fam.name
+    assert set(export.placeable_families()) == set(kernels.FAMILY_NAMES)
+
+
+_SCALARS = {"eps": 1e-5, "scale": 0.125, "div": 4.0, "fill": float("-inf")}
+
+
+def _spelling_cases():
+    for fam in kernels.all_families():
+        for sp in fam.spellings:
+            yield pytest.param(fam.name, sp, id=f"{fam.name}-{sp.name}")
+
+
+@pytest.mark.parametrize("family, spelling", list(_spelling_cases()))
+def test_every_spelling_is_matched_in_a_model_written_that_way(family, spelling):
+    """Each declared spelling, written as a model's forward, is found as its family: placeable
+    (and the probe agrees with the family reference), or recognized with the reason no contract
+    serves it (a mask that is a random input, not a constant)."""
+    gen = torch.Generator().manual_seed(3)
+    tensors, scalars = [], {}
+    for name, a in spelling.args:
+        if isinstance(a, T):
+            if a.dtype == "bool":
+                tensors.append(torch.rand(a.shape, generator=gen) > 0.5)
+            elif a.dtype.startswith("int"):
+                tensors.append(torch.randint(0, a.shape[0] if a.shape else 2, a.shape, generator=gen))
+            else:
+                tensors.append(torch.randn(a.shape, generator=gen))
+        elif isinstance(a, Scalar):
+            scalars[name] = _SCALARS.get(a.name, None)
+        else:
+            scalars[name] = a
+    if "n" in scalars:                              # sum / n: the count of the reduced dim
+        scalars["n"] = tensors[0].shape[-1]
+    names = [n for n, a in spelling.args]
+    tnames = [n for n, a in spelling.args if isinstance(a, T)]
+
+    def fwd(self, *ts):
+        kw = dict(zip(tnames, ts), **scalars)
+        return spelling.fn(*[kw[n] for n in names])
+    _, ms = found(Fn(fwd), *tensors)
+    hits = [m for g in ms.values() for m in g if m.family == family]
+    assert hits, (family, spelling.name, families(ms))
+    m = hits[-1]
+    assert m.placeable or m.why_not
+    if m.placeable:
+        assert m.probe == "agrees with the family reference", m.probe
+
+
+# ---- spellings real code uses: matched, placed, and the rewritten model agrees ------------------
+
+def _hf_rms(self, x):
+    dt = x.dtype
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+    return self.w * h.to(dt)
+
+
+def _attn_kb43(self, q, k, v):
+    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+    att = att.masked_fill(self.bias[:, :, :8, :8] == 0, float("-inf"))
+    return F.softmax(att, dim=-1) @ v
+
+
+def _attn_fresh_triu(self, q, k, v):
+    s = torch.matmul(q, k.transpose(2, 3)) / 4.0
+    m = torch.triu(torch.ones(8, 8, dtype=torch.bool), diagonal=1)
+    return F.dropout(torch.softmax(s.masked_fill(m, float("-inf")), -1), 0.0, False) @ v
+
+
+def _attn_where(self, q, k, v):
+    s = q @ k.transpose(-2, -1) * 0.25
+    return torch.softmax(torch.where(~self.hide[:8, :8], s, float("-inf")), -1) @ v
+
+
+def _attn_add_gqa(self, q, k, v):
+    k, v = k[:, :2].repeat_interleave(2, dim=1), v[:, :2].repeat_interleave(2, dim=1)
+    bias = torch.full((8, 8), float("-inf")).triu(1)
+    return torch.softmax(q @ k.transpose(-2, -1) * 0.25 + bias, dim=-1, dtype=torch.float32) @ v
+
+
+def _attn_repeat_kv(self, q, k, v):
+    def rep(t):                                     # HF's repeat_kv
+        b, h, s, d = t.shape
+        return t[:, :, None, :, :].expand(b, h, 2, s, d).reshape(b, h * 2, s, d)
+    k, v = rep(k[:, :2]), rep(v[:, :2])
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=self.keep[:8, :8])
+
+
+def _rot_hf(self, x):
+    c = self.cos[None].expand(2, -1, -1).unsqueeze(1)        # [B, 1, S, Dh], the same per row
+    s = self.sin[None].expand(2, -1, -1).unsqueeze(1)
+    return x * c + _rotary._half_slices(x) * s
+
+
+def _rot_partial(self, x):
+    xr, xp = x[..., :8], x[..., 8:]
+    return torch.cat((xr * self.cos[:, :8] + _rotary._half_slices(xr) * self.sin[:, :8], xp), -1)
+
+
+def _rot_interleaved(self, x):
+    c, s = self.cos[:, :8].repeat_interleave(2, -1), self.sin[:, :8].repeat_interleave(2, -1)
+    return x * c + _rotary.rotate_every_two(x) * s
+
+
+def _mlp(act):
+    def fwd(self, x):
+        return F.linear(act(F.linear(x, self.g)) * F.linear(x, self.u), self.d)
+    return fwd
+
+
+_COS, _SIN = models.rotary_tables(16, 8, 10000.0)
+_TRIL = torch.tril(torch.ones(16, 16)).view(1, 1, 16, 16)
+_HIDE = torch.ones(16, 16, dtype=torch.bool).triu(1)
+_QKV = lambda: tuple(torch.randn(2, 4, 8, 16) for _ in range(3))  # noqa: E731
+
+REAL = {
+    # name: (forward, buffers, inputs, expected (family, spec) in the matches)
+    "rms_hf_fp32_upcast": (_hf_rms, {"w": torch.randn(32)}, lambda: (torch.randn(2, 5, 32),),
+                           ("rmsnorm", {})),
+    "rms_kernelbench_dim1": (lambda s, x: x / torch.sqrt(torch.mean(x ** 2, dim=1, keepdim=True) + 1e-5),
+                             {}, lambda: (torch.rand(2, 8, 4, 4),), ("rmsnorm", {"dims": [-3], "weight": False})),
+    "rms_sum_over_n": (lambda s, x: x * (1 / torch.sqrt((x * x).sum(-1, keepdim=True) / 32 + 1e-6)),
+                       {}, lambda: (torch.randn(3, 32),), ("rmsnorm", {"weight": False})),
+    "rms_norm_op": (lambda s, x: F.rms_norm(x, (32,), s.w, 1e-6), {"w": torch.randn(32)},
+                    lambda: (torch.randn(3, 32),), ("rmsnorm", {})),
+    "layernorm_by_hand": (lambda s, x: s.w * ((x - x.mean(-1, keepdim=True)) / torch.sqrt(
+        (x - x.mean(-1, keepdim=True)).pow(2).mean(-1, keepdim=True) + 1e-12)) + s.b,
+        {"w": torch.randn(32), "b": torch.randn(32)}, lambda: (torch.randn(3, 32),), ("layernorm", {})),
+    "layernorm_three_dims": (lambda s, x: F.layer_norm(x, (4, 4, 4), s.w, s.b),
+                             {"w": torch.randn(4, 4, 4), "b": torch.randn(4, 4, 4)},
+                             lambda: (torch.randn(2, 4, 4, 4),), ("layernorm", {"dims": 3})),
+    "log_softmax": (lambda s, x: torch.log_softmax(x, dim=1), {}, lambda: (torch.randn(6, 40),),
+                    ("softmax", {"log": True})),
+    "softmax_max_safe_by_hand": (lambda s, x: (lambda e: e / e.sum(-1, keepdim=True))(
+        (x - x.max(-1, keepdim=True).values).exp()), {}, lambda: (torch.randn(6, 40),), ("softmax", {})),
+    "cross_entropy_nll": (lambda s, x, t: F.nll_loss(F.log_softmax(x, -1), t), {},
+                          lambda: (torch.randn(6, 40), torch.randint(0, 40, (6,))), ("cross_entropy", {})),
+    "cross_entropy_gather": (lambda s, x, t: -x.log_softmax(-1).gather(-1, t.unsqueeze(-1)).mean(), {},
+                             lambda: (torch.randn(6, 40), torch.randint(0, 40, (6,))),
+                             ("cross_entropy", {"ignore_index": None})),
+    "swiglu": (_mlp(F.silu), {"g": torch.randn(32, 16) / 4, "u": torch.randn(32, 16) / 4,
+                              "d": torch.randn(16, 32) / 6}, lambda: (torch.randn(2, 3, 16),), ("fused_mlp", {})),
+    "geglu_tanh": (_mlp(lambda g: F.gelu(g, approximate="tanh")),
+                   {"g": torch.randn(32, 16) / 4, "u": torch.randn(32, 16) / 4, "d": torch.randn(16, 32) / 6},
+                   lambda: (torch.randn(2, 3, 16),), ("fused_mlp", {"act": "gelu_tanh"})),
+    "rotary_hf_per_batch_tables": (_rot_hf, {"cos": _COS, "sin": _SIN}, lambda: (torch.randn(2, 4, 8, 16),),
+                                   ("rotary", {})),
+    "rotary_partial": (_rot_partial, {"cos": _COS, "sin": _SIN}, lambda: (torch.randn(2, 4, 8, 16),),
+                       ("rotary", {})),
+    "rotary_interleaved": (_rot_interleaved, {"cos": _COS, "sin": _SIN},
+                           lambda: (torch.randn(2, 4, 8, 16),), ("rotary", {"style": "interleaved"})),
+    "attention_tril_buffer": (_attn_kb43, {"bias": _TRIL}, _QKV, ("attention", {})),
+    "attention_fresh_triu": (_attn_fresh_triu, {}, _QKV, ("attention", {})),
+    "attention_where": (_attn_where, {"hide": _HIDE}, _QKV, ("attention", {})),
+    "attention_additive_gqa": (_attn_add_gqa, {}, _QKV, ("attention", {})),
+    "attention_sdpa_repeat_kv_bool_mask": (_attn_repeat_kv, {"keep": ~_HIDE}, _QKV, ("attention", {})),
+    "sum_dim1_keepdim": (lambda s, x: torch.sum(x, dim=1, keepdim=True), {}, lambda: (torch.randn(3, 6, 5),),
+                         ("reduce", {"dims": [-2], "keepdim": True})),
+    "mean_dim1": (lambda s, x: torch.mean(x, dim=1), {}, lambda: (torch.randn(3, 6, 5),),
+                  ("reduce", {"op": "mean", "dims": [-2]})),
+    "linear_bias_3d": (lambda s, x: F.linear(x, s.w, s.b), {"w": torch.randn(8, 16), "b": torch.randn(8)},
+                       lambda: (torch.randn(2, 3, 16),), ("matmul", {})),
+    "einsum_4d": (lambda s, a, b: torch.einsum("bijl,lk->bijk", a, b), {},
+                  lambda: (torch.randn(2, 3, 4, 16), torch.randn(16, 8)), ("matmul", {})),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(REAL))
+def test_real_spelling_matched_placed_and_agrees(name):
+    fwd, buffers, make, want = REAL[name]
+    model = Fn(fwd, **buffers).eval()
+    inputs = make()
+    cap, ms = found(model, *inputs)
+    got = [(f, s) for f, s, why in families(ms) if not why]
+    assert want in got, (name, families(ms))
+    pl, ks = place_starters(cap, ms)
+    assert any(s["family"] == want[0] for s in pl.sites), pl.skipped
+    opt = place.optimized(cap, pl)
+    with torch.no_grad():
+        ref, out = model(*inputs), opt(*inputs)
+    assert opt.calls["placed"] == 1 and opt.calls["guard_miss"] == 0
+    err, where = integrate.compare(integrate.flatten(out), integrate.flatten(ref))
+    assert err <= 1e-4, (name, where)
+
+
+# ---- decoys: look like a family, compute something else ----------------------------------------
+
+DECOYS = {
+    "attention_without_max_safe_softmax": (lambda s, q, k, v: (lambda e: e / e.sum(-1, keepdim=True))(
+        (q @ k.transpose(-2, -1) * 0.25).exp()) @ v, {}, _QKV),
+    "attention_relu_instead_of_softmax": (lambda s, q, k, v: F.relu(
+        (q @ k.transpose(-2, -1) * 0.25).masked_fill(s.hide[:8, :8], float("-inf"))) @ v, {"hide": _HIDE}, _QKV),
+    "attention_returns_its_probabilities": (lambda s, q, k, v: (lambda p: (p @ v, p))(
+        torch.softmax(q @ k.transpose(-2, -1) * 0.25, -1)), {}, _QKV),
+    "rms_eps_added_after_the_root": (lambda s, x: x / (torch.sqrt(torch.mean(x ** 2, -1, keepdim=True)) + 1e-5),
+                                     {}, lambda: (torch.randn(3, 32),)),
+    "rms_divided_by_another_count": (lambda s, x: x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) / 7 + 1e-6),
+                                     {}, lambda: (torch.randn(3, 32),)),
+    "layernorm_unbiased_variance": (lambda s, x: (x - x.mean(-1, keepdim=True)) / torch.sqrt(
+        x.var(-1, keepdim=True) + 1e-5), {}, lambda: (torch.randn(3, 32),)),
+    "rotary_wrong_sign": (lambda s, x: x * s.cos + torch.cat((x[..., 8:], -x[..., :8]), -1) * s.sin,
+                          {"cos": _COS, "sin": _SIN}, lambda: (torch.randn(2, 4, 8, 16),)),
+}
+
+
+@pytest.mark.parametrize("name", list(DECOYS))
+def test_decoy_does_not_match_its_lookalike_family(name):
+    fwd, buffers, make = DECOYS[name]
+    _, ms = found(Fn(fwd, **buffers), *make())
+    got = [f for f, _, _ in families(ms)]
+    lookalike = name.split("_")[0].replace("rms", "rmsnorm")
+    assert lookalike not in got, (name, families(ms))
+
+
+def test_a_constant_mask_that_is_not_causal_is_recognized_but_has_no_contract():
+    def fwd(s, q, k, v):
+        return torch.softmax((q @ k.transpose(-2, -1) * 0.25).masked_fill(s.m, float("-inf")), -1) @ v
+    m = torch.zeros(8, 8, dtype=torch.bool)
+    m[0, 3] = True
+    _, ms = found(Fn(fwd, m=m), *_QKV())
+    (att,) = [x for g in ms.values() for x in g if x.family == "attention"]
+    assert not att.placeable and "not the causal one" in att.why_not
+
+
+def test_a_mask_written_in_place_is_never_folded():
+    def fwd(s, q, k, v):
+        m = torch.zeros(8, 8, dtype=torch.bool)
+        m[0, 3] = True                              # an in-place write the folder must not miss
+        return torch.softmax((q @ k.transpose(-2, -1) * 0.25).masked_fill(m, float("-inf")), -1) @ v
+    _, ms = found(Fn(fwd), *_QKV())
+    (att,) = [x for g in ms.values() for x in g if x.family == "attention"]
+    assert not att.placeable and "not a constant" in att.why_not
+
+
+# ---- whole models -----------------------------------------------------------------------------
+
+def test_zoo_llama_every_family_op_matched_and_placed_model_agrees():
+    model, inputs = models.build("llama-tiny")
+    inputs = inputs[:1]
+    cap, ms = found(model, *inputs)
+    fams = {f for f, _, why in families(ms) if not why}
+    assert fams == {"rmsnorm", "matmul", "rotary", "attention", "fused_mlp"}
+    claimed = {n for g in ms.values() for m in g for n in m.nodes}
+    left = [str(n.target) for n in cap.graphs[0].nodes() if n.op == "call_function" and n not in claimed
+            and any(w in str(n.target) for w in ("linear", "matmul", "softmax", "rsqrt", "mean"))]
+    assert not left, left
+    pl, _ = place_starters(cap, ms)
+    assert not pl.skipped and len(pl.sites) == sum(len(g) for g in ms.values())
+    opt = place.optimized(cap, pl)
+    with torch.no_grad():
+        err, where = integrate.compare(integrate.flatten(opt(*inputs)),
+                                       integrate.flatten(model(*inputs)))
+    assert opt.calls == {"placed": 1, "original": 0, "guard_miss": 0}
+    assert err <= integrate.E2E_TOLERANCE["float32"], where
+    # other shapes run the original model
+    with torch.no_grad():
+        opt(inputs[0][:1])
+    assert opt.calls["original"] == 1
+
+
+def test_graph_profile_counts_every_microsecond_once():
+    model, inputs = models.build("llama-tiny")
+    cap, ms = found(model, *inputs, probe=False)
+    gp = profile.profile_graph(cap, ms, warmup=1, iters=2)
+    rows = gp.result.families
+    assert sum(r.time_us for r in rows) == pytest.approx(gp.result.total_us, rel=1e-9)
+    assert sum(r.fraction for r in rows) == pytest.approx(1.0)
+    names = {f"{g.index}:{n.name}" for g in cap.graphs for n in g.nodes()}
+    assert set(gp.node_us) <= names
+    by = {r.family: r for r in rows}
+    assert by["attention"].calls == 2 and by["rmsnorm"].calls == 5 and by["matmul"].calls == 9
+    # targets: one per (family, spec), the shapes the matches fixed, shares within the total
+    t = {p.family: p for p in gp.targets}
+    assert t["rmsnorm"].shapes == [{"shape": [2, 32, 64], "count": 5}]
+    assert sum(p.fraction for p in gp.targets) <= 1.0 + 1e-9
+
+
+class _Breaks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x):
+        y = torch.softmax(self.lin(x), -1)
+        if y.sum().item() > 0:          # data-dependent Python: export refuses, dynamo breaks here
+            y = y * 2
+        return torch.log_softmax(y, -1)
+
+
+def test_capture_falls_back_to_dynamo_graphs_and_the_profile_still_counts_once():
+    cap = capture.capture(_Breaks().eval(), (torch.randn(4, 16),))
+    assert cap.method == "dynamo" and len(cap.graphs) == 2 and "torch.export failed" in cap.note
+    ms = {g.index: match.find(g) for g in cap.graphs}
+    assert {m.family for g in ms.values() for m in g} == {"matmul", "softmax", "reduce"}
+    gp = profile.profile_graph(cap, ms, warmup=1, iters=2)
+    assert sum(r.time_us for r in gp.result.families) == pytest.approx(gp.result.total_us, rel=1e-9)
+
+
+class _NoTorch(nn.Module):
+    @torch._dynamo.disable                # dynamo runs it as plain Python: it captures no graph
+    def forward(self, x):
+        if x.sum() > 0:                   # and export refuses a branch on a tensor's value
+            return x * 2
+        return x
+
+
+def test_a_forward_nothing_can_capture_is_profiled_by_interception_and_the_run_says_so(tmp_path):
+    from engine.loop import _profile_graph
+    store = Store(tmp_path / "r.db")
+    run_id = store.create_run("m", {}, {}, "interpreter", None)
+    assert _profile_graph(RunConfig(), store, run_id, _NoTorch(), (torch.randn(3),), lambda s: None) is None
+    assert any("graph capture failed" in e["message"] for e in store.events(run_id))
+
+
+# ---- the baseline rule ------------------------------------------------------------------------
+
+def _gpu_run_with_targets(store):
+    run_id = store.create_run("m", {"model": "m"}, {"name": "H200"}, "gpu", None)
+    out = {}
+    for fam, (ref, comp, best) in {"rmsnorm": (100.0, 50.0, 80.0), "softmax": (100.0, 60.0, 40.0),
+                                   "reduce": (100.0, None, 90.0)}.items():
+        tid = store.add_target(run_id, fam, "float32", [{"shape": [8, 64], "count": 1}], 0.3)
+        store.update_target(tid, ref_latency_us=ref, ref_noise=0.01, compile_latency_us=comp,
+                            compile_noise=0.01 if comp else None, compile_mode="max-autotune")
+        src = kernels.get(fam).starter()
+        exp = dict(run_id=run_id, target_id=tid, family=fam, proposer="search", hypothesis="starter",
+                   params={}, source=src, source_hash=verify.source_hash(src), timing_mode="gpu",
+                   state="kept", latency_us=best, noise=0.01, speedup=ref / best)
+        store.record_experiment(exp, [], {"experiments": 1, "best_is_this": True,
+                                          "best_latency_us": best, "best_noise": 0.01,
+                                          "speedup": ref / best})
+        out[fam] = tid
+    return run_id
+
+
+def test_a_kernel_slower_than_its_baseline_is_never_placed(tmp_path):
+    store = Store(tmp_path / "r.db")
+    run_id = _gpu_run_with_targets(store)
+    records, left = integrate.placeable(store, run_id)
+    assert [r.family for r in records] == ["softmax", "reduce"]     # 40 < 60 compile; 90 < 100 eager
+    (name, why), = left
+    assert name.startswith("rmsnorm") and "slower than its baseline, torch.compile (max-autotune) 50.0 us" in why
+    ts = {t["family"]: t for t in store.targets(run_id)}
+    assert plan.beats_baseline(ts["rmsnorm"])[0] is False
+    assert plan.speedup_vs_baseline(ts["softmax"]) == pytest.approx(1.5)
+    # Amdahl against the baseline: shares scaled to the baseline's time, speedups over it, the
+    # slower kernel not counted: 0.3 * 0.5 (rmsnorm, not placed) + 0.3 * 0.6 / 1.5 (softmax) +
+    # 0.3 * 0.9 (reduce, 100 / 90 over eager) and the rest 1 - 0.3 * (0.5 + 0.6 + 1.0)
+    want = 1 / ((1 - 0.3 * (0.5 + 0.6 + 1.0)) + 0.3 * 0.5 + 0.3 * 0.6 / 1.5 + 0.3 * 0.9)
+    assert plan.projected(list(ts.values())) == pytest.approx(want)
+
+
+# ---- budgets ------------------------------------------------------------------------------------
+
+def test_the_loop_gets_what_the_whole_run_budget_leaves_after_the_end_to_end_stage():
+    cfg = RunConfig(budget_minutes=2.0)
+    started = time.monotonic() - 30.0                 # capture and profile took 30 s
+    loop = _loop_cfg(cfg, started + 120.0)
+    assert loop.budget_minutes * 60 == pytest.approx(120 - 30 - 30, abs=1.0)   # 25% kept for the end
+    assert _loop_cfg(RunConfig(budget_minutes=None), None).budget_minutes is None
+
+
+def test_end_to_end_timing_skips_compile_modes_the_budget_cannot_hold():
+    model = nn.Sequential(nn.Linear(8, 8)).eval()
+    rows = integrate.time_variants(model, (torch.randn(2, 8),), [], "interpreter", do_compile=True,
+                                   reps=2, deadline=time.monotonic() - 1.0)
+    comp = next(r for r in rows if r["variant"] == "compile")
+    assert comp["latency_us"] is None and "skipped" in comp["note"] and "budget" in comp["note"]
+    assert integrate.shipped(rows) == "eager"
+
+
+def test_a_model_with_nothing_to_optimize_ends_at_its_profile(tmp_path):
+    f = tmp_path / "relu.py"
+    f.write_text("import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
+                 "        return torch.relu(x) * 2\n"
+                 "def get_inputs():\n    return [torch.randn(4, 8)]\n")
+    t0 = time.monotonic()
+    run_id = execute(RunConfig(model=str(f), budget_minutes=5, db=str(tmp_path / "r.db")),
+                     log=lambda s: None)
+    took = time.monotonic() - t0
+    store = Store(tmp_path / "r.db", readonly=True)
+    assert store.get_run(run_id)["status"] == "done" and not store.experiments(run_id)
+    assert any("nothing to optimize" in e["message"] for e in store.events(run_id))
+    assert took < 30, took                            # no worker, no loop, no end-to-end stage
+
+
+# ---- ceilings per dtype ----------------------------------------------------------------------
+
+def test_speed_of_light_uses_the_rate_of_the_dtype():
+    c = {"copy_gbps": 4000.0, "matmul_tflops": 700.0,
+         "matmul_tflops_by": {"float32": 50.0, "tf32": 400.0, "bfloat16": 700.0, "float16": 700.0}}
+    flops, nbytes = 2 * 4096 ** 3, 3 * 4096 * 4096 * 4
+    assert hw.sol_us(nbytes, flops, torch.float32, c) == pytest.approx(flops / 50e6)
+    assert hw.sol_us(nbytes, flops, "float32", c, tf32=True) == pytest.approx(flops / 400e6)
+    assert hw.sol_us(nbytes / 2, flops, "bfloat16", c) == pytest.approx(flops / 700e6)
+    # an older ceilings row (bf16 rate only) never lends the bf16 rate to fp32: memory bound only
+    old = {"copy_gbps": 4000.0, "matmul_tflops": 700.0}
+    assert hw.sol_us(nbytes, flops, "float32", old) == pytest.approx(nbytes / 4000e3)
+    assert hw.measure_ceilings() == {} or torch.cuda.is_available()
+
+
+# ---- widened contracts: the verifier judges exactly the matched semantics ------------------------
+
+SPECS = [("rmsnorm", {"dims": [-3], "weight": False}, (2, 8, 4, 4)),
+         ("layernorm", {"dims": 3}, (2, 4, 8, 8)),
+         ("softmax", {"log": True}, (6, 100)),
+         ("reduce", {"op": "mean", "dims": [-2], "keepdim": True}, (4, 6, 5)),
+         ("cross_entropy", {"ignore_index": None}, (6, 40)),
+         ("fused_mlp", {"act": "gelu_tanh"}, (2, 4, 16, 32)),
+         ("rotary", {"style": "interleaved"}, (2, 4, 8, 16))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family, spec, shape", SPECS, ids=[f"{f}-{'-'.join(map(str, s))}" for f, s, _ in SPECS])
+def test_widened_contract_starter_passes_and_plain_kernel_fails_it(family, spec, shape, tmp_path):
+    """The configured family's starter passes smoke, the shape sweep and stability; its reference
+    is another function than the plain contract's wherever the spec changes the semantics."""
+    verify.install_launch_counter()
+    fam = kernels.get(family, spec)
+    plain = kernels.get(family)
+    assert fam.spec == spec and fam.op_schema == plain.op_schema
+    fn = verify.load_candidate(fam.starter(), str(tmp_path))
+    v = verify.Verifier(fam, {"dtype": "float32", "shapes": [{"shape": list(shape), "count": 1}],
+                              "seed": 1}, "cpu", True)
+    for stage in ("smoke", "shape_sweep", "stability"):
+        r = v.run_stage(fn, stage)
+        assert r.status == "passed", (stage, r.detail, r.failed_case)
+    if family in ("rmsnorm", "layernorm", "softmax", "reduce", "fused_mlp", "rotary"):
+        # the plain contract's starter computes another function here
+        pfn = verify.load_candidate(plain.starter(), str(tmp_path))
+        r = v.run_stage(pfn, "smoke")
+        assert r.status == "failed", (family, spec)
+
+
+def test_kernelbench_results_of_several_commands_build_one_table(tmp_path):
+    from engine.kernelbench import ProblemResult, _accumulate, markdown
+    rows = tmp_path / "kb.jsonl"
+    _accumulate(rows, [ProblemResult("23_Softmax.py", correct=True, eager_us=2.0, optimized_us=1.0,
+                                     compile_us=1.5, seconds=30.0)])
+    both = _accumulate(rows, [ProblemResult("3_Bmm.py", correct=True, eager_us=1.0, optimized_us=1.0,
+                                            why_not="matmul#2 slower than its baseline"),
+                              ProblemResult("23_Softmax.py", correct=True, eager_us=2.0, optimized_us=0.5,
+                                            compile_us=1.5, seconds=40.0)])
+    assert [r.problem for r in both] == ["3_Bmm.py", "23_Softmax.py"]      # problem order; rerun wins
+    text = markdown(both, 1, interp=False)
+    assert "| 23_Softmax.py |" in text and "4x |" in text and "none: matmul#2 slower" in text
+    assert "| vs eager | 0.50 | 0.50 | 0.50 | 2x |" in text
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_graph_profile_counts_every_device_microsecond_once():
+    """On a GPU every kernel, memcpy and memset of the profiled window goes to one node (by the
+    correlation id of its launch) or to "other", and the rows add up to all device time."""
+    model, inputs = models.build("llama-tiny", device="cuda")
+    cap, ms = found(model, *inputs, probe=False)
+    gp = profile.profile_graph(cap, ms, warmup=2, iters=3)
+    assert gp.result.total_us > 0
+    assert sum(r.time_us for r in gp.result.families) == pytest.approx(gp.result.total_us, rel=1e-6)
+    assert {r.family for r in gp.result.families} >= {"matmul", "attention", "rmsnorm"}
