@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 import kernels
 from engine import backends, plan, proposers, verify
-from engine.store import DEFAULT_DB, HEARTBEAT_S, RunBusy, Store, StoreError
+from engine.store import DEFAULT_DB, HEARTBEAT_S, RunBusy, Store, StoreError, check_writable
 from engine.worker import WorkerDied
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -211,18 +211,20 @@ def _target_shapes(row: dict) -> tuple[str, list[dict]]:
 
 
 def execute(cfg: RunConfig, control: Control | None = None, resume_run_id: str | None = None,
-            log=print, proposer=None, api_key: str | None = None) -> str:
+            log=print, proposer=None, api_key: str | None = None, isolate: bool = False) -> str:
     """Run (or resume) one optimization run to its end. Returns the run id.
 
     ``proposer`` replaces the one ``cfg.proposer`` names (any object with ``propose``).
-    ``api_key``: the LLM proposer's key (e.g. from the dashboard's secrets); held in memory only."""
+    ``api_key``: the LLM proposer's key (e.g. from the dashboard's secrets); held in memory only.
+    ``isolate``: build, profile and check the model in a child process (engine/isolate.py), never
+    in this one (the dashboard's)."""
     control = control or Control()
     created = _new_paths(Path(cfg.db) if cfg.db else DEFAULT_DB)
     store = Store(cfg.db)
     beat = _Heartbeat(store.path, control)
     try:
         return _execute(cfg, control, store, resume_run_id, log, proposer, api_key,
-                        started=time.monotonic())
+                        started=time.monotonic(), isolate=isolate)
     except ConfigError:
         # a usage error found before any run existed: leave no database behind that this call
         # created (nothing was written to it but its schema)
@@ -370,6 +372,36 @@ def _first_line(e: BaseException) -> str:
     return line[line.find("you tried"):] if "you tried" in line else line[:300]
 
 
+def _prepare_isolated(cfg: RunConfig, store: Store, control: Control, log) -> str:
+    """``_prepare`` in a child process: the model's code never runs in this one."""
+    from engine import isolate
+    try:
+        return isolate.run_stage({"stage": "prepare", "cfg": asdict(cfg)}, log, control)["run_id"]
+    except isolate.StageStopped:
+        run_id = control.status()["run_id"]
+        if run_id:
+            store.update_run(run_id, status="stopped", current_reason=None)
+            store.event(run_id, "stopped while the model was being profiled", "warn")
+        control.set(state="stopped")
+        raise
+
+
+def _finish_isolated(store: Store, run_id: str, log, deadline: float | None, control) -> None:
+    """The end-to-end stage in a child process; a crash or a stop there is an event, as every
+    failure of the stage is."""
+    from engine import isolate
+    req = {"stage": "finish", "db": str(store.path), "run_id": run_id,
+           "seconds_left": None if deadline is None else deadline - time.monotonic()}
+    try:
+        isolate.run_stage(req, log, control)
+    except isolate.StageStopped:
+        store.event(run_id, "end-to-end check stopped before it finished", "warn")
+        log("end-to-end check stopped")
+    except (RuntimeError, ConfigError) as e:
+        store.event(run_id, f"end-to-end check failed: {e}", "error")
+        log(f"end-to-end check failed: {e}")
+
+
 def _profile_graph(cfg, store, run_id, model, inputs, log):
     """Capture, match, profile by node: (target plans, profile rows, total us), or None when the
     forward could not be captured (the caller profiles by interception; an event says why)."""
@@ -402,7 +434,7 @@ def _profile_graph(cfg, store, run_id, model, inputs, log):
 
 
 def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=None,
-             started: float | None = None) -> str:
+             started: float | None = None, isolate: bool = False) -> str:
     started = started or time.monotonic()
     control.stop_event.clear()
     control.set(state="starting", error=None)
@@ -437,7 +469,7 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=Non
                 raise ConfigError(f"cannot connect to the Ray cluster at {cfg.ray_address}: "
                                   f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
         try:
-            run_id = _prepare(cfg, store, control, log)
+            run_id = (_prepare_isolated if isolate else _prepare)(cfg, store, control, log)
         except BaseException:
             backends.ray_disconnect()
             raise
@@ -537,7 +569,10 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=Non
         _summary(store, run_id, log)
     if status == "done" and cfg.e2e_check:
         from engine import integrate    # never raises: a failure is recorded and logged
-        integrate.finish_run(store, run_id, log, deadline=deadline)
+        if isolate:
+            _finish_isolated(store, run_id, log, deadline, control)
+        else:
+            integrate.finish_run(store, run_id, log, deadline=deadline)
     if deadline is not None and time.monotonic() > deadline + 5:
         store.event(run_id, f"the run took {(time.monotonic() - started) / 60:.1f} min of its "
                             f"{cfg.budget_minutes:g} min budget", "warn")
@@ -923,13 +958,20 @@ class Engine:
         with self._lock:
             if self._thread is not None and self._thread.is_alive():
                 raise ConfigError("a run is already in progress in this process; stop it first")
-            Store(cfg.db).close()   # fail here, with a clear message, if the db can't be opened
+            # fail here, with a clear message, if the db can't be written (creating nothing: a
+            # run that never starts leaves no file)
+            check_writable(cfg.db)
             self.control = Control()
             ready = threading.Event()
 
             def target():
                 try:
-                    execute(cfg, self.control, resume_run_id, log=self._log, api_key=api_key)
+                    # the model is built and checked in a child process: a model file uploaded
+                    # to the dashboard never runs in the dashboard's own process
+                    execute(cfg, self.control, resume_run_id, log=self._log, api_key=api_key,
+                            isolate=True)
+                except KeyboardInterrupt:
+                    self.control.set(state="stopped")
                 except BaseException as e:  # recorded in the store and in status by execute
                     self.control.set(state="failed", error=f"{type(e).__name__}: {e}")
                 finally:

@@ -85,6 +85,29 @@ def _tree_rss(pid: int) -> int:
     return total
 
 
+def _host_pid(root: int, inner: int | None) -> int:
+    """The host's pid of the runner that calls itself ``inner`` (its pid inside the sandbox's
+    PID namespace): the process under ``root`` whose NSpid line ends with it. ``root`` itself
+    (the launcher, whose death takes the namespace with it) when none is found."""
+    todo, seen = [root], set()
+    while todo and inner is not None:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            with open(f"/proc/{p}/status") as f:
+                ns = next((line.split()[1:] for line in f if line.startswith("NSpid:")), [])
+            if ns and int(ns[-1]) == inner and (p != root or len(ns) == 1):
+                return p
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{tid}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return root
+
+
 class WorkerDied(RuntimeError):
     """The worker process crashed or was killed after a hang; ``stage`` is where it was."""
 
@@ -183,6 +206,9 @@ class Worker:
         self.hello = self.rpc(msg, deadline=time.monotonic() + timeout_s)[0]
         if "error" in self.hello:
             raise RuntimeError(f"worker failed to start: {self.hello['error']}")
+        # the runner reports its pid as its own PID namespace sees it; the engine and the
+        # dashboard show (and a person kills) the host's
+        self.hello["pid"] = _host_pid(self.proc.pid, self.hello.get("pid"))
         if self.ceilings is None:
             self.ceilings = self.hello.get("ceilings") or {}
         self.hello["ceilings"] = self.ceilings

@@ -400,6 +400,53 @@ def test_engine_handle_runs_in_a_thread_and_stops(tmp_path):
     assert 1 <= s.get_run(run_id)["experiments_done"] < 50
 
 
+MODEL_THAT_TELLS = """
+import os, sys
+from pathlib import Path
+import torch
+# every process that imports this file says so, and prints to stdout as models do
+with open(Path(__file__).with_suffix(".pids"), "a") as f:
+    f.write(f"{os.getpid()}\\n")
+print("model file imported")
+
+
+class Net(torch.nn.Module):
+    def forward(self, x):
+        return torch.softmax(x * 2.0, dim=-1)
+
+
+def get_inputs():
+    return [torch.randn(4, 96)]
+"""
+
+
+def test_dashboard_engine_never_imports_the_model_file_into_its_own_process(tmp_path):
+    """The Engine (the dashboard's handle) builds, profiles and checks a model file in a child
+    process: the file's module code runs there, never in this process, and the run still ends
+    with its end-to-end check; a model that fails to build is one usage error, no run left."""
+    path = tmp_path / "told.py"
+    path.write_text(MODEL_THAT_TELLS)
+    db = tmp_path / "runs.db"
+    eng = Engine()
+    run_id = eng.start(RunConfig(model=f"{path}:Net", families=["softmax"], budget_experiments=1,
+                                 db=str(db)))
+    eng.join(600)
+    assert eng.status()["state"] == "done", eng.status()
+    pids = [int(p) for p in path.with_suffix(".pids").read_text().split()]
+    assert len(pids) >= 2 and os.getpid() not in pids     # the profile and the end-to-end check
+    assert not [m for m in sys.modules.values() if getattr(m, "__file__", None) == str(path)]
+    s = Store(db, readonly=True)
+    assert s.get_run(run_id)["status"] == "done" and s.e2e_checks(run_id)
+    assert any("profiled" in e["message"] for e in s.events(run_id))
+    bad = tmp_path / "bad.py"
+    bad.write_text("import torch\nclass Net(torch.nn.Module):\n    def __init__(self):\n"
+                   "        raise ValueError('needs a config')\n"
+                   "def get_inputs():\n    return [torch.randn(2, 8)]\n")
+    with pytest.raises(ConfigError, match="needs a config"):
+        Engine().start(RunConfig(model=f"{bad}:Net", db=str(tmp_path / "new" / "x.db")))
+    assert not (tmp_path / "new").exists()
+
+
 def test_amdahl():
     assert plan.amdahl([(0.5, 2.0)]) == pytest.approx(1 / 0.75)
     assert plan.amdahl([(0.3, 0.5)]) == 1.0                 # slower kernels are never swapped in

@@ -116,21 +116,26 @@ def test_runconfig_validates_specs(tmp_path):
         RunConfig(model=f"{OWN}:TinyNet", input_shape="2xfoo").validate()
 
 
-@pytest.mark.parametrize("name, db_made", [("no_class.py", False), ("ctor_raises.py", True),
-                                          ("wrong_shape.py", True), ("not_module.py", True)])
-def test_cli_bad_model_exit_2_and_no_run(tmp_path, capsys, name, db_made):
+@pytest.mark.parametrize("name", ["no_class.py", "ctor_raises.py", "wrong_shape.py",
+                                  "not_module.py"])
+@pytest.mark.parametrize("existing", [False, True], ids=["new-db", "existing-db"])
+def test_cli_bad_model_exit_2_and_no_run(tmp_path, capsys, name, existing):
     text, suffix, words = BAD[name]
     path = tmp_path / name
     path.write_text(text)
     db = tmp_path / "sub" / "runs.db"
+    if existing:
+        db.parent.mkdir()
+        Store(db).close()
     rc = cli_main(["run", "--model", f"{path}{suffix}", "--budget-experiments", "1", "--db", str(db)])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith("error:") and words.lower() in err[0].lower(), err
-    # static problems stop before the database is touched; a model that fails to build or run
-    # stops before its run row exists
-    assert db.exists() == db_made
-    if db_made:
+    # a usage error leaves nothing behind: a database this call would have created (and its
+    # folder) is gone, one that existed holds no new run
+    if existing:
         assert Store(db, readonly=True).list_runs() == []
+    else:
+        assert not db.exists() and not db.parent.exists()
 
 
 # ---- the runtime: interception, fall-through, probes, torch.compile ---------------------------

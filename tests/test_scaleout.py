@@ -102,9 +102,15 @@ def _kill_a_busy_worker(db: Path, deadline: float, after_jobs: int = 1,
         if done >= after_jobs and busy:
             pid = busy[0]["pid"]
             if actor:
-                owner = _parent(pid)
-                assert "RayWorkerActor" in Path(f"/proc/{owner}/cmdline").read_text(
-                    errors="replace"), "the worker's parent is not its Ray actor"
+                # the runner sits under its sandbox's launcher (and PID 1), under the actor
+                owner = pid
+                for _ in range(4):
+                    owner = _parent(owner)
+                    if "RayWorkerActor" in Path(f"/proc/{owner}/cmdline").read_text(
+                            errors="replace"):
+                        break
+                else:
+                    raise AssertionError("no Ray actor above the worker")
                 os.kill(owner, signal.SIGKILL)
             else:
                 os.kill(pid, signal.SIGKILL)
