@@ -7,6 +7,8 @@ the URL. AppTest and the data functions against real SQLite written through engi
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 import time
 
 import pandas as pd
@@ -15,7 +17,7 @@ from streamlit.testing.v1 import AppTest
 
 from app import data, export, fmt
 from app import report as report_page
-from engine.store import Store
+from engine.store import Store, this_owner
 from test_app import APP, PLAN, ROOT, TIMEOUT, _fill, _metric, _run_select, _texts
 
 HOPPER = "data/recorded_h200_hopper.db"
@@ -176,7 +178,12 @@ def test_a_run_whose_engine_is_gone_is_stopped(tmp_path, monkeypatch):
     path = tmp_path / "runs.db"
     run_id = _fill(path, "interpreter", status="done")
     s = Store(path)
-    s.update_run(run_id, status="running")        # as a killed engine leaves it
+    # as a killed engine leaves it: "running", owned by a process that is gone
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    s.release_run(run_id)
+    s.claim_run(run_id, owner=dict(this_owner(), pid=gone.pid))
+    s.update_run(run_id, status="running")
     s.close()
     monkeypatch.setenv("NIGHTSHIFT_DB", str(path))
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
