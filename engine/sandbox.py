@@ -229,7 +229,10 @@ def _setup(policy: Policy, mode: str) -> dict:
             os.chown(p, policy.uid, policy.uid)
             os.chmod(p, 0o700)
         keep.append((p, os.open(p, os.O_PATH), True))
-    hide = [h for h in policy.hide if os.path.isdir(h)]
+    # what lives under /tmp or /dev/shm is hidden by the private scratch mounted there below
+    # (a tmpfs over /tmp itself, made read-only with the hidden ones, would take the scratch)
+    scratch = ["/tmp", "/dev/shm"]
+    hide = [h for h in policy.hide if os.path.isdir(h) and not _under(h, scratch)]
     report["read_only_refused"] = _read_only_everything(skip=())
     covered = []
     for h in sorted(hide, key=len):
@@ -240,11 +243,9 @@ def _setup(policy: Policy, mode: str) -> dict:
         report["hidden"].append(h)
     # the worker's own scratch: a fresh /tmp (its working directory in it) and /dev/shm; before
     # anything is put back, since what is put back may live under /tmp (a Ray job's code does)
-    scratch = ["/tmp"]
     _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=4g")
     if os.path.isdir("/dev/shm"):
         _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=1g")
-        scratch.append("/dev/shm")
     for p, fd, writable in sorted(keep, key=lambda k: len(k[0])):
         if not _under(p, covered + scratch):
             os.close(fd)

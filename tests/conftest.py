@@ -21,9 +21,3 @@ def _has_gpu() -> bool:
 if not _has_gpu():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-
-
-def pytest_configure(config):
-    # "slow": tests that run several interpreted kernels (seconds each on a 2-core machine); they
-    # run by default, and `-m "not slow"` leaves them out for a quick pass
-    config.addinivalue_line("markers", "slow: runs interpreted Triton kernels; seconds each")

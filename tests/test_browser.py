@@ -423,6 +423,7 @@ def test_the_server_listens_on_loopback_only(app):
         assert r.status == 200
 
 
+@pytest.mark.slow
 def test_no_request_leaves_the_machine_and_no_deploy_or_menu(app, browser):
     """Every page, opened in turn: each request goes to this server (or is data:/blob:), the
     favicon is served from here, and Streamlit's Deploy button and main menu are not there."""
@@ -495,6 +496,7 @@ def test_a_negative_budget_is_an_error_and_starts_nothing(app, browser):
     page.context.close()
 
 
+@pytest.mark.slow
 def test_a_slow_ray_check_disables_start_and_says_so(app, browser):
     """A Ray address with no cluster behind it (TEST-NET-3, never routed; where a proxy accepts
     every TCP connection, Ray's own connect is what fails, after tens of seconds): while the
@@ -524,6 +526,7 @@ def test_a_slow_ray_check_disables_start_and_says_so(app, browser):
     page.context.close()
 
 
+@pytest.mark.slow
 def test_an_unreachable_llm_is_one_plain_line(app, browser):
     """An LLM server that refuses the connection: one error, in words, without the client
     library's exception chain."""
@@ -548,6 +551,7 @@ def test_an_unreachable_llm_is_one_plain_line(app, browser):
 
 
 # ---- Live run: it follows its run, never shows a dead one live ----------------------------------
+@pytest.mark.slow
 def test_the_page_follows_its_run_through_stop_continue_pause_resume(app, browser):
     """Opened on a stopped run, the page keeps reading it: when an engine (here the test
     process) continues it, pauses, resumes and stops it, the page says so within seconds and
@@ -574,6 +578,7 @@ def test_the_page_follows_its_run_through_stop_continue_pause_resume(app, browse
     page.context.close()
 
 
+@pytest.mark.slow
 def test_a_recorded_run_that_says_running_is_stopped_and_its_clock_still(app, browser):
     """A run recorded elsewhere whose row says running is not live here: shown as stopped, its
     elapsed time fixed, with a note saying why."""
@@ -596,6 +601,7 @@ RANGES_JS = """() => {
 }"""
 
 
+@pytest.mark.slow
 def test_a_zoom_keeps_both_axes_across_refreshes(app, browser):
     """Drag a zoom box over the speedup chart, then a new experiment lands whose speedup moves
     the y range the figure asks for: the x and the y zoom both stay (y used to reset)."""
@@ -673,6 +679,7 @@ def _fits(page) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 def test_nothing_is_cut(app, browser):
     """At 1440x900: chart titles and stage labels inside their charts (labels never turned),
     every event message whole, the run selector's label whole, Compare's tables and the
@@ -716,6 +723,7 @@ def _caption_run(page) -> str:
     return text.split(" · ")[0].removeprefix("Run ")
 
 
+@pytest.mark.slow
 def test_the_view_survives_a_reload_and_travels_in_a_link(app, browser):
     """Pick an older run and a target as a person would: a reload keeps them (it used to fall
     back to the newest run), and the address opens the same view in another browser; so do a
@@ -807,6 +815,7 @@ def test_speedups_below_1x_are_bars_hanging_from_1x(app, browser):
     page.context.close()
 
 
+@pytest.mark.slow
 def test_the_report_says_not_measured_and_marks_slower_kernels(app, browser):
     """The matmul run: its only kept kernel (0.940x cuBLAS) was left out of the model, so the
     end-to-end check timed the original twice. The headline says "not measured" and why (it
@@ -834,6 +843,7 @@ def test_the_report_says_not_measured_and_marks_slower_kernels(app, browser):
 RATIO = re.compile(r"^(?:\d\.\d{3}|\d{2}\.\d|[\d,]{3,}|0\.0\d*[1-9]\d{0,2})×$")
 
 
+@pytest.mark.slow
 def test_number_formats_and_dtype_are_consistent(app, browser):
     """Every ratio on the Report, Compare and Kernels pages is written one way (1.580×,
     0.735×, 12.3×; never 0.00×, never an exponent), and a run started with dtype auto says the
@@ -858,6 +868,7 @@ def test_number_formats_and_dtype_are_consistent(app, browser):
     page.context.close()
 
 
+@pytest.mark.slow
 def test_dark_mode_charts_take_the_theme(app, browser):
     """With the browser in dark mode: the live charts' text is light on a transparent plot
     (they were dark text on white), the other pages' charts too, and the side-by-side diff's
@@ -898,6 +909,7 @@ def _png_size(data: bytes) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
+@pytest.mark.slow
 def test_report_csv_and_png_are_made_to_be_read(app, browser):
     """The experiments CSV has ISO times and whole-number ids (it had epoch seconds and
     "3.0"); the charts' PNGs are 2x."""
@@ -919,6 +931,7 @@ def test_report_csv_and_png_are_made_to_be_read(app, browser):
     page.context.close()
 
 
+@pytest.mark.slow
 def test_kernels_page_has_the_parameters_and_the_sources(app, browser):
     """The matmul run's 128 experiments: parallel coordinates from each search parameter that
     varied to the speedup, failed ones on their own tick; speedup against each parameter, an
@@ -952,6 +965,7 @@ def test_kernels_page_has_the_parameters_and_the_sources(app, browser):
     page.context.close()
 
 
+@pytest.mark.slow
 def test_compare_downloads_like_a_report(app, browser):
     page = _page(browser)
     cmp = [f"{LLAMA_E2E[0]}|{LLAMA_E2E[1]}", f"{GPT2_E2E[0]}|{GPT2_E2E[1]}"]
@@ -990,6 +1004,7 @@ def _grid_click_row(page, row: int) -> None:
     page.wait_for_timeout(700)
 
 
+@pytest.mark.slow
 def test_the_runs_table_filters_selects_compares_and_keeps_notes(app, browser):
     """Every run of your database and of the recorded ones in one table: the search narrows
     it, ticked rows open in Compare, and notes and tags saved on a run of yours are stored (the
@@ -1057,6 +1072,7 @@ WORKER_BARS_JS = """() => {
 }"""
 
 
+@pytest.mark.slow
 def test_workers_section_of_a_pool_run(app, browser):
     from test_app_workers import fill_pool_run
     db = app["tmp"] / "pool.db"
@@ -1086,6 +1102,7 @@ def test_workers_section_of_a_pool_run(app, browser):
 
 
 # ---- presentation mode ---------------------------------------------------------------------------
+@pytest.mark.slow
 def test_presentation_mode(app, browser):
     """present=1: no sidebar, no toolbar, larger type in the page and in the charts; a button
     leaves it, and the link without it is back."""
@@ -1122,6 +1139,7 @@ SHOTS_ON = os.environ.get("NIGHTSHIFT_SCREENSHOTS") == "1"
 
 @pytest.mark.skipif(not SHOTS_ON, reason="set NIGHTSHIFT_SCREENSHOTS=1 to retake docs/screenshots "
                                          "(3-4 min here)")
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme", ["light", "dark"])
 def test_screenshots_of_every_page(app, browser, scheme):
     """Every page in one theme, each drawn whole (its charts too) and without an error, as a
@@ -1138,6 +1156,7 @@ def test_screenshots_of_every_page(app, browser, scheme):
 
 
 # ---- a CPU run from the New run page -------------------------------------------------------------
+@pytest.mark.slow
 def test_start_a_run_watch_it_stop_it_and_continue_it(app, browser):
     """The real engine, from the New run page: the count rises, each experiment on the page
     within 3 s of its row landing, a zoom survives the refreshes; Stop ends it, Continue run

@@ -402,6 +402,22 @@ def test_a_child_holding_the_pipes_does_not_hang_the_reader():
 
 
 @needs_sandbox
+def test_a_database_in_tmp_itself_is_hidden_and_the_worker_starts(tmp_path):
+    """A database folder under /tmp, or /tmp itself, is hidden by the worker's private /tmp (a
+    tmpfs over /tmp made read-only with the hidden folders took the scratch with it)."""
+    marker = Path("/tmp") / f"nightshift-probe-{os.getpid()}.db"
+    marker.write_text("results")
+    try:
+        policy = sandbox.default_policy(8, db_path=str(marker))
+        r = _probe(f"import os\nopen('work-file', 'w').write('x')\n"
+                   f"print(os.path.exists({str(marker)!r}), os.getcwd())", policy)
+        assert r.returncode == 0, r.stderr[-800:]
+        assert r.stdout.split()[0] == "False" and r.stdout.split()[1].startswith("/tmp/")
+    finally:
+        marker.unlink()
+
+
+@needs_sandbox
 def test_sandbox_limits_address_space():
     policy = sandbox.default_policy(8, address_space_bytes=1 << 30)
     r = _probe("b = bytearray(4 << 30)\nprint('allocated')", policy)

@@ -504,6 +504,7 @@ def test_own_rmsnorm_file_optimized_checked_exported_and_applied_in_a_clean_proc
     assert torch.allclose(out, ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow   # two minutes: HF LLaMA captured twice, checked, exported, applied
 @pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is not installed (requirements-dev.txt)")
 def test_hf_llama_profiled_optimized_checked_and_exported(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

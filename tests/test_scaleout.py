@@ -47,6 +47,7 @@ def _verdicts(store, run_id):
                   for e in store.experiments(run_id))
 
 
+@pytest.mark.slow
 def test_pool_and_ray_keep_what_the_single_worker_keeps(tmp_path):
     single, r1 = _run(tmp_path, "single")
     pool, r2 = _run(tmp_path, "pool", workers=2)
@@ -120,6 +121,7 @@ def _kill_a_busy_worker(db: Path, deadline: float, after_jobs: int = 1,
 
 @pytest.mark.parametrize("backend", [{"workers": 2}, {"workers": 2, "ray_address": "local"}],
                          ids=["local", "ray-actor-lost"])
+@pytest.mark.slow
 def test_a_worker_killed_mid_run_is_replaced_and_the_run_finishes(tmp_path, backend):
     db = tmp_path / "runs.db"
     cfg = RunConfig(model="llama-tiny", families=["rmsnorm"], budget_experiments=6,
@@ -189,6 +191,7 @@ def test_pool_routing_dedicated_reference_and_avoid():
     assert all(w["state"] == "closed" for w in pool.snapshot())
 
 
+@pytest.mark.slow
 def test_scaling_command_measures_each_worker_count(tmp_path):
     out = tmp_path / "scaling.md"
     r = cli("scaling", "--budget", "2", "--workers", "1,2",
@@ -209,6 +212,7 @@ def test_scaling_command_measures_each_worker_count(tmp_path):
     assert bad.returncode == 2 and "comma-separated counts" in bad.stderr
 
 
+@pytest.mark.slow
 def test_llm_proposer_keeps_a_pool_busy_with_parallel_requests(tmp_path, monkeypatch):
     """The LLM proposer on a local pool of two: with two requests in flight against a real
     OpenAI-compatible server on 127.0.0.1 (through litellm), both workers evaluate model-written
@@ -242,6 +246,7 @@ def test_llm_proposer_keeps_a_pool_busy_with_parallel_requests(tmp_path, monkeyp
     assert server.max_concurrent >= 2                           # the requests overlapped
 
 
+@pytest.mark.slow
 def test_a_ray_node_lost_mid_run_is_replaced_and_the_run_finishes(tmp_path):
     """A Ray cluster of several nodes on this machine (ray.cluster_utils: a head with no CPUs and
     three one-CPU nodes, so two actors and one spare place): the node of a busy worker is removed
