@@ -146,6 +146,7 @@ def test_a_clearly_faster_candidate_is_kept(tmp_path):
     assert s.targets(run_id)[0]["best_experiment_id"] == exps[1]["id"]
 
 
+@pytest.mark.slow   # minutes: two rmsnorm kernels verified in full, interpreted
 def test_bench_first_verifies_only_candidates_that_beat_the_best(tmp_path):
     # The starter (one row per program) is kept, fully verified: there is no best yet. Eight rows
     # per program is several times faster under the interpreter: it beats the best, so it is
@@ -203,6 +204,7 @@ def test_the_loop_reads_each_committed_experiment_once(tmp_path, monkeypatch):
     assert sum(read) <= 2 * n, read
 
 
+@pytest.mark.slow   # minutes: a run killed, resumed and finished (the quick one-engine-per-run test kills and resumes too)
 def test_sigkill_mid_run_then_resume_loses_nothing(tmp_path):
     db = tmp_path / "runs.db"
     p = subprocess.Popen([sys.executable, "-m", "engine", "run", "--model", "op:softmax:6x100",
@@ -390,8 +392,8 @@ def test_engine_handle_runs_in_a_thread_and_stops(tmp_path):
     eng = Engine()
     with pytest.raises(ConfigError):
         eng.start(RunConfig(model="nope", db=str(tmp_path / "x.db")))
-    run_id = eng.start(RunConfig(model="llama-tiny", families=["rmsnorm"], budget_experiments=50,
-                                 db=str(tmp_path / "x.db")))
+    run_id = eng.start(RunConfig(model="op:softmax:6x100", budget_experiments=50,
+                                 verify_order="bench-first", db=str(tmp_path / "x.db")))
     assert run_id
     deadline = time.time() + 300
     while time.time() < deadline and eng.status()["experiments"] < 1:

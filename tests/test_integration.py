@@ -432,6 +432,7 @@ def run_clean(export_dir, tmp_path, model_file, build_expr, inputs):
     return torch.load(tmp_path / "out.pt"), json.loads(r.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow   # two minutes: a run, its check, export and a clean process applying it
 def test_own_rmsnorm_file_optimized_checked_exported_and_applied_in_a_clean_process(tmp_path):
     db = tmp_path / "runs.db"
     lines = []

@@ -86,7 +86,7 @@ def test_returning_the_reference_is_refused_by_the_worker_too(worker):
 
 
 def test_hanging_candidate_times_out_and_worker_is_replaced(worker):
-    r = evaluate(worker, "softmax_hang.py", timeout=20)
+    r = evaluate(worker, "softmax_hang.py", timeout=10)
     assert r.get("died") and r["timed_out"] and r["failed_stage"] == "smoke"
     assert evaluate(worker, "softmax_two_kernels.py")["failed_stage"] is None
 
