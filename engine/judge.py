@@ -33,6 +33,7 @@ ROUNDS = 3
 # audit of a would-be best is the sharp one.
 OVERHEAD_US = {"gpu": 300.0, "interpreter": 50.0}
 BATCH_SLACK_S = 0.25
+WALL_TRIES = 3        # batches in a row that must miss the wall clock before a verdict
 # The audit: one batch sized from the claimed time to last AUDIT_S on the judge's clock; more
 # than twice that (plus AUDIT_SLACK_S) and the claim is false. A call reported at 1 us that
 # really takes 3.8 ms runs past the limit by a factor of ten: the judge stops waiting there.
@@ -164,14 +165,20 @@ def time_shapes(worker, fam, req: dict, deadline: float, prep: dict | None = Non
         reps = bench.reps_for(est_us, gpu, ROUNDS)
         rounds = []
         for k in range(ROUNDS):
-            t0 = time.perf_counter()
-            got = _samples(worker, key, reps, 3 + k * reps, deadline)
-            wall = time.perf_counter() - t0
-            allowed = 2 * (sum(got) + reps * OVERHEAD_US[mode]) / 1e6 + BATCH_SLACK_S
-            if wall > allowed:
+            # a batch whose reported times fall far short of the judge's clock is timed again:
+            # a stall of the machine passes on a second try, a forged timer never does
+            for attempt in range(WALL_TRIES):
+                t0 = time.perf_counter()
+                got = _samples(worker, key, reps, 3 + k * reps, deadline)
+                wall = time.perf_counter() - t0
+                allowed = 2 * (sum(got) + reps * OVERHEAD_US[mode]) / 1e6 + BATCH_SLACK_S
+                if wall <= allowed:
+                    break
+            else:
                 raise Rejected("benchmark", f"timings do not account for the wall clock: "
                                             f"{reps} calls reported {sum(got) / 1e3:.2f} ms in all "
-                                            f"but took {wall * 1e3:.1f} ms", True)
+                                            f"but took {wall * 1e3:.1f} ms ({WALL_TRIES} tries)",
+                               True)
             rounds.append(got)
         if not keep:
             worker.rpc({"op": "drop", "key": key}, deadline)
