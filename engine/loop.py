@@ -335,6 +335,11 @@ def _prepare(cfg: RunConfig, store: Store, control: Control, log) -> str:
             rows, total_us = plans[1], plans[2]
             plans = plans[0]
         del model, inputs
+    except KeyboardInterrupt:             # Ctrl-C or SIGTERM while profiling: a stopped run
+        store.update_run(run_id, status="stopped", current_reason=None)
+        store.event(run_id, "stopped while the model was being profiled", "warn")
+        control.set(state="stopped")
+        raise
     except Exception as e:
         store.update_run(run_id, status="failed", current_reason=None,
                          error=f"profiling failed: {type(e).__name__}: {e}")

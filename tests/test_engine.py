@@ -366,6 +366,7 @@ def test_one_engine_per_run_and_a_dead_engine_shows_stopped(tmp_path):
     assert effective_status(s.get_run(run_id)) == "stopped"
 
 
+@pytest.mark.slow   # a minute and a half: three candidates judged in full from the command line
 def test_cli_verify_judges_a_candidate(tmp_path):
     good = cli("verify", "--family", "softmax", "--candidate",
                str(CAND / "softmax_two_kernels.py"), "--shape", "5x100", "--no-time")

@@ -548,6 +548,7 @@ def test_hf_llama_profiled_optimized_checked_and_exported(tmp_path, monkeypatch)
     assert integrate.compare([out], [ref])[0] <= integrate.E2E_TOLERANCE["float32"]
 
 
+@pytest.mark.slow   # two minutes: three KernelBench problems run, checked and scored
 def test_kernelbench_three_problems(tmp_path, capsys):
     db = tmp_path / "kb.db"
     rc = cli_main(["kernelbench", str(PROBLEMS), "--level", "1", "--budget-experiments", "1",

@@ -36,6 +36,7 @@ def reply(src: str, hyp: str) -> str:
     return f"Here is the kernel.\n\n```python\n{src}```\n\nHypothesis: {hyp}\n"
 
 
+@pytest.mark.slow   # a minute and more: a whole loop driven by a scripted LLM
 def test_loop_with_a_scripted_model_keeps_rejects_records_and_leaks_no_key(tmp_path, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", KEY)   # litellm's standard variable for openai/...
 
