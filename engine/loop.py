@@ -317,7 +317,8 @@ def _prepare(cfg: RunConfig, store: Store, control: Control, log) -> str:
     control.set(run_id=run_id)
     store.update_run(run_id, current_reason="capturing the model's graph")
     log(f"capturing {cfg.model} ({dtype}) on {device['name']} ...")
-    wanted = set(cfg.families or kernels.FAMILY_NAMES)
+    # regions (kernels/region.py) are targets when no family list narrows the run
+    wanted = set(cfg.families or kernels.FAMILY_NAMES + kernels.GENERATED_NAMES)
     try:
         plans = _profile_graph(cfg, store, run_id, model, inputs, log)
         if plans is None:                       # not captured: the interception road
@@ -344,7 +345,8 @@ def _prepare(cfg: RunConfig, store: Store, control: Control, log) -> str:
         torch.cuda.empty_cache()
     for tp in plans:
         if tp.family in wanted and tp.shapes:
-            label = f"{tp.family} {json.dumps(tp.spec, sort_keys=True)}" if tp.spec else None
+            label = tp.label or (f"{tp.family} {json.dumps(tp.spec, sort_keys=True)}"
+                                 if tp.spec else None)
             store.add_target(run_id, tp.family, tp.dtype, tp.shapes, tp.fraction, spec=tp.spec,
                              label=label)
     found = ", ".join(f"{r['family']} {r['fraction']:.1%}" for r in rows)
@@ -422,8 +424,9 @@ def _profile_graph(cfg, store, run_id, model, inputs, log):
     found = Counter(m.family for ms in matches.values() for m in ms)
     store.event(run_id, "matched " + (", ".join(f"{f} x{n}" for f, n in found.most_common())
                                       or "no family"))
+    regs = _find_regions(cfg, store, run_id, cap, matches)
     store.update_run(run_id, current_reason="profiling the model")
-    gp = profiler.profile_graph(cap, matches)
+    gp = profiler.profile_graph(cap, matches, regions=regs)
     for u in gp.unplaced:
         store.event(run_id, f"{u['family']}: {u['count']} match(es), {u['time_us']:.0f} us per "
                             f"forward, no target: {u['why']}", "warn")
@@ -431,6 +434,22 @@ def _profile_graph(cfg, store, run_id, model, inputs, log):
     store.save_profile(run_id, rows, gp.result.total_us)
     del cap, matches
     return gp.targets, rows, gp.result.total_us
+
+
+def _find_regions(cfg, store, run_id, cap, matches) -> dict:
+    """The fusible regions beside the matches (engine/regions.py), {graph index: [Region]};
+    none when a family list narrows the run. An event names them."""
+    from engine import regions
+    if cfg.families:
+        return {}
+    store.update_run(run_id, current_reason="finding the fusible regions of the graph")
+    regs = {g.index: regions.find(g, matches[g.index]).regions for g in cap.graphs}
+    names = Counter(r.name for rs in regs.values() for r in rs)
+    if names:
+        store.event(run_id, "regions " + ", ".join(f"{n} x{k}" if k > 1 else n
+                                                   for n, k in names.most_common(12))
+                    + (f" and {len(names) - 12} more" if len(names) > 12 else ""))
+    return regs
 
 
 def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=None,
