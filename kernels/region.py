@@ -1176,6 +1176,9 @@ def lower(spec) -> tuple[list[Step], str]:
     if not isinstance(out, str) or out not in L.by_name:
         raise ValueError("the region's output is not a computed value")
     for st in L.steps:
+        if st.kind in ("red", "scan") and L.by_name[st.expr].level == "row":
+            # torch reduces a size-1 dim there; a tile would add up the broadcast value
+            raise ValueError("a reduction of a value that is constant along the reduced dims")
         if st.kind == "red":
             for anc in _ancestors(L.by_name, st.deps):
                 if L.by_name[anc].kind == "scan":
