@@ -13,7 +13,8 @@ from the spec the graph fixed:
   interval arithmetic over the region's ops; ``adversarial`` kinds ("tiny", "large") only where
   the ops stay defined and finite there;
 - ``tolerance`` per dtype growing with the region's depth, plus an error bound: the region run
-  in fp32 against fp64 (what cancellation does to any fp32 kernel), 16 times over;
+  in fp32 against fp64 (what cancellation does to any fp32 kernel), elementwise plus a quarter
+  of its worst anywhere, 16 times over;
 - ``cost``: every input read once, the output written once (bytes); one flop per element per
   elementary op;
 - shapes: the domain shape (the shape every input broadcasts to; for a reduction, its input's
@@ -721,7 +722,11 @@ def _bound_for(spec):
             hi = ref(**kw).double()
             lo = ref(**f32).double()
         b = (lo - hi).abs()
-        return torch.where(torch.isfinite(b), b, torch.zeros_like(b))
+        b = torch.where(torch.isfinite(b), b, torch.zeros_like(b))
+        # eager's own fp32 result can be right by luck at one element (a partial sum that
+        # rounds well); another summation order is not: a quarter of the worst error anywhere
+        # in the output is allowed everywhere
+        return b + 0.25 * b.max() if b.numel() else b
     return bound
 
 
