@@ -56,13 +56,35 @@ def _sizes(tree) -> dict:
     """Top-level ``NAME = <int>`` assignments of a problem file: name -> (value, line)."""
     import ast
     out = {}
+    known: dict = {}
     for node in tree.body:
-        if (isinstance(node, ast.Assign) and len(node.targets) == 1
-                and isinstance(node.targets[0], ast.Name) and isinstance(node.value, ast.Constant)
-                and isinstance(node.value.value, int) and not isinstance(node.value.value, bool)
-                and node.value.value > 1):
-            out[node.targets[0].id] = (node.value.value, node.lineno)
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)):
+            continue
+        v = _const_int(node.value, known)
+        if v is not None and v > 1:
+            known[node.targets[0].id] = v
+            out[node.targets[0].id] = (v, node.lineno, node.end_lineno)
     return out
+
+
+def _const_int(e, known: dict):
+    """The int an expression of literals, earlier sizes and + - * // ** is, else None
+    (``M = 16384 * 4``, ``dim = 2 * hidden``)."""
+    import ast
+    if isinstance(e, ast.Constant):
+        return e.value if isinstance(e.value, int) and not isinstance(e.value, bool) else None
+    if isinstance(e, ast.Name):
+        return known.get(e.id)
+    if isinstance(e, ast.BinOp):
+        a, b = _const_int(e.left, known), _const_int(e.right, known)
+        if a is None or b is None:
+            return None
+        ops = {ast.Add: lambda: a + b, ast.Sub: lambda: a - b, ast.Mult: lambda: a * b,
+               ast.FloorDiv: lambda: a // b if b else None, ast.Pow: lambda: a ** b if b < 64 else None}
+        f = ops.get(type(e.op))
+        return f() if f else None
+    return None
 
 
 def _module(path: Path, text: str):
@@ -76,14 +98,31 @@ def _module(path: Path, text: str):
 
 
 def _elems(module) -> int | None:
-    """Parameters + inputs of the problem at its module's sizes (on the meta device), or None
-    when it cannot be built there."""
+    """Elements the problem holds at its module's sizes: parameters + inputs, or an eighth of
+    everything its forward writes when that is more (a [32768, 64] @ [64, 32768] makes 4 GB);
+    measured on the meta device, forward included. None when it cannot be built or run there
+    (a size another one must divide, a norm shape that matched a dim by coincidence)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Written(TorchDispatchMode):
+        total = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in (out if isinstance(out, (tuple, list)) else (out,)):
+                if isinstance(t, torch.Tensor):
+                    Written.total += t.numel()
+            return out
     try:
         with torch.device("meta"):
-            model = module.Model(*module.get_init_inputs())
+            model = module.Model(*module.get_init_inputs()).eval()
             inputs = module.get_inputs()
+            inputs = [t.to("meta") if isinstance(t, torch.Tensor) else t for t in inputs]
+            with torch.no_grad(), Written():
+                model(*inputs)
         n = sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers())
-        return n + sum(t.numel() for t in inputs if isinstance(t, torch.Tensor))
+        n += sum(t.numel() for t in inputs if isinstance(t, torch.Tensor))
+        return max(n, Written.total // 8)
     except Exception:
         return None
 
@@ -96,13 +135,15 @@ def shrink(path: Path, max_elems: int):
     text = path.read_text()
     lines = text.split("\n")
     sizes = _sizes(ast.parse(text))
-    now = {k: v for k, (v, _) in sizes.items()}
+    now = {k: v for k, (v, _, _) in sizes.items()}
 
     def edited():
         out = list(lines)
-        for k, (v, ln) in sizes.items():
+        for k, (v, ln, end) in sizes.items():
             if now[k] != v:
                 out[ln - 1] = f"{k} = {now[k]}"
+                for i in range(ln, end):
+                    out[i] = ""
         return "\n".join(out)
     module = _module(path, text)
     n = _elems(module)
@@ -124,7 +165,7 @@ def shrink(path: Path, max_elems: int):
             frozen.add(pick)
             continue
         module, n = trial, m
-    return module, {k: [v, now[k]] for k, (v, _) in sizes.items() if now[k] != v}
+    return module, {k: [v, now[k]] for k, (v, _, _) in sizes.items() if now[k] != v}
 
 
 def load_problem(path: Path, max_elems: int):
