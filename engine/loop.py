@@ -556,7 +556,7 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=Non
                                     compile_latency_us=comp.get("latency_us"),
                                     compile_noise=comp.get("noise"), compile_mode=comp.get("mode"),
                                     compile_shape_times=comp.get("shape_times"))
-                log(f"{t['family']}: eager reference {r['latency_us']:.1f} us"
+                log(f"{t.get('label') or t['family']}: eager reference {r['latency_us']:.1f} us"
                     + (f", torch.compile {comp['latency_us']:.1f} us ({comp['mode']})"
                        if comp.get("latency_us") else "")
                     + (f", speed of light {r['sol_us']:.1f} us" if r["sol_us"] else "")
@@ -936,7 +936,8 @@ def _summary(store: Store, run_id: str, log) -> None:
     log(f"run {run_id} {run['status']}: {len(exps)} experiments "
         f"({n['kept']} kept as their target's best, {n['reverted']} reverted, {n['failed']} failed)")
     for t in targets:
-        name = t["family"] + (f" {json.dumps(t['spec'], sort_keys=True)}" if t.get("spec") else "")
+        name = t.get("label") or (t["family"] + (f" {json.dumps(t['spec'], sort_keys=True)}"
+                                                 if t.get("spec") else ""))
         line = f"  {name:<13} {t['experiments']:3d} exp"
         if t["best_latency_us"]:
             line += f"  best {t['best_latency_us']:.1f} us"
