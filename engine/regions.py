@@ -203,7 +203,12 @@ def build(nodes: list, order: dict) -> Region:
         if R.OPS[name][0] in ("red", "scan"):
             reds.append(n)
     split = None
-    if reds:
+    convs = [n for n in values if R.OPS[R.op_parts(ops[n][0])[0]][0] == "conv"]
+    if len(convs) > 1:
+        raise NotARegion("two convolutions")
+    if convs:
+        dom = _shape(convs[0])
+    elif reds:
         first_q, first_src = ops[reds[0]]
         x = _tensor_args(first_q, first_src)
         xin = next(iter(x.values()))
@@ -214,6 +219,8 @@ def build(nodes: list, order: dict) -> Region:
     # positional maps: each value's dims -> domain dims (None: a leading dim beyond the domain)
     pos: dict = {}
     in_pos: dict = {}                            # external node -> its map (spec form)
+    roles: dict = {}                             # a convolution's x, w, b -> their role
+    conv: dict | None = None
     red_dims = None
 
     def ext_map(a, p):
@@ -259,6 +266,29 @@ def build(nodes: list, order: dict) -> Region:
         targs = _tensor_args(qual, src)
         k = len(_shape(n))
         internal = [a for a in targs.values() if isinstance(a, fx.Node) and a in pos]
+        if kind == "conv":
+            if internal or n is not values[0]:
+                raise NotARegion("a convolution of a value computed in the region")
+            a = R.named_args(qual, list(src.args), dict(src.kwargs))
+            x, w, b = a["input"], a["weight"], a.get("bias")
+            if not (isinstance(x, fx.Node) and isinstance(w, fx.Node)) or len(_shape(x)) != rank:
+                raise NotARegion("a convolution without its batch dim")
+            if not all(isinstance(a.get(k), (list, tuple)) for k in ("stride", "padding", "dilation")):
+                raise NotARegion("a convolution with padding given by name")
+            roles[x], roles[w] = "conv_x", "conv_w"
+            if isinstance(b, fx.Node):
+                roles[b] = "conv_b"
+            conv = {"transposed": name.startswith("conv_transpose"),
+                    "stride": [int(v) for v in a["stride"]], "padding": [int(v) for v in a["padding"]],
+                    "dilation": [int(v) for v in a["dilation"]], "groups": int(a["groups"]),
+                    "output_padding": [int(v) for v in (a.get("output_padding") or [0] * (rank - 2))],
+                    "w_shape": list(_shape(w))}
+            if len(conv["stride"]) != rank - 2 or len(conv["padding"]) != rank - 2:
+                raise NotARegion("a convolution's stride or padding for fewer dims")
+            if R.conv_out(conv, _shape(x)) != dom:
+                raise NotARegion("a convolution whose output size the formula does not give")
+            pos[n] = list(range(rank))
+            continue
         if kind in ("red", "scan"):
             xa = next(iter(targs.values()))
             if not isinstance(xa, fx.Node) or _shape(xa) != dom:
@@ -351,6 +381,13 @@ def build(nodes: list, order: dict) -> Region:
         for s, d in zip(_shape(n), pos[n]):
             if d is None or (s != 1 and s != dom[d]):
                 raise NotARegion("a value that does not fit the domain")
+    if conv is not None:
+        if red_dims not in (None, [1]) or split:
+            raise NotARegion("a convolution with a reduction over other dims than its channels")
+        if set(roles) & set(in_pos):
+            raise NotARegion("a convolution's input read by its epilogue too")
+        for a, role in roles.items():
+            in_pos[a] = role
     # the spec
     inputs = sorted(in_pos, key=lambda a: order.get(a, -1))
     idx = {a: i for i, a in enumerate(inputs)}
@@ -374,7 +411,10 @@ def build(nodes: list, order: dict) -> Region:
         dt = _dtype(a)
         if dt not in ("float32", "float16", "bfloat16", "bool"):
             raise NotARegion(f"an input of dtype {dt}")
-        spec_inputs.append({"map": in_pos[a], "dtype": dt})
+        if isinstance(in_pos[a], str):
+            spec_inputs.append({"map": None, "dtype": dt, "role": in_pos[a]})
+        else:
+            spec_inputs.append({"map": in_pos[a], "dtype": dt})
     if all(i["dtype"] == "bool" for i in spec_inputs):
         raise NotARegion("no floating input")
     spec_ops = []
@@ -395,11 +435,18 @@ def build(nodes: list, order: dict) -> Region:
     spec = {"name": R.region_name(spec_ops), "rank": rank, "split": split,
             "red": red_dims or [], "inputs": spec_inputs, "ops": spec_ops,
             "out_dtype": None if out_dt == float_in else out_dt}
+    shape = dom
+    if conv is not None:
+        conv.update(x=idx[next(a for a, r in roles.items() if r == "conv_x")],
+                    w=idx[next(a for a, r in roles.items() if r == "conv_w")],
+                    b=next((idx[a] for a, r in roles.items() if r == "conv_b"), None))
+        spec["conv"] = conv
+        shape = _shape(next(a for a, r in roles.items() if r == "conv_x"))   # the family shape
     try:
         R.validate(spec)
     except ValueError as e:
         raise NotARegion(str(e)) from None
-    return Region(-1, nodes, out, inputs, spec, dom, float_in)
+    return Region(-1, nodes, out, inputs, spec, shape, float_in)
 
 
 def _reduced_here(n, ops, d, red_dims, split) -> bool:
@@ -479,7 +526,7 @@ def _why_left(n: fx.Node) -> str:
     name = getattr(t, "_opname", getattr(t, "__name__", str(t)))
     if name in ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
                 "conv_transpose3d", "convolution"):
-        return "convolution: no region template (its epilogue is a region of its own)"
+        return "convolution the region generator does not take (padding by name, no batch dim)"
     if name in ("linear", "matmul", "mm", "bmm", "addmm", "einsum", "baddbmm"):
         return "GEMM no family contract took"
     return f"{name}: not an op regions hold"

@@ -114,6 +114,12 @@ OPS = {
     "instance_norm": ("red", ("input", "weight", "bias"), 7),
     # scans
     "cumsum": ("scan", _PW1, 1), "cumprod": ("scan", _PW1, 1),
+    # convolutions: the region's first op, its epilogue fused (flops per output element and tap)
+    "conv1d": ("conv", ("input", "weight", "bias"), 2), "conv2d": ("conv", ("input", "weight", "bias"), 2),
+    "conv3d": ("conv", ("input", "weight", "bias"), 2),
+    "conv_transpose1d": ("conv", ("input", "weight", "bias"), 2),
+    "conv_transpose2d": ("conv", ("input", "weight", "bias"), 2),
+    "conv_transpose3d": ("conv", ("input", "weight", "bias"), 2),
 }
 IN_PLACE = {"relu_": "relu", "add_": "add", "mul_": "mul", "sub_": "sub", "div_": "div",
             "hardtanh_": "hardtanh", "leaky_relu_": "leaky_relu", "sigmoid_": "sigmoid",
@@ -122,7 +128,8 @@ IN_PLACE = {"relu_": "relu", "add_": "add", "mul_": "mul", "sub_": "sub", "div_"
             "hardsigmoid_": "hardsigmoid", "masked_fill_": "masked_fill", "abs_": "abs",
             "neg_": "neg", "sqrt_": "sqrt", "threshold_": "threshold", "mish_": "mish"}
 # short names for region names (gemm+mul+leaky_relu)
-SHORT = {"_to_copy": "to", "_softmax": "softmax", "_log_softmax": "log_softmax",
+SHORT = {"_to_copy": "to", "conv1d": "conv", "conv2d": "conv", "conv3d": "conv",
+         "conv_transpose1d": "conv_t", "conv_transpose2d": "conv_t", "conv_transpose3d": "conv_t", "_softmax": "softmax", "_log_softmax": "log_softmax",
          "linalg_vector_norm": "norm", "_native_batch_norm_legit_no_training": "batch_norm",
          "multiply": "mul", "amax": "max", "amin": "min"}
 _NOOPS = {"_to_copy", "to", "clone", "contiguous", "alias", "detach", "lift_fresh_copy",
@@ -435,6 +442,9 @@ def _interval(name: str, a: dict, t: list) -> tuple:
         r = _interval("rsqrt", {}, [(rv[0] + eps, rv[1] + eps)])
         y = _mul_iv(_mul_iv(c, r), w)
         return (y[0] + b[0], y[1] + b[1])
+    if name.startswith("conv"):
+        m = max(abs(x[0]), abs(x[1])) * max(abs(o[0]), abs(o[1])) * _BIG_N
+        return (-m, m)
     # reductions and scans: shape-free bounds
     if name in ("sum", "cumsum"):
         return (min(x[0] * _BIG_N, x[0]), max(x[1] * _BIG_N, x[1]))
@@ -597,6 +607,48 @@ def input_shape(domain, m) -> tuple:
     return tuple(int(domain[d]) if d is not None else 1 for d in m)
 
 
+# ---- convolutions: the family shape is the input x's, the domain the output's -----------------
+
+def conv_out(cv: dict, xshape) -> tuple:
+    """The output shape [N, Co, *O] of the region's convolution on an input of ``xshape``."""
+    w = cv["w_shape"]
+    k = w[2:]
+    co = w[1] * cv["groups"] if cv["transposed"] else w[0]
+    o = []
+    for s, i in enumerate(xshape[2:]):
+        st, pd, dl = cv["stride"][s], cv["padding"][s], cv["dilation"][s]
+        if cv["transposed"]:
+            o.append((i - 1) * st - 2 * pd + dl * (k[s] - 1) + cv["output_padding"][s] + 1)
+        else:
+            o.append((i + 2 * pd - dl * (k[s] - 1) - 1) // st + 1)
+    return (int(xshape[0]), int(co)) + tuple(int(v) for v in o)
+
+
+def domain_of(spec, shape) -> tuple:
+    """The domain of a family shape: the shape itself, or a convolution's output."""
+    return conv_out(spec["conv"], shape) if spec.get("conv") else tuple(int(v) for v in shape)
+
+
+def _conv_taps(cv) -> int:
+    """Products one output element of the convolution adds: Ci/groups * kernel volume."""
+    w = cv["w_shape"]
+    cig = w[0] // cv["groups"] if cv["transposed"] else w[1]
+    return int(cig * math.prod(w[2:]))
+
+
+def _role_shape(spec, inp, shape) -> tuple:
+    """An input's shape at family shape ``shape``: a convolution's input, weight, bias, or the
+    domain through its map."""
+    role = inp.get("role")
+    if role == "conv_x":
+        return tuple(int(v) for v in shape)
+    if role == "conv_w":
+        return tuple(spec["conv"]["w_shape"])
+    if role == "conv_b":
+        return (conv_out(spec["conv"], shape)[1],)
+    return input_shape(domain_of(spec, shape), inp["map"])
+
+
 def _split_ok(spec, shape) -> bool:
     if not spec.get("split"):
         return True
@@ -658,6 +710,29 @@ def _sweeps(spec, real: tuple) -> tuple[tuple, tuple]:
     return tuple(sweep), tuple(edge)
 
 
+def _conv_sweeps(spec) -> tuple[tuple, tuple]:
+    """Input shapes [N, Ci, *I] of a convolution region: the smallest input with an output,
+    odd and prime sizes, a batch of three; channels are the weights' (fixed)."""
+    cv = spec["conv"]
+    w = cv["w_shape"]
+    ci = w[0] if cv["transposed"] else w[1] * cv["groups"]
+    S = spec["rank"] - 2
+    lo = []
+    for s in range(S):
+        if cv["transposed"]:
+            lo.append(1)
+        else:
+            lo.append(max(1, cv["dilation"][s] * (w[2 + s] - 1) + 1 - 2 * cv["padding"][s]))
+    # odd sizes grown along the last spatial dims first, outputs kept to a few hundred positions
+    # (the interpreter runs every tap of every program in Python)
+    def grow(add):
+        return tuple(v + (add if s >= S - 2 else 0) for s, v in enumerate(lo))
+    sweep = [(1, ci) + tuple(lo), (2, ci) + grow(3), (1, ci) + grow(6 if S < 3 else 4)]
+    edge = [(3, ci) + tuple(v + (2 if s == S - 1 else 0) for s, v in enumerate(lo)),
+            (1, ci) + tuple(v + (10 if s == S - 1 else 0) for s, v in enumerate(lo))]
+    return tuple(sweep), tuple(edge)
+
+
 def _red_domain(spec) -> list:
     """The reduced dims in domain (unsplit) coordinates."""
     if not spec.get("split"):
@@ -683,13 +758,15 @@ def _inputs_for(spec, ranges, kinds):
                              f"normal, {', '.join(kinds)}")
         out = {}
         for i, (inp, rname) in enumerate(zip(spec["inputs"], ranges)):
-            s = input_shape(shape, inp["map"])
+            s = _role_shape(spec, inp, shape)
             if inp["dtype"] == "bool":
                 t = C.rand(gen, *s) < 0.5 if s else C.rand(gen, 1)[0] < 0.5
             else:
                 lo, hi = RANGES[rname]
                 u = C.rand(gen, *s) if s else C.rand(gen, 1)[0]
-                t = ((lo + (hi - lo) * u) * scale).to(dtype)
+                # a convolution's weights as models initialize them: sums of its taps stay O(1)
+                w = 1.0 / math.sqrt(_conv_taps(spec["conv"])) if inp.get("role") == "conv_w" else 1.0
+                t = ((lo + (hi - lo) * u) * (w if inp.get("role") == "conv_w" else scale)).to(dtype)
             out[f"in{i}"] = t.to(device)
         return out
     return make
@@ -733,10 +810,11 @@ def _bound_for(spec):
 def _cost_for(spec):
     def cost(shape, dtype):
         item = C.itemsize(dtype)
-        shape = tuple(int(s) for s in shape)
+        fshape = tuple(int(s) for s in shape)
+        shape = domain_of(spec, fshape)
         nbytes = 0
         for inp in spec["inputs"]:
-            n = math.prod(input_shape(shape, inp["map"]))
+            n = math.prod(_role_shape(spec, inp, fshape))
             nbytes += n * (1 if inp["dtype"] == "bool" else item)
         out = spec["ops"][-1]
         nbytes += math.prod(input_shape(shape, out["map"])) * item
@@ -745,6 +823,8 @@ def _cost_for(spec):
             name, _ = op_parts(op["op"])
             kind, _, f = OPS[name]
             numel = math.prod(shape) if kind != "pw" else math.prod(input_shape(shape, op["map"]))
+            if kind == "conv":
+                numel *= _conv_taps(spec["conv"])
             flops += f * numel
         return nbytes, flops
     return cost
@@ -786,7 +866,7 @@ class _Lower:
         split = spec.get("split")
         self.cols = set(spec["red"])
         for i, inp in enumerate(spec["inputs"]):
-            dims = set(_split_dims(inp["map"], split))
+            dims = set(_split_dims(inp["map"], split)) if inp.get("map") is not None else set()
             lvl = "dom" if dims & self.cols else "row"
             self._add(Step(f"in{i}", "in", level=lvl, is_bool=inp["dtype"] == "bool"))
         self.values = []
@@ -1117,7 +1197,15 @@ def _scan(kind):
     return f
 
 
+def _conv(L, a, op):
+    return L._add(Step(L.fresh(), "conv", "", op_parts(op["op"])[0],
+                       deps=tuple(d for d in (a["input"], a["weight"], a.get("bias"))
+                                  if isinstance(d, str)), level="dom"))
+
+
 _LOWER = {
+    "conv1d": _conv, "conv2d": _conv, "conv3d": _conv, "conv_transpose1d": _conv,
+    "conv_transpose2d": _conv, "conv_transpose3d": _conv,
     "add": _bin("+"), "sub": _bin("-"), "rsub": _bin("rsub"), "mul": _bin("*"),
     "multiply": _bin("*"), "div": _div, "pow": _pow,
     "neg": _un(lambda x, a: f"-({x})"), "abs": _un(lambda x, a: f"tl.abs({x})"),
@@ -1211,14 +1299,16 @@ SPACE = {
     "col_dims": [1, 2, 3],                      # pointwise regions: trailing dims per row
     "num_warps": [1, 2, 4, 8, 16],
 }
-DEFAULT = {"variant": "auto", "max_block": 4096, "block": 512, "rows_cap": 16, "max_tile": 8192,
+DEFAULT = {"variant": "auto", "max_block": 4096, "block": 512, "rows_cap": 64, "max_tile": 8192,
            "col_dims": 1, "num_warps": 4}
 
 
 def _plan_dims(spec, p) -> tuple[list, list]:
     """(row dims, col dims) in split coordinates."""
     r = spec["rank"] + (1 if spec.get("split") else 0)
-    if spec["red"]:
+    if spec.get("conv"):
+        cols = [1]                       # output channels along the tile; rows: (n, spatial)
+    elif spec["red"]:
         cols = list(spec["red"])
     else:
         k = min(int(p["col_dims"]), r)
@@ -1248,7 +1338,9 @@ def render_for(spec):
     by = {s.name: s for s in steps}
     split = spec.get("split")
     nin = len(spec["inputs"])
-    in_dims = [_split_dims(inp["map"], split) for inp in spec["inputs"]]
+    in_dims = [_split_dims(inp["map"], split) if inp.get("map") is not None else []
+               for inp in spec["inputs"]]
+    roles = {i for i, inp in enumerate(spec["inputs"]) if inp.get("role")}   # read by the conv
     out_map = spec["ops"][-1]["map"]
     out_dims = _split_dims(out_map, split)
     r2 = spec["rank"] + (1 if split else 0)
@@ -1265,7 +1357,7 @@ def render_for(spec):
                 level[s.name] = lvl_in[int(s.name[2:])]
             elif s.kind == "red":
                 level[s.name] = "row"
-            elif s.kind == "scan":
+            elif s.kind in ("scan", "conv"):
                 level[s.name] = "dom"
             else:
                 level[s.name] = "dom" if any(level[d] == "dom" for d in s.deps) else "row"
@@ -1285,6 +1377,7 @@ def render_for(spec):
         for i in range(nin):
             sig += strides_of("in", i)[0]
         sig += strides_of("out", 0)[0]
+        sig += _conv_args(spec)
 
         def offsets(kind, i, dims_part, tag):
             names, dims = strides_of(kind, i)
@@ -1316,8 +1409,12 @@ def render_for(spec):
             """Lines computing ``names`` (and what they need) not in ``have``, in order."""
             need = [s for s in steps if s.name in _ancestors(by, names) and s.name not in have]
             for s in need:
-                if s.kind == "in":
+                if s.kind == "in" and int(s.name[2:]) in roles:
+                    pass                                  # the convolution reads it itself
+                elif s.kind == "in":
                     lines.append(load(int(s.name[2:]), tile and level[s.name] == "dom"))
+                elif s.kind == "conv":
+                    lines.extend(_conv_lines(spec, s))
                 elif s.kind == "pw":
                     lines.append(f"{s.name} = {s.expr}")
                 elif s.kind == "red":
@@ -1405,7 +1502,9 @@ def render_for(spec):
                     if s.name in have:
                         continue
                     if all(d in have for d in s.deps):
-                        if s.kind == "in":
+                        if s.kind == "in" and int(s.name[2:]) in roles:
+                            pass
+                        elif s.kind == "in":
                             loop.append(load(int(s.name[2:]), False))
                         else:
                             loop.append(f"{s.name} = {s.expr}")
@@ -1484,6 +1583,96 @@ NUM_WARPS = {p["num_warps"]}
     return render
 
 
+def _conv_args(spec) -> list:
+    """Kernel arguments of the convolution: x's and w's strides, the bias stride, x's sizes."""
+    cv = spec.get("conv")
+    if not cv:
+        return []
+    r = spec["rank"]
+    out = [f"cx_s{j}" for j in range(r)] + [f"cw_s{j}" for j in range(r)]
+    out += ["cb_s0"] if cv["b"] is not None else []
+    return out + [f"xi{s}" for s in range(r - 2)]
+
+
+def _conv_dim_src(cv, d) -> str:
+    """Launcher expression of the convolution's output dim ``d`` (conv_out's formula)."""
+    x = f"in{cv['x']}"
+    w = cv["w_shape"]
+    if d == 0:
+        return f"{x}.shape[0]"
+    if d == 1:
+        return str(w[1] * cv["groups"] if cv["transposed"] else w[0])
+    s = d - 2
+    st, pd, dl, k = cv["stride"][s], cv["padding"][s], cv["dilation"][s], w[2 + s]
+    if cv["transposed"]:
+        return f"({x}.shape[{d}] - 1) * {st} - {2 * pd} + {dl * (k - 1) + cv['output_padding'][s] + 1}"
+    return f"({x}.shape[{d}] + {2 * pd - dl * (k - 1) - 1}) // {st} + 1"
+
+
+def _conv_lines(spec, st) -> list:
+    """Kernel lines computing the convolution's [ROWS, BLOCK] tile (rows: n and output
+    positions i0, i2, ...; cols: output channels i1) tap by tap: for each of the Ci/groups *
+    kernel-volume taps, the input column [ROWS] (zero outside the input, and for a transposed
+    convolution where the stride skips it) times the weight row [BLOCK]."""
+    cv = spec["conv"]
+    r = spec["rank"]
+    S = r - 2
+    w = cv["w_shape"]
+    k = w[2:]
+    g_n = cv["groups"]
+    taps = _conv_taps(cv)
+    kp = math.prod(k)
+    cig = taps // kp
+    co = w[1] * g_n if cv["transposed"] else w[0]
+    cog = co // g_n
+    n = st.name
+    grouped = g_n > 1
+    out = [f"{n}_acc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)"]
+    if grouped:
+        out.append(f"{n}_g = i1 // {cog}                    # [BLOCK] group of each output channel")
+    out.append(f"for {n}_kk in range(0, {taps}):        # taps: Ci/groups x kernel volume")
+    body = [f"ci_l = {n}_kk // {kp}", f"k_rem = {n}_kk % {kp}"]
+    for s in reversed(range(S)):
+        body.append(f"k{s} = k_rem % {k[s]}")
+        body.append(f"k_rem = k_rem // {k[s]}")
+    valid = []
+    for s in range(S):
+        stv, pd, dl = cv["stride"][s], cv["padding"][s], cv["dilation"][s]
+        if cv["transposed"]:
+            body.append(f"t{s} = i{2 + s} + {pd} - k{s} * {dl}")
+            body.append(f"p{s} = t{s} // {stv}")
+            valid.append(f"(t{s} >= 0) & (p{s} * {stv} == t{s}) & (p{s} < xi{s})")
+        else:
+            body.append(f"p{s} = i{2 + s} * {stv} - {pd} + k{s} * {dl}")
+            valid.append(f"(p{s} >= 0) & (p{s} < xi{s})")
+    body.append("ok = rmask" + "".join(f" & {v}" for v in valid) + "            # [ROWS]")
+    xoff = "i0 * cx_s0" + "".join(f" + p{s} * cx_s{2 + s}" for s in range(S))
+    body.append(f"xoff = {xoff}")
+    if grouped:
+        body.append(f"ci = {n}_g * {cig} + ci_l                  # [BLOCK]")
+        body.append(f"xv = tl.load(in{cv['x']}_ptr + xoff[:, None] + (ci * cx_s1)[None, :], "
+                    f"mask=ok[:, None] & cmask[None, :], other=0.0).to(tl.float32)")
+    else:
+        body.append("ci = ci_l")
+        body.append(f"xv = tl.load(in{cv['x']}_ptr + (xoff + ci * cx_s1)[:, None], mask=ok[:, None], "
+                    f"other=0.0).to(tl.float32)")
+    ks = "".join(f" + k{s} * cw_s{2 + s}" for s in range(S))
+    if cv["transposed"]:
+        local = f"(i1 - {n}_g * {cog})" if grouped else "i1"
+        body.append(f"woff = ci * cw_s0 + {local} * cw_s1{ks}")
+    else:
+        body.append(f"woff = i1 * cw_s0 + ci_l * cw_s1{ks}")
+    body.append(f"wv = tl.load(in{cv['w']}_ptr + woff, mask=cmask, other=0.0).to(tl.float32)")
+    body.append(f"{n}_acc += xv * wv[None, :]")
+    out += ["    " + b for b in body]
+    if cv["b"] is not None:
+        out.append(f"{n} = {n}_acc + tl.load(in{cv['b']}_ptr + i1 * cb_s0, mask=cmask, "
+                   f"other=0.0).to(tl.float32)[None, :]")
+    else:
+        out.append(f"{n} = {n}_acc")
+    return out
+
+
 def _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2):
     split = spec.get("split")
     nin = len(spec["inputs"])
@@ -1491,10 +1680,14 @@ def _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2):
     args = ", ".join(f"in{i}" for i in range(nin))
     lines = [f"def kernel_fn({args}):",
              f'    """{spec["name"]}: the region\'s output from its {nin} input(s); any strides."""']
-    # domain sizes from the inputs that reach each dim
+    # domain sizes from the inputs that reach each dim (a convolution's: from its formula)
+    cv = spec.get("conv")
     for d in range(rank):
-        src = next(((i, j) for i, inp in enumerate(spec["inputs"]) for j, m in enumerate(inp["map"])
-                    if m == d), None)
+        if cv:
+            lines.append(f"    D{d} = " + _conv_dim_src(cv, d))
+            continue
+        src = next(((i, j) for i, inp in enumerate(spec["inputs"]) if inp.get("map") is not None
+                    for j, m in enumerate(inp["map"]) if m == d), None)
         lines.append(f"    D{d} = in{src[0]}.shape[{src[1]}]" if src else f"    D{d} = 1")
     # split coordinates
     if split:
@@ -1535,8 +1728,14 @@ def _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2):
     call = [f"in{i}" for i in range(nin)] + ["out", "n_rows", "n_cols", "n_red"]
     call += [f"d{k}" for k in range(r2)]
     for i, inp in enumerate(spec["inputs"]):
-        call += strides(f"in{i}", inp["map"], in_dims[i])
+        if inp.get("map") is not None:
+            call += strides(f"in{i}", inp["map"], in_dims[i])
     call += strides("out", out_map, out_dims)
+    if cv:
+        x, w, b = cv["x"], cv["w"], cv["b"]
+        call += [f"in{x}.stride({j})" for j in range(rank)] + [f"in{w}.stride({j})" for j in range(rank)]
+        call += [f"in{b}.stride(0)"] if b is not None else []
+        call += [f"in{x}.shape[{2 + s}]" for s in range(rank - 2)]
     lines += [
         "    width = triton.next_power_of_2(max(n_cols, 1))",
         "    if VARIANT == 'auto' and width <= MAX_BLOCK:",
@@ -1581,8 +1780,12 @@ def configure(spec: dict) -> Family:
         # cannot vouch for
         ranges = ["P" if i["dtype"] != "bool" else "N" for i in spec["inputs"]]
     kinds = _kinds(spec, ranges)
-    real = tuple(spec.get("shape") or [8] * spec["rank"])
-    sweep, edge = _sweeps(spec, real)
+    if spec.get("conv"):
+        sweep, edge = _conv_sweeps(spec)
+        real = sweep[0]
+    else:
+        real = tuple(spec.get("shape") or [8] * spec["rank"])
+        sweep, edge = _sweeps(spec, real)
     nin = len(spec["inputs"])
     names = tuple(f"in{i}" for i in range(nin))
     dtypes = ("float32", "float16", "bfloat16")
