@@ -211,3 +211,45 @@ def test_graph_profile_gives_regions_their_time_and_targets_named_by_their_ops()
     t = next(t for t in gp.targets if t.family == "region")
     assert t.label == "mul+gelu" and t.shapes == [{"shape": [32, 24], "count": 1}]
     assert kernels.get("region", t.spec).cost((32, 24), "float32")[0] == 2 * 32 * 24 * 4
+
+
+class ConvBnRelu(nn.Module):        # ResNet's block head: one region, the convolution's epilogue fused
+    def __init__(self, conv):
+        super().__init__()
+        self.conv, self.bn = conv, nn.BatchNorm1d(conv.out_channels) if isinstance(conv, nn.Conv1d) \
+            else nn.BatchNorm2d(conv.out_channels)
+
+    def forward(self, x):
+        return F.relu(self.bn(self.conv(x)))
+
+
+def test_convolution_and_its_epilogue_are_one_region_that_passes_all_five_stages(tmp_path):
+    _, f = _found(ConvBnRelu(nn.Conv1d(3, 5, 3, dilation=2, padding=1)), torch.randn(2, 3, 11))
+    (r,) = f.regions
+    assert r.name == "conv+batch_norm+relu" and r.spec["conv"]["dilation"] == [2]
+    assert list(r.shape) == [2, 3, 11]                   # the family shape: the conv's input
+    fam = kernels.get("region", r.spec)
+    x = fam.make_inputs((2, 3, 11), torch.float32, DEVICE, gen(0))
+    assert tuple(fam.reference(**x).shape) == (2, 5, 9)       # 11 + 2*1 - 2*(3-1) - 1 + 1
+    for st in _five_stages(fam, r.shape, tmp=tmp_path):
+        assert st.status == "passed", (st.stage, st.failed_case, st.detail)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("conv,shape", [
+    (nn.Conv2d(4, 6, 3, stride=2, groups=2, bias=False), (1, 4, 9, 8)),
+    (nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1), (1, 4, 5, 4)),
+], ids=["grouped_strided", "transposed"])
+def test_strided_grouped_and_transposed_convolutions_pass_all_five_stages(conv, shape, tmp_path):
+    class Epi(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = conv
+
+        def forward(self, x):
+            return torch.tanh(self.c(x)) * 2.0
+    _, f = _found(Epi(), torch.randn(*shape))
+    (r,) = f.regions
+    fam = kernels.get("region", r.spec)
+    for st in _five_stages(fam, r.shape, tmp=tmp_path):
+        assert st.status == "passed", (st.stage, st.failed_case, st.detail)
