@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 MAX_ELEMS = 1 << 22         # parameters + inputs (elements) a shrunk problem may hold
-VERIFY_BUDGET_S = 300       # interpreted verification a problem gets (its later regions wait)
+VERIFY_BUDGET_S = 90        # interpreted verification a problem gets (its later regions wait)
 _FIXED_NAMES = ("kernel", "stride", "pad", "dilation", "group", "head", "layer", "block",
                 "expansion", "scale", "factor", "dim", "level")   # looked at, shrunk last
 
@@ -269,7 +269,7 @@ def _verify(targets) -> str:
             # convolution (every tap of every program in Python) at its smallest odd input
             shape = list(t.shapes[0]["shape"])
             if fam.spec.get("conv"):
-                shape = list(fam.sweep_shapes[1])
+                shape = list(fam.sweep_shapes[0])
             while math.prod(shape) > 1 << 15:
                 i = max(range(len(shape)), key=lambda k: shape[k])
                 shape[i] = (shape[i] + 1) // 2
