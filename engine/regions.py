@@ -128,8 +128,6 @@ def op_of(n: fx.Node) -> tuple[str, fx.Node] | None:
     if v.dtype == torch.float64:
         return None
     name = R.op_parts(qual)[0]
-    if name in ("max", "min") and src is n:
-        pass                                    # max.default / min.default: a full reduction
     if name == "dropout":
         a = dict(zip(("input", "p", "train"), src.args))
         if a.get("train") and a.get("p"):
@@ -530,10 +528,6 @@ def _why_left(n: fx.Node) -> str:
     if name in ("linear", "matmul", "mm", "bmm", "addmm", "einsum", "baddbmm"):
         return "GEMM no family contract took"
     return f"{name}: not an op regions hold"
-
-
-def spec_dtype(reg: Region) -> str:
-    return reg.dtype
 
 
 __all__ = ["Region", "Found", "Left", "find", "build", "op_of", "NotARegion", "MAX_OPS"]

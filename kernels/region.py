@@ -649,13 +649,6 @@ def _role_shape(spec, inp, shape) -> tuple:
     return input_shape(domain_of(spec, shape), inp["map"])
 
 
-def _split_ok(spec, shape) -> bool:
-    if not spec.get("split"):
-        return True
-    d, g = spec["split"]
-    return shape[d] % g == 0 and shape[d] >= g
-
-
 def _fit_split(spec, shape):
     """``shape`` with the split dim rounded to a multiple of the groups."""
     shape = list(shape)
@@ -1118,8 +1111,6 @@ def _reduce(kind):
     def f(L, a, op):
         x = a.get("self")
         name = op_parts(op["op"])[0]
-        if name in ("max", "min") and a.get("dim") is None and "dim" not in a:
-            pass
         s = L.red(kind, L.f(x) if not L.by_name[x].is_bool else L.pw(f"{x}.to(tl.float32)", (x,)))
         if name == "mean":
             return L.pw(f"{s} / {_n(L)}", (s,))
