@@ -317,7 +317,8 @@ def _prepare(cfg: RunConfig, store: Store, control: Control, log) -> str:
     control.set(run_id=run_id)
     store.update_run(run_id, current_reason="capturing the model's graph")
     log(f"capturing {cfg.model} ({dtype}) on {device['name']} ...")
-    wanted = set(cfg.families or kernels.FAMILY_NAMES)
+    # regions (kernels/region.py) are targets when no family list narrows the run
+    wanted = set(cfg.families or kernels.FAMILY_NAMES + kernels.GENERATED_NAMES)
     try:
         plans = _profile_graph(cfg, store, run_id, model, inputs, log)
         if plans is None:                       # not captured: the interception road
@@ -349,7 +350,8 @@ def _prepare(cfg: RunConfig, store: Store, control: Control, log) -> str:
         torch.cuda.empty_cache()
     for tp in plans:
         if tp.family in wanted and tp.shapes:
-            label = f"{tp.family} {json.dumps(tp.spec, sort_keys=True)}" if tp.spec else None
+            label = tp.label or (f"{tp.family} {json.dumps(tp.spec, sort_keys=True)}"
+                                 if tp.spec else None)
             store.add_target(run_id, tp.family, tp.dtype, tp.shapes, tp.fraction, spec=tp.spec,
                              label=label)
     found = ", ".join(f"{r['family']} {r['fraction']:.1%}" for r in rows)
@@ -427,8 +429,9 @@ def _profile_graph(cfg, store, run_id, model, inputs, log):
     found = Counter(m.family for ms in matches.values() for m in ms)
     store.event(run_id, "matched " + (", ".join(f"{f} x{n}" for f, n in found.most_common())
                                       or "no family"))
+    regs = _find_regions(cfg, store, run_id, cap, matches)
     store.update_run(run_id, current_reason="profiling the model")
-    gp = profiler.profile_graph(cap, matches)
+    gp = profiler.profile_graph(cap, matches, regions=regs)
     for u in gp.unplaced:
         store.event(run_id, f"{u['family']}: {u['count']} match(es), {u['time_us']:.0f} us per "
                             f"forward, no target: {u['why']}", "warn")
@@ -436,6 +439,22 @@ def _profile_graph(cfg, store, run_id, model, inputs, log):
     store.save_profile(run_id, rows, gp.result.total_us)
     del cap, matches
     return gp.targets, rows, gp.result.total_us
+
+
+def _find_regions(cfg, store, run_id, cap, matches) -> dict:
+    """The fusible regions beside the matches (engine/regions.py), {graph index: [Region]};
+    none when a family list narrows the run. An event names them."""
+    from engine import regions
+    if cfg.families:
+        return {}
+    store.update_run(run_id, current_reason="finding the fusible regions of the graph")
+    regs = {g.index: regions.find(g, matches[g.index]).regions for g in cap.graphs}
+    names = Counter(r.name for rs in regs.values() for r in rs)
+    if names:
+        store.event(run_id, "regions " + ", ".join(f"{n} x{k}" if k > 1 else n
+                                                   for n, k in names.most_common(12))
+                    + (f" and {len(names) - 12} more" if len(names) > 12 else ""))
+    return regs
 
 
 def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=None,
@@ -542,7 +561,7 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=Non
                                     compile_latency_us=comp.get("latency_us"),
                                     compile_noise=comp.get("noise"), compile_mode=comp.get("mode"),
                                     compile_shape_times=comp.get("shape_times"))
-                log(f"{t['family']}: eager reference {r['latency_us']:.1f} us"
+                log(f"{t.get('label') or t['family']}: eager reference {r['latency_us']:.1f} us"
                     + (f", torch.compile {comp['latency_us']:.1f} us ({comp['mode']})"
                        if comp.get("latency_us") else "")
                     + (f", speed of light {r['sol_us']:.1f} us" if r["sol_us"] else "")
@@ -922,7 +941,8 @@ def _summary(store: Store, run_id: str, log) -> None:
     log(f"run {run_id} {run['status']}: {len(exps)} experiments "
         f"({n['kept']} kept as their target's best, {n['reverted']} reverted, {n['failed']} failed)")
     for t in targets:
-        name = t["family"] + (f" {json.dumps(t['spec'], sort_keys=True)}" if t.get("spec") else "")
+        name = t.get("label") or (t["family"] + (f" {json.dumps(t['spec'], sort_keys=True)}"
+                                                 if t.get("spec") else ""))
         line = f"  {name:<13} {t['experiments']:3d} exp"
         if t["best_latency_us"]:
             line += f"  best {t['best_latency_us']:.1f} us"

@@ -569,6 +569,7 @@ class TargetPlan:
     fraction: float              # share of the forward these shapes' matches take
     time_us: float
     matches: int
+    label: str = ""              # how the target reads ("" : the family; a region: its ops)
 
 
 @dataclass
@@ -674,9 +675,10 @@ def _match_dtype(m) -> str:
 
 
 def profile_graph(cap, matches: dict, warmup: int = 1, iters: int = 3,
-                  max_shapes: int = 4) -> GraphProfile:
+                  max_shapes: int = 4, regions: dict | None = None) -> GraphProfile:
     """Profile the captured model (engine/capture.py) with its ``matches`` ({graph index:
-    [Match]}); per-forward figures. See the section comment above."""
+    [Match]}) and ``regions`` ({graph index: [engine.regions.Region]}: the fusible rest, one
+    target per region spec); per-forward figures. See the section comment above."""
     from kernels.patterns import spec_key
     model, inputs, kwargs = cap.model, cap.inputs, cap.kwargs
     device = _model_device(model, inputs)
@@ -699,6 +701,12 @@ def profile_graph(cap, matches: dict, warmup: int = 1, iters: int = 3,
     if cap.method == "dynamo":
         torch._dynamo.reset()
     raw = _graph_attribute(prof.events(), on_gpu)
+    if regions:
+        # a match no contract serves (softmax over dim 1) whose nodes a region took is served
+        # by the region: its time is the region's, counted once
+        taken = {(gi, n) for gi, rs in regions.items() for r in rs for n in r.nodes}
+        matches = {gi: [m for m in ms if m.placeable or not any((gi, n) in taken for n in m.nodes)]
+                   for gi, ms in matches.items()}
     node_us = {k: v / iters for k, v in raw["node_us"].items()}
     total = raw["total"] / iters
 
@@ -707,6 +715,10 @@ def profile_graph(cap, matches: dict, warmup: int = 1, iters: int = 3,
         for m in ms:
             for n in m.nodes:
                 owner[f"{gi}:{n.name}"] = m
+    for gi, rs in (regions or {}).items():
+        for r in rs:
+            for n in r.nodes:
+                owner[f"{gi}:{n.name}"] = r
     fam_time = defaultdict(float)
     fam_calls = Counter()
     fam_ops = defaultdict(lambda: defaultdict(lambda: [0.0, 0]))
@@ -732,8 +744,9 @@ def profile_graph(cap, matches: dict, warmup: int = 1, iters: int = 3,
     for name, (us, calls) in raw["other"].items():
         other_ops[name][0] += us / iters
         other_ops[name][1] += round(calls / iters)
+    region_rows = _region_time(regions or {}, node_us)
     other_us = sum(v[0] for v in other_ops.values())
-    attributed = sum(fam_time.values()) + other_us
+    attributed = sum(fam_time.values()) + sum(g["time_us"] for g in region_rows.values()) + other_us
 
     # targets: placeable matches by (family, spec); the shapes with the most time
     groups: dict = {}
@@ -764,6 +777,7 @@ def profile_graph(cap, matches: dict, warmup: int = 1, iters: int = 3,
                                   [{"shape": list(s), "count": n} for s, n, _ in ranked],
                                   us / attributed if attributed > 0 else 0.0, us,
                                   sum(t[1] for t in ranked)))
+    targets += _region_targets(region_rows, attributed, max_shapes)
     targets.sort(key=lambda t: -t.time_us)
 
     from kernels import FAMILY_NAMES
@@ -780,6 +794,15 @@ def profile_graph(cap, matches: dict, warmup: int = 1, iters: int = 3,
                                fam_calls[fam], shapes,
                                [dict(name=n, time_us=v[0], calls=v[1]) for n, v in top if v[0] > 0],
                                has_kernel=any(t.family == fam for t in targets)))
+    for g in region_rows.values():       # a row per region target, named by its ops
+        shapes = [dict(shape=list(shape), dtype=dt, count=n, spec=g["spec"])
+                  for (shape, dt), (n, _) in g["by"].items()]
+        top = sorted(g["ops"].items(), key=lambda kv: -kv[1][0])[:TOP_OPS]
+        rows.append(FamilyTime(g["spec"]["name"], g["time_us"],
+                               g["time_us"] / attributed if attributed > 0 else 0.0,
+                               g["calls"], shapes,
+                               [dict(name=n, time_us=v[0], calls=v[1]) for n, v in top if v[0] > 0],
+                               has_kernel=True))
     top = sorted(other_ops.items(), key=lambda kv: -kv[1][0])[:TOP_OPS]
     if other_us > 0 or not rows:
         rows.append(FamilyTime(OTHER, other_us, other_us / attributed if attributed > 0 else 0.0,
@@ -788,3 +811,45 @@ def profile_graph(cap, matches: dict, warmup: int = 1, iters: int = 3,
     rows.sort(key=lambda r: -r.time_us)
     return GraphProfile(ProfileResult(rows, total, _device_name(device)), node_us, targets,
                         sorted(unplaced.values(), key=lambda u: -u["time_us"]))
+
+
+# ---- regions (engine/regions.py): targets of the family "region", one per spec -----------------
+
+def _region_time(regions: dict, node_us: dict) -> dict:
+    """spec key -> {"spec", "time_us", "calls", "by": {(shape, dtype): [count, us]}, "ops"}."""
+    from kernels.patterns import spec_key
+    out: dict = {}
+    for gi, rs in regions.items():
+        for r in rs:
+            us = sum(node_us.get(f"{gi}:{n.name}", 0.0) for n in r.nodes)
+            g = out.setdefault(spec_key(r.spec), {"spec": r.spec, "time_us": 0.0, "calls": 0,
+                                                  "by": {}, "ops": defaultdict(lambda: [0.0, 0])})
+            g["time_us"] += us
+            g["calls"] += 1
+            e = g["by"].setdefault((tuple(int(s) for s in r.shape), r.dtype), [0, 0.0])
+            e[0] += 1
+            e[1] += us
+            for n in r.nodes:
+                op = f"aten::{getattr(n.target, '_opname', getattr(n.target, '__name__', '?'))}"
+                g["ops"][op][0] += node_us.get(f"{gi}:{n.name}", 0.0)
+                g["ops"][op][1] += 1
+    return out
+
+
+def _region_targets(region_rows: dict, attributed: float, max_shapes: int) -> list:
+    """A TargetPlan per region spec: family "region", labelled by the region's ops, its
+    domain shapes in the dtype it mostly runs in."""
+    out = []
+    for g in region_rows.values():
+        by_dtype = Counter()
+        for (shape, dt), (n, us) in g["by"].items():
+            by_dtype[dt] += us if us > 0 else 1e-9 * n
+        dtype = by_dtype.most_common(1)[0][0]
+        ranked = sorted(((shape, n, us) for (shape, dt), (n, us) in g["by"].items() if dt == dtype),
+                        key=lambda t: (-t[2], -t[1]))[:max_shapes]
+        us = sum(t[2] for t in ranked)
+        out.append(TargetPlan("region", g["spec"], dtype,
+                              [{"shape": list(s), "count": n} for s, n, _ in ranked],
+                              us / attributed if attributed > 0 else 0.0, us,
+                              sum(t[1] for t in ranked), label=g["spec"]["name"]))
+    return out

@@ -38,6 +38,9 @@ from typing import Callable
 
 FAMILY_NAMES = ("rmsnorm", "softmax", "layernorm", "cross_entropy",
                 "matmul", "attention", "fused_mlp", "rotary", "reduce")
+# Families whose contract is generated from the graph: always configured from a spec, never
+# matched by spellings (kernels/region.py: any fusible region of a model, named by its ops).
+GENERATED_NAMES = ("region",)
 
 
 @dataclass(frozen=True)
@@ -108,8 +111,9 @@ def get(name: str, spec: dict | None = None) -> Family:
     ``configure(spec) -> Family`` in its file, and the result is judged on exactly those
     semantics. The spec is JSON, stored with the target and sent to the worker, so engine and
     worker rebuild the same Family from it."""
-    if name not in FAMILY_NAMES:
-        raise UnknownFamily(f"unknown family {name!r}; known families: {', '.join(FAMILY_NAMES)}")
+    if name not in FAMILY_NAMES and name not in GENERATED_NAMES:
+        raise UnknownFamily(f"unknown family {name!r}; known families: "
+                            f"{', '.join(FAMILY_NAMES + GENERATED_NAMES)}")
     mod = importlib.import_module(f"kernels.{name}")
     if not spec:
         return mod.FAMILY

@@ -465,9 +465,10 @@ def test_end_to_end_timing_skips_compile_modes_the_budget_cannot_hold():
 
 
 def test_a_model_with_nothing_to_optimize_ends_at_its_profile(tmp_path):
-    f = tmp_path / "relu.py"
+    # a concatenation: no family and no region holds it (a pointwise op would be a region)
+    f = tmp_path / "cat.py"
     f.write_text("import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
-                 "        return torch.relu(x) * 2\n"
+                 "        return torch.cat((x, x))\n"
                  "def get_inputs():\n    return [torch.randn(4, 8)]\n")
     t0 = time.monotonic()
     run_id = execute(RunConfig(model=str(f), budget_minutes=5, db=str(tmp_path / "r.db")),

@@ -1,0 +1,533 @@
+"""Regions: the rest of a captured graph, cut into maximal fusible subgraphs, each a target.
+
+Beside the family matches (engine/match.py), ``find(graph, matches)`` walks the nodes no
+placeable match claimed and grows regions of the ops kernels/region.py's table holds:
+
+- pointwise chains (arithmetic, activations, casts, comparisons, eval-mode batch norm);
+- reductions over any set of dims (sum, mean, amax, var, logsumexp, norms, softmax, log-softmax,
+  layer / group / instance norm) with their pointwise prologue and epilogue, several
+  reductions in one region when they reduce the same dims (x - x.mean(1) / x.std(1));
+- scans (cumsum, cumprod) along one dim, with prologue (a mask) and epilogue;
+- after a matmul (the matmul family's target, or any GEMM no family claimed), its pointwise
+  epilogue (bias, scale, activation, residual, clamp) and any following row reduction as a
+  region of its own, read from the GEMM's output: one extra read and write of [M, N] that a
+  fused GEMM epilogue would save (not fused yet: docs/regions.md).
+
+A region grows backwards from its output (the latest fusible node not yet taken): a producer
+joins when it is fusible, no match claimed it, every one of its users is already inside (so
+the region has one output and removing it removes them all), and the grown region is still one
+the generator can write (``build``: one domain every value maps into, every reduction over the
+same dims, no reduction of a scan). Convolutions, pooling, views, concatenation, gathers,
+recurrent layers and anything with integer values bound regions: they stay outside.
+
+Every region becomes a JSON spec (kernels/region.py) naming its ops; its family is "region",
+its label the op names (``mul+leaky_relu``), grouped into one target per (spec, dtype) like a
+family's contracts.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+
+from engine import capture as cap
+from kernels import region as R
+
+MAX_OPS = 48          # a region larger than this is cut (compile time, register pressure)
+_TUPLE_OPS = {"max", "min", "_native_batch_norm_legit_no_training"}   # values at getitem 0
+_CHANNEL_ARGS = {"batch_norm": ("weight", "bias", "running_mean", "running_var"),
+                 "_native_batch_norm_legit_no_training": ("weight", "bias", "running_mean",
+                                                          "running_var"),
+                 "group_norm": ("weight", "bias"), "instance_norm": ("weight", "bias")}
+_RENAME = {("max", "other"): "aten.maximum.default", ("min", "other"): "aten.minimum.default"}
+
+
+@dataclass
+class Region:
+    """One fusible region of a captured graph."""
+    graph: int                      # the graph's index in the capture
+    nodes: list                     # its nodes, graph order, the output last
+    output: fx.Node
+    inputs: list                    # the external nodes the spec's in0, in1, ... are
+    spec: dict                      # kernels/region.py's spec (JSON)
+    shape: tuple                    # the domain shape: the family shape of its target
+    dtype: str
+
+    @property
+    def name(self) -> str:
+        return self.spec["name"]
+
+
+@dataclass
+class Left:
+    """A node no match and no region holds, and why (for coverage reports)."""
+    node: fx.Node
+    why: str
+
+
+@dataclass
+class Found:
+    regions: list = field(default_factory=list)
+    left: list = field(default_factory=list)
+
+
+# ---- which nodes regions may hold ------------------------------------------------------------
+
+def _tensor(v) -> bool:
+    return isinstance(v, torch.Tensor)
+
+
+def _static(v) -> bool:
+    try:
+        [int(s) for s in v.shape]
+        return True
+    except Exception:
+        return False
+
+
+def op_of(n: fx.Node) -> tuple[str, fx.Node] | None:
+    """(the aten op's qualified name as the spec holds it, the node whose arguments it takes),
+    or None when regions cannot hold ``n``. A getitem 0 of max.dim / batch norm's tuple stands
+    for its op; an op written in place stands for its functional form when nothing else reads
+    the tensor it writes."""
+    src = n
+    if n.op != "call_function":
+        return None
+    if n.target is operator.getitem:
+        s = n.args[0]
+        if (not isinstance(s, fx.Node) or n.args[1] != 0 or len(s.users) != 1
+                or not isinstance(s.target, torch._ops.OpOverload)
+                or s.target._opname not in _TUPLE_OPS):
+            return None
+        src = s
+    t = src.target
+    if not isinstance(t, torch._ops.OpOverload) or t.namespace != "aten":
+        return None
+    name, overload = t._opname, t._overloadname
+    qual = f"aten.{name}.{overload}"
+    if (name, overload) in _RENAME:
+        qual = _RENAME[(name, overload)]
+    elif name in R.IN_PLACE:
+        base = src.args[0] if src.args else None
+        if (not isinstance(base, fx.Node) or base.op != "call_function" or len(base.users) != 1
+                or base.target is operator.getitem):
+            return None
+        fn = R.IN_PLACE[name]
+        qual = f"aten.{fn}.{overload}"
+        try:
+            R.aten_op(qual)
+        except AttributeError:
+            return None
+    if R.op_parts(qual)[0] not in R.OPS:
+        return None
+    v = cap.val(n)
+    if not _tensor(v) or not _static(v) or not (v.is_floating_point() or v.dtype == torch.bool):
+        return None
+    if v.dtype == torch.float64:
+        return None
+    name = R.op_parts(qual)[0]
+    if name == "dropout":
+        a = dict(zip(("input", "p", "train"), src.args))
+        if a.get("train") and a.get("p"):
+            return None
+    if name == "instance_norm":
+        a = R.named_args(qual, list(src.args), dict(src.kwargs))
+        if not a.get("use_input_stats"):
+            return None
+    for a in list(src.args) + list(src.kwargs.values()):
+        for x in (a if isinstance(a, (list, tuple)) else [a]):
+            if isinstance(x, fx.Node):
+                xv = cap.val(x)
+                if not _tensor(xv) or not _static(xv):
+                    return None
+                if not (xv.is_floating_point() or xv.dtype == torch.bool) or xv.dtype == torch.float64:
+                    return None
+    return qual, src
+
+
+# ---- building a spec from a node set -----------------------------------------------------------
+
+class NotARegion(Exception):
+    pass
+
+
+def _shape(n) -> tuple:
+    return tuple(int(s) for s in cap.val(n).shape)
+
+
+def _dtype(n) -> str:
+    return str(cap.val(n).dtype).removeprefix("torch.")
+
+
+def _tensor_args(qual: str, src: fx.Node) -> dict:
+    """Schema name -> argument (node or literal) of the op's table tensor slots."""
+    a = R.named_args(qual, list(src.args), dict(src.kwargs))
+    name = R.op_parts(qual)[0]
+    return {k: a.get(k) for k in R.OPS[name][1]}
+
+
+def build(nodes: list, order: dict) -> Region:
+    """The Region the node set ``nodes`` is (the last in graph order its output), or raises
+    NotARegion with why the generator cannot serve it."""
+    nodes = sorted(nodes, key=order.get)
+    inside = set(nodes)
+    out = nodes[-1]
+    ops = {}                                     # node -> (qual, src): the spec's values
+    sources = set()                              # tuple ops whose getitem 0 is the value
+    for n in nodes:
+        if n.target is operator.getitem:
+            o = op_of(n)
+            if o is not None:
+                sources.add(o[1])
+    for n in nodes:
+        if n in sources:
+            continue
+        o = op_of(n)
+        if o is None:
+            raise NotARegion(f"{n.name} is not a region op")
+        if o[1] is not n and o[1] not in inside:
+            raise NotARegion("a tuple op outside its getitem")
+        ops[n] = o
+    values = [n for n in nodes if n in ops]
+    if not values or values[-1] is not out:
+        raise NotARegion("the output is not a value")
+    # the domain: a reduction's (or scan's) input shape, else the output's
+    reds = []
+    for n in values:
+        qual, src = ops[n]
+        name = R.op_parts(qual)[0]
+        if R.OPS[name][0] in ("red", "scan"):
+            reds.append(n)
+    split = None
+    convs = [n for n in values if R.OPS[R.op_parts(ops[n][0])[0]][0] == "conv"]
+    if len(convs) > 1:
+        raise NotARegion("two convolutions")
+    if convs:
+        dom = _shape(convs[0])
+    elif reds:
+        first_q, first_src = ops[reds[0]]
+        x = _tensor_args(first_q, first_src)
+        xin = next(iter(x.values()))
+        dom = _shape(xin)
+    else:
+        dom = _shape(out)
+    rank = len(dom)
+    # positional maps: each value's dims -> domain dims (None: a leading dim beyond the domain)
+    pos: dict = {}
+    in_pos: dict = {}                            # external node -> its map (spec form)
+    roles: dict = {}                             # a convolution's x, w, b -> their role
+    conv: dict | None = None
+    red_dims = None
+
+    def ext_map(a, p):
+        """The spec map of external input ``a`` seen at positions ``p``: the domain dim where it
+        has the domain's size, None where it broadcasts."""
+        s = _shape(a)
+        m = []
+        for size, d in zip(s, p):
+            if d is None:
+                if size != 1:
+                    raise NotARegion("an input wider than the domain")
+                m.append(None)
+            elif size == dom[d]:
+                m.append(d)
+            elif size == 1:
+                m.append(None)
+            else:
+                raise NotARegion(f"an input of shape {list(s)} does not broadcast to {list(dom)}")
+        return m
+
+    def use_input(a, p):
+        m = ext_map(a, p)
+        if a in in_pos and in_pos[a] != m:
+            raise NotARegion("an input read in two alignments")
+        in_pos[a] = m
+
+    def aligned(k: int, base: list | None) -> list:
+        """Positions of a rank-k value right-aligned against ``base`` (positions), or the domain."""
+        if base is None:
+            base = list(range(rank))
+        if k <= len(base):
+            return list(base[len(base) - k:])
+        first = base[0] if base else rank
+        lead = [first - (k - len(base)) + i for i in range(k - len(base))]
+        if base and base[0] is None or any(x < 0 for x in lead):
+            raise NotARegion("a value of higher rank than the domain")
+        return lead + list(base)
+
+    for n in values:
+        qual, src = ops[n]
+        name = R.op_parts(qual)[0]
+        kind = R.OPS[name][0]
+        targs = _tensor_args(qual, src)
+        k = len(_shape(n))
+        internal = [a for a in targs.values() if isinstance(a, fx.Node) and a in pos]
+        if kind == "conv":
+            if internal or n is not values[0]:
+                raise NotARegion("a convolution of a value computed in the region")
+            a = R.named_args(qual, list(src.args), dict(src.kwargs))
+            x, w, b = a["input"], a["weight"], a.get("bias")
+            if not (isinstance(x, fx.Node) and isinstance(w, fx.Node)) or len(_shape(x)) != rank:
+                raise NotARegion("a convolution without its batch dim")
+            if not all(isinstance(a.get(k), (list, tuple)) for k in ("stride", "padding", "dilation")):
+                raise NotARegion("a convolution with padding given by name")
+            roles[x], roles[w] = "conv_x", "conv_w"
+            if isinstance(b, fx.Node):
+                roles[b] = "conv_b"
+            conv = {"transposed": name.startswith("conv_transpose"),
+                    "stride": [int(v) for v in a["stride"]], "padding": [int(v) for v in a["padding"]],
+                    "dilation": [int(v) for v in a["dilation"]], "groups": int(a["groups"]),
+                    "output_padding": [int(v) for v in (a.get("output_padding") or [0] * (rank - 2))],
+                    "w_shape": list(_shape(w))}
+            if len(conv["stride"]) != rank - 2 or len(conv["padding"]) != rank - 2:
+                raise NotARegion("a convolution's stride or padding for fewer dims")
+            if R.conv_out(conv, _shape(x)) != dom:
+                raise NotARegion("a convolution whose output size the formula does not give")
+            pos[n] = list(range(rank))
+            continue
+        if kind in ("red", "scan"):
+            xa = next(iter(targs.values()))
+            if not isinstance(xa, fx.Node) or _shape(xa) != dom:
+                raise NotARegion("reductions of different shapes")
+            xp = pos[xa] if xa in pos else list(range(rank))
+            if xp != list(range(rank)):
+                raise NotARegion("a reduction of a value not laid out as the domain")
+            if xa not in pos:
+                use_input(xa, xp)
+            a = R.named_args(qual, list(src.args), dict(src.kwargs))
+            if name == "group_norm":
+                g = int(a["num_groups"])
+                if rank < 2 or dom[1] % g:
+                    raise NotARegion("group norm: channels not a multiple of the groups")
+                mine, sp = list(range(2, rank + 1)), [1, g]
+            else:
+                d = R.reduced_dims(name, a, rank)
+                if d is None:
+                    raise NotARegion(f"{name}: its dims")
+                mine, sp = d, None
+                if split:
+                    raise NotARegion("a reduction beside a group norm")
+            if sp is not None:
+                if split not in (None, sp) or (red_dims is not None and split is None):
+                    raise NotARegion("a group norm beside another reduction")
+                split = sp
+            if red_dims is None:
+                red_dims = mine
+            elif red_dims != mine:
+                raise NotARegion("reductions over different dims")
+            if kind == "scan" and len(mine) != 1:
+                raise NotARegion("a scan over several dims")
+            # channel arguments (weights of group / instance norm)
+            for cname in _CHANNEL_ARGS.get(name, ()):
+                c = targs.get(cname)
+                if isinstance(c, fx.Node):
+                    if c in pos:
+                        raise NotARegion("a computed norm weight")
+                    use_input(c, [1])
+            for oname, c in targs.items():
+                if oname in _CHANNEL_ARGS.get(name, ()) or c is xa:
+                    continue
+                if isinstance(c, fx.Node) and c not in pos:     # layer norm's weight, bias
+                    use_input(c, aligned(len(_shape(c)), xp))
+            keep = bool(a.get("keepdim", False))
+            if kind == "scan" or name in ("softmax", "_softmax", "log_softmax", "_log_softmax",
+                                          "layer_norm", "group_norm", "instance_norm"):
+                pos[n] = list(range(rank))
+            elif keep or k == rank:
+                pos[n] = list(range(rank))
+            else:
+                dd = R.reduced_dims(name, a, rank)
+                pos[n] = [d for d in range(rank) if d not in dd]
+            if len(pos[n]) != k:
+                raise NotARegion(f"{name}: an output rank the generator does not expect")
+            continue
+        # pointwise: positions from the widest internal argument, else the domain
+        if name in _CHANNEL_ARGS:
+            xa = targs.get("input")
+            base = pos[xa] if isinstance(xa, fx.Node) and xa in pos else aligned(k, None)
+            if isinstance(xa, fx.Node) and xa not in pos:
+                use_input(xa, base)
+            for cname in _CHANNEL_ARGS[name]:
+                c = targs.get(cname)
+                if isinstance(c, fx.Node):
+                    if c in pos:
+                        raise NotARegion("computed batch norm statistics")
+                    use_input(c, [base[1]])
+            pos[n] = base
+            continue
+        if internal:
+            widest = max(internal, key=lambda a: len(_shape(a)))
+            base = aligned(k, pos[widest])
+        else:
+            base = aligned(k, None)
+        for a in targs.values():
+            if not isinstance(a, fx.Node):
+                continue
+            p = aligned(len(_shape(a)), base)
+            if a in pos:
+                # an internal argument must sit where the output's positions say
+                if [x for x, s in zip(pos[a], _shape(a)) if s != 1] != \
+                        [x for x, s in zip(p, _shape(a)) if s != 1]:
+                    raise NotARegion("values of the region in two alignments")
+            else:
+                use_input(a, p)
+        pos[n] = base
+    # sizes: every value's non-1 dims have the domain's size there
+    for n in values:
+        for s, d in zip(_shape(n), pos[n]):
+            if d is None or (s != 1 and s != dom[d]):
+                raise NotARegion("a value that does not fit the domain")
+    if conv is not None:
+        if red_dims not in (None, [1]) or split:
+            raise NotARegion("a convolution with a reduction over other dims than its channels")
+        if set(roles) & set(in_pos):
+            raise NotARegion("a convolution's input read by its epilogue too")
+        for a, role in roles.items():
+            in_pos[a] = role
+    # the spec
+    inputs = sorted(in_pos, key=lambda a: order.get(a, -1))
+    idx = {a: i for i, a in enumerate(inputs)}
+    vidx = {n: j for j, n in enumerate(values)}
+
+    def enc(v):
+        if isinstance(v, fx.Node):
+            if v in vidx:
+                return {"v": vidx[v]}
+            if v in idx:
+                return {"in": idx[v]}
+            if v in inside:                    # the tuple op's own node: not a value
+                raise NotARegion("a tuple read as a value")
+            raise NotARegion("an argument that is not a tensor input")
+        if isinstance(v, (list, tuple)):
+            return [enc(x) for x in v]
+        return R.encode(v)
+
+    spec_inputs = []
+    for a in inputs:
+        dt = _dtype(a)
+        if dt not in ("float32", "float16", "bfloat16", "bool"):
+            raise NotARegion(f"an input of dtype {dt}")
+        if isinstance(in_pos[a], str):
+            spec_inputs.append({"map": None, "dtype": dt, "role": in_pos[a]})
+        else:
+            spec_inputs.append({"map": in_pos[a], "dtype": dt})
+    if all(i["dtype"] == "bool" for i in spec_inputs):
+        raise NotARegion("no floating input")
+    spec_ops = []
+    for n in values:
+        qual, src = ops[n]
+        m = []
+        for s, d in zip(_shape(n), pos[n]):
+            m.append(d if (s == dom[d] and not (s == 1 and _reduced_here(n, ops, d, red_dims, split)))
+                     else None)
+        op = {"op": qual, "args": [enc(a) for a in src.args],
+              "kwargs": {k: enc(v) for k, v in src.kwargs.items()}, "map": m, "dtype": _dtype(n)}
+        if R.op_parts(qual)[0] in ("_to_copy", "to", "type_as"):
+            s0 = src.args[0]
+            op["src_dtype"] = _dtype(s0) if isinstance(s0, fx.Node) else None
+        spec_ops.append(op)
+    float_in = next(i["dtype"] for i in spec_inputs if i["dtype"] != "bool")
+    out_dt = _dtype(out)
+    spec = {"name": R.region_name(spec_ops), "rank": rank, "split": split,
+            "red": red_dims or [], "inputs": spec_inputs, "ops": spec_ops,
+            "out_dtype": None if out_dt == float_in else out_dt}
+    shape = dom
+    if conv is not None:
+        conv.update(x=idx[next(a for a, r in roles.items() if r == "conv_x")],
+                    w=idx[next(a for a, r in roles.items() if r == "conv_w")],
+                    b=next((idx[a] for a, r in roles.items() if r == "conv_b"), None))
+        spec["conv"] = conv
+        shape = _shape(next(a for a, r in roles.items() if r == "conv_x"))   # the family shape
+    try:
+        R.validate(spec)
+    except ValueError as e:
+        raise NotARegion(str(e)) from None
+    return Region(-1, nodes, out, inputs, spec, shape, float_in)
+
+
+def _reduced_here(n, ops, d, red_dims, split) -> bool:
+    """Is domain dim ``d`` one the value ``n`` was reduced over (keepdim: size 1 there)?"""
+    qual, src = ops[n]
+    name = R.op_parts(qual)[0]
+    if R.OPS[name][0] != "red" or not red_dims:
+        return False
+    if name in ("softmax", "_softmax", "log_softmax", "_log_softmax", "layer_norm",
+                "group_norm", "instance_norm"):
+        return False
+    dd = set(red_dims)
+    if split:
+        dd = {x - 1 if x > split[0] else x for x in dd}
+    return d in dd
+
+
+# ---- growing regions ---------------------------------------------------------------------------
+
+def find(graph: cap.Graph, matches=()) -> Found:
+    """The regions of ``graph`` outside the placeable ``matches``, and the nodes left out."""
+    order = {n: i for i, n in enumerate(graph.gm.graph.nodes)}
+    claimed = set()
+    for m in matches:
+        if m.placeable:
+            claimed |= set(m.nodes)
+    taken: set = set()
+    found = Found()
+    fusible = {n for n in graph.gm.graph.nodes if n not in claimed and op_of(n) is not None}
+    # a tuple op (max.dim, batch norm) joins with its getitem
+    partner = {}
+    for n in list(fusible):
+        o = op_of(n)
+        if o[1] is not n:
+            partner[n] = o[1]
+    for n in reversed(list(graph.gm.graph.nodes)):
+        if n not in fusible or n in taken or (n.target is not operator.getitem
+                                              and any(p is n for p in partner.values())):
+            continue
+        members = {n} | ({partner[n]} if n in partner else set())
+        try:
+            reg = build(list(members), order)
+        except NotARegion as e:
+            found.left.append(Left(n, str(e)))
+            continue
+        grown = True
+        while grown and len(members) < MAX_OPS:
+            grown = False
+            for m in sorted(members, key=order.get, reverse=True):
+                for a in m.all_input_nodes:
+                    if a in members or a not in fusible or a in taken:
+                        continue
+                    extra = {a} | ({partner[a]} if a in partner else set())
+                    if not all(u in members or u in extra for x in extra for u in x.users):
+                        continue
+                    try:
+                        reg2 = build(list(members | extra), order)
+                    except NotARegion:
+                        continue
+                    members |= extra
+                    reg = reg2
+                    grown = True
+        if R._depth(reg.spec) == 0:
+            continue                    # copies and casts alone: nothing to compute
+        reg.graph = graph.index
+        taken |= members
+        found.regions.append(reg)
+    for n in graph.gm.graph.nodes:
+        if n.op == "call_function" and n not in claimed and n not in taken and n not in fusible:
+            found.left.append(Left(n, _why_left(n)))
+    found.regions.sort(key=lambda r: order[r.output])
+    return found
+
+
+def _why_left(n: fx.Node) -> str:
+    t = n.target
+    name = getattr(t, "_opname", getattr(t, "__name__", str(t)))
+    if name in ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+                "conv_transpose3d", "convolution"):
+        return "convolution the region generator does not take (padding by name, no batch dim)"
+    if name in ("linear", "matmul", "mm", "bmm", "addmm", "einsum", "baddbmm"):
+        return "GEMM no family contract took"
+    return f"{name}: not an op regions hold"
+
+
+__all__ = ["Region", "Found", "Left", "find", "build", "op_of", "NotARegion", "MAX_OPS"]

@@ -1,0 +1,1818 @@
+"""Region family: any fusible region of a model's graph, its contract rebuilt from a JSON spec.
+
+A region (engine/regions.py finds them) is a small DAG of aten ops with one output: pointwise
+chains, reductions over any set of dims with their pointwise prologue and epilogue (softmax,
+logsumexp, var, norms, group norm written as one aten op or by hand), and scans (cumsum,
+cumprod). Nothing of a region is written by hand: ``configure(spec)`` builds its whole contract
+from the spec the graph fixed:
+
+- ``reference``: the region's own ops replayed eagerly (``torch.ops.aten.<op>``), as the model
+  runs them: the timing baseline and, on float64 copies, the ground truth;
+- ``make_inputs``: every input from the domain shape through its dim map, in value ranges that
+  keep each op inside its domain (log and rsqrt of positive values, no zero divisor), found by
+  interval arithmetic over the region's ops; ``adversarial`` kinds ("tiny", "large") only where
+  the ops stay defined and finite there;
+- ``tolerance`` per dtype growing with the region's depth, plus an error bound: the region run
+  in fp32 against fp64 (what cancellation does to any fp32 kernel), elementwise plus a quarter
+  of its worst anywhere, 16 times over;
+- ``cost``: every input read once, the output written once (bytes); one flop per element per
+  elementary op;
+- shapes: the domain shape (the shape every input broadcasts to; for a reduction, its input's
+  shape) is the family shape; sweeps and edges keep its rank and shrink or bend its dims;
+- ``render``: one generated, self-contained Triton candidate for any point of ``space``.
+
+The spec (plain JSON; stored with the target, sent to the worker):
+
+    {"name": "mul+leaky_relu",            # the region named by its ops
+     "rank": 2,                           # rank of the domain D
+     "split": null | [dim, groups],       # a domain dim seen as [groups, dim/groups] (group norm)
+     "red": [1],                          # reduced / scanned dims, in split coordinates; []: pointwise
+     "inputs": [{"map": [0, 1], "dtype": "float32"}],   # per input dim: the domain dim, or null (size 1)
+     "ops": [{"op": "aten.mul.Tensor", "args": [{"in": 0}, 0.5], "kwargs": {},
+              "map": [0, 1], "dtype": "float32"}, ...],  # values v0, v1, ...: {"v": j}
+     "out_dtype": null | "float32"}       # the output's dtype when it is not the inputs'
+
+The generated kernel (one program per ROWS rows): the domain (in split coordinates) is viewed
+as rows (the kept dims) x cols (the reduced dims; for a pointwise region, the trailing
+``col_dims`` dims); every input is addressed through its own strides (0 where it broadcasts),
+so any layout is read in place. When a row fits one tile (next_pow2(cols) <= max_block) the
+"one_pass" kernel holds it in registers: inputs read once, output written once. Otherwise the
+"looped" kernel makes one pass over the row per reduction (recomputing the pointwise prologue
+from the inputs: each pass re-reads them) and a last pass for a row-shaped output or a scan
+(scans carry their running total across chunks). All arithmetic is fp32; a cast to a narrower
+float inside the region is rounded where the model rounds; the output is rounded once.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import torch
+
+from kernels import Family
+from kernels import _common as C
+
+NAME = "region"
+
+# ---------------------------------------------------------------------------------------------
+# the op table: what a region may hold
+# ---------------------------------------------------------------------------------------------
+# Each entry: kind ("pw" pointwise | "red" reduction | "scan"), the schema names of its tensor
+# arguments, and flops per element. Casts and copies are pointwise identities. Ops written in
+# place (relu_, add_) are their functional form when nothing else reads the written tensor
+# (engine/regions.py checks).
+
+_PW1 = ("self",)
+OPS = {
+    # arithmetic
+    "add": ("pw", ("self", "other"), 1), "sub": ("pw", ("self", "other"), 1),
+    "rsub": ("pw", ("self", "other"), 1), "mul": ("pw", ("self", "other"), 1),
+    "multiply": ("pw", ("self", "other"), 1),
+    "div": ("pw", ("self", "other"), 1), "neg": ("pw", _PW1, 1), "abs": ("pw", _PW1, 1),
+    "reciprocal": ("pw", _PW1, 1), "square": ("pw", _PW1, 1), "pow": ("pw", ("self",), 2),
+    "maximum": ("pw", ("self", "other"), 1), "minimum": ("pw", ("self", "other"), 1),
+    "sign": ("pw", _PW1, 1), "floor": ("pw", _PW1, 1), "ceil": ("pw", _PW1, 1),
+    # transcendental
+    "exp": ("pw", _PW1, 4), "exp2": ("pw", _PW1, 4), "expm1": ("pw", _PW1, 6),
+    "log": ("pw", _PW1, 4), "log2": ("pw", _PW1, 4), "log10": ("pw", _PW1, 5),
+    "log1p": ("pw", _PW1, 6), "sqrt": ("pw", _PW1, 2), "rsqrt": ("pw", _PW1, 2),
+    "sin": ("pw", _PW1, 4), "cos": ("pw", _PW1, 4), "erf": ("pw", _PW1, 6),
+    "tanh": ("pw", _PW1, 6), "sigmoid": ("pw", _PW1, 5),
+    # activations
+    "relu": ("pw", _PW1, 1), "leaky_relu": ("pw", _PW1, 2), "gelu": ("pw", _PW1, 10),
+    "silu": ("pw", _PW1, 6), "mish": ("pw", _PW1, 14), "softplus": ("pw", _PW1, 8),
+    "elu": ("pw", _PW1, 6), "selu": ("pw", _PW1, 6), "celu": ("pw", _PW1, 6),
+    "hardtanh": ("pw", _PW1, 2), "hardsigmoid": ("pw", _PW1, 3), "hardswish": ("pw", _PW1, 4),
+    "clamp": ("pw", _PW1, 2), "clamp_min": ("pw", _PW1, 1), "clamp_max": ("pw", _PW1, 1),
+    "threshold": ("pw", _PW1, 1),
+    # selection and comparison
+    "where": ("pw", ("condition", "self", "other"), 1), "masked_fill": ("pw", ("self", "mask"), 1),
+    "gt": ("pw", ("self", "other"), 1), "lt": ("pw", ("self", "other"), 1),
+    "ge": ("pw", ("self", "other"), 1), "le": ("pw", ("self", "other"), 1),
+    "eq": ("pw", ("self", "other"), 1), "ne": ("pw", ("self", "other"), 1),
+    "logical_not": ("pw", _PW1, 1), "logical_and": ("pw", ("self", "other"), 1),
+    "logical_or": ("pw", ("self", "other"), 1),
+    # casts, copies, no-op dropout
+    "_to_copy": ("pw", _PW1, 0), "to": ("pw", _PW1, 0), "clone": ("pw", _PW1, 0),
+    "contiguous": ("pw", _PW1, 0), "alias": ("pw", _PW1, 0), "detach": ("pw", _PW1, 0),
+    "lift_fresh_copy": ("pw", _PW1, 0), "dropout": ("pw", ("input",), 0),
+    "type_as": ("pw", _PW1, 0),
+    # per-channel normalization with running statistics (eval mode): pointwise
+    "batch_norm": ("pw", ("input", "weight", "bias", "running_mean", "running_var"), 4),
+    "_native_batch_norm_legit_no_training":
+        ("pw", ("input", "weight", "bias", "running_mean", "running_var"), 4),
+    # reductions (over the region's reduced dims, all of them)
+    "sum": ("red", _PW1, 1), "mean": ("red", _PW1, 1), "amax": ("red", _PW1, 1),
+    "amin": ("red", _PW1, 1), "prod": ("red", _PW1, 1), "max": ("red", _PW1, 1),
+    "min": ("red", _PW1, 1), "var": ("red", _PW1, 3), "std": ("red", _PW1, 3),
+    "logsumexp": ("red", _PW1, 6), "linalg_vector_norm": ("red", _PW1, 2),
+    "norm": ("red", _PW1, 2), "softmax": ("red", _PW1, 5), "_softmax": ("red", _PW1, 5),
+    "log_softmax": ("red", _PW1, 6), "_log_softmax": ("red", _PW1, 6),
+    "layer_norm": ("red", ("input", "weight", "bias"), 7),
+    "group_norm": ("red", ("input", "weight", "bias"), 7),
+    "instance_norm": ("red", ("input", "weight", "bias"), 7),
+    # scans
+    "cumsum": ("scan", _PW1, 1), "cumprod": ("scan", _PW1, 1),
+    # convolutions: the region's first op, its epilogue fused (flops per output element and tap)
+    "conv1d": ("conv", ("input", "weight", "bias"), 2), "conv2d": ("conv", ("input", "weight", "bias"), 2),
+    "conv3d": ("conv", ("input", "weight", "bias"), 2),
+    "conv_transpose1d": ("conv", ("input", "weight", "bias"), 2),
+    "conv_transpose2d": ("conv", ("input", "weight", "bias"), 2),
+    "conv_transpose3d": ("conv", ("input", "weight", "bias"), 2),
+}
+IN_PLACE = {"relu_": "relu", "add_": "add", "mul_": "mul", "sub_": "sub", "div_": "div",
+            "hardtanh_": "hardtanh", "leaky_relu_": "leaky_relu", "sigmoid_": "sigmoid",
+            "tanh_": "tanh", "clamp_": "clamp", "clamp_min_": "clamp_min", "gelu_": "gelu",
+            "silu_": "silu", "elu_": "elu", "exp_": "exp", "hardswish_": "hardswish",
+            "hardsigmoid_": "hardsigmoid", "masked_fill_": "masked_fill", "abs_": "abs",
+            "neg_": "neg", "sqrt_": "sqrt", "threshold_": "threshold", "mish_": "mish"}
+# short names for region names (gemm+mul+leaky_relu)
+SHORT = {"_to_copy": "to", "conv1d": "conv", "conv2d": "conv", "conv3d": "conv",
+         "conv_transpose1d": "conv_t", "conv_transpose2d": "conv_t", "conv_transpose3d": "conv_t", "_softmax": "softmax", "_log_softmax": "log_softmax",
+         "linalg_vector_norm": "norm", "_native_batch_norm_legit_no_training": "batch_norm",
+         "multiply": "mul", "amax": "max", "amin": "min"}
+_NOOPS = {"_to_copy", "to", "clone", "contiguous", "alias", "detach", "lift_fresh_copy",
+          "dropout", "type_as"}
+
+
+def op_parts(qualname: str) -> tuple[str, str]:
+    """("add", "Tensor") of "aten.add.Tensor"; "aten.relu.default" -> ("relu", "default")."""
+    parts = qualname.split(".")
+    return parts[1], (parts[2] if len(parts) > 2 else "default")
+
+
+def aten_op(qualname: str):
+    name, overload = op_parts(qualname)
+    return getattr(getattr(torch.ops.aten, name), overload)
+
+
+def named_args(qualname: str, args: list, kwargs: dict) -> dict:
+    """Schema name -> value for an op's (decoded or encoded) arguments, defaults filled in."""
+    schema = aten_op(qualname)._schema
+    out = {}
+    for i, a in enumerate(schema.arguments):
+        if i < len(args) and not a.kwarg_only:
+            out[a.name] = args[i]
+        elif a.name in kwargs:
+            out[a.name] = kwargs[a.name]
+        elif a.has_default_value():
+            out[a.name] = a.default_value
+        else:
+            out[a.name] = None
+    return out
+
+
+def reduced_dims(name: str, a: dict, rank: int):
+    """The dims (non-negative, sorted) a reduction or scan op of the table works over, on an
+    input of ``rank``; None when the op's arguments are outside what the generator handles."""
+    def norm(ds):
+        if ds is None or ds == []:
+            return list(range(rank))
+        if isinstance(ds, int):
+            ds = [ds]
+        return sorted({d % rank for d in ds}) if rank else []
+    if name in ("softmax", "_softmax", "log_softmax", "_log_softmax", "cumsum", "cumprod"):
+        return norm(a.get("dim"))
+    if name in ("layer_norm",):
+        k = len(a["normalized_shape"])
+        return list(range(rank - k, rank))
+    if name == "instance_norm":
+        return list(range(2, rank))
+    if name == "group_norm":
+        return None                  # the split's dims: engine/regions.py builds them
+    if name in ("max", "min") and a.get("dim") is not None and not isinstance(a.get("dim"), list):
+        return norm(a["dim"])
+    if name in ("linalg_vector_norm", "norm"):
+        return norm(a.get("dim"))
+    return norm(a.get("dim"))
+
+
+# ---------------------------------------------------------------------------------------------
+# spec encoding (JSON) and the reference
+# ---------------------------------------------------------------------------------------------
+
+def encode(v):
+    """A Python / torch argument value as JSON (node references are encoded by the caller)."""
+    if isinstance(v, torch.dtype):
+        return {"dtype": str(v).removeprefix("torch.")}
+    if isinstance(v, float) and not math.isfinite(v):
+        return {"f": repr(v)}
+    if isinstance(v, (list, tuple)):
+        return [encode(x) for x in v]
+    if isinstance(v, (torch.device, torch.layout, torch.memory_format)):
+        return None
+    return v
+
+
+def decode(v, inputs: list, values: list):
+    if isinstance(v, dict):
+        if "in" in v:
+            return inputs[v["in"]]
+        if "v" in v:
+            return values[v["v"]]
+        if "dtype" in v:
+            return getattr(torch, v["dtype"])
+        if "f" in v:
+            return float(v["f"])
+    if isinstance(v, list):
+        return [decode(x, inputs, values) for x in v]
+    return v
+
+
+_DROP_KWARGS = {"device", "layout", "pin_memory", "memory_format", "non_blocking"}
+
+
+def _replay(spec: dict, inputs: list):
+    values = []
+    for op in spec["ops"]:
+        name, _ = op_parts(op["op"])
+        args = [decode(a, inputs, values) for a in op["args"]]
+        kwargs = {k: decode(v, inputs, values) for k, v in op["kwargs"].items()
+                  if k not in _DROP_KWARGS}
+        src = args[0] if args else None
+        if name in ("_to_copy", "to") and isinstance(src, torch.Tensor):
+            want = kwargs.get("dtype") or next((a for a in args[1:] if isinstance(a, torch.dtype)),
+                                               None)
+            # an upcast of the model (x.float()) keeps a float64 reference in float64
+            if (want is not None and src.dtype == torch.float64 and want.is_floating_point
+                    and torch.finfo(want).bits >= _bits(op.get("src_dtype"))):
+                values.append(src)
+                continue
+        out = aten_op(op["op"])(*args, **kwargs)
+        if isinstance(out, (tuple, list)):          # max.dim, batch norm: the values
+            out = out[0]
+        values.append(out)
+    return values[-1]
+
+
+def _bits(dtype_name) -> int:
+    if not dtype_name:
+        return 0
+    dt = getattr(torch, dtype_name)
+    return torch.finfo(dt).bits if dt.is_floating_point else 0
+
+
+def _reference_for(spec):
+    n = len(spec["inputs"])
+
+    def reference(**kw):
+        return _replay(spec, [kw[f"in{i}"] for i in range(n)])
+    return reference
+
+
+# ---------------------------------------------------------------------------------------------
+# domains: value ranges that keep every op defined (interval arithmetic)
+# ---------------------------------------------------------------------------------------------
+
+# value ranges of inputs: normal-ish, positive, negative, big positive, near one (products)
+RANGES = {"N": (-2.0, 2.0), "P": (0.5, 2.0), "M": (-2.0, -0.5), "B": (3.0, 4.0), "S": (0.9, 1.1)}
+_BIG_N = 1e6          # elements a reduction may add up (intervals stay shape-free)
+_INF = float("inf")
+
+
+def _iv(a):
+    """An argument as an interval: intervals pass, numbers are points, None is unknown."""
+    if isinstance(a, tuple) and len(a) == 2:
+        return a
+    if isinstance(a, bool):
+        return (float(a), float(a))
+    if isinstance(a, (int, float)):
+        return (float(a), float(a))
+    return (-_INF, _INF)
+
+
+def _corners(f, a, b):
+    vals = []
+    for x in a:
+        for y in b:
+            try:
+                v = f(x, y)
+            except (ZeroDivisionError, OverflowError, ValueError):
+                return (-_INF, _INF)
+            if v != v:
+                return (-_INF, _INF)
+            vals.append(v)
+    return (min(vals), max(vals))
+
+
+def _mono(f, a, inc=True):
+    try:
+        lo, hi = f(a[0]), f(a[1])
+    except (OverflowError, ValueError, ZeroDivisionError):
+        return (-_INF, _INF)
+    return (lo, hi) if inc else (hi, lo)
+
+
+def _safe(f):
+    def g(x):
+        try:
+            return f(x)
+        except OverflowError:
+            return _INF
+    return g
+
+
+def _mul_iv(a, b):
+    return _corners(lambda x, y: 0.0 if (x == 0 or y == 0) else x * y, a, b)
+
+
+def _div_iv(a, b):
+    if b[0] <= 0 <= b[1]:
+        return (-_INF, _INF)
+    return _corners(lambda x, y: x / y, a, b)
+
+
+def _abs_iv(a):
+    if a[0] >= 0:
+        return a
+    if a[1] <= 0:
+        return (-a[1], -a[0])
+    return (0.0, max(-a[0], a[1]))
+
+
+def _sq_iv(a):
+    m = _abs_iv(a)
+    return (m[0] * m[0], m[1] * m[1]) if m[1] < 1e150 else (m[0] * m[0], _INF)
+
+
+def _clamp_iv(a, lo, hi):
+    lo = -_INF if lo is None else lo
+    hi = _INF if hi is None else hi
+    return (min(max(a[0], lo), hi), max(min(a[1], hi), lo))
+
+
+_exp = _safe(math.exp)
+
+
+def _interval(name: str, a: dict, t: list) -> tuple:
+    """The interval of an op's value from its arguments' intervals (``t``: tensor args in
+    table order, as intervals) and its named arguments ``a``."""
+    x = t[0] if t else (-_INF, _INF)
+    o = t[1] if len(t) > 1 else _iv(a.get("other"))
+    if name in _NOOPS:
+        return x
+    if name in ("add", "sub", "rsub"):
+        alpha = a.get("alpha", 1) or 1
+        o = _mul_iv(o, (alpha, alpha))
+        if name == "add":
+            return (x[0] + o[0], x[1] + o[1])
+        if name == "sub":
+            return (x[0] - o[1], x[1] - o[0])
+        return (o[0] - x[1], o[1] - x[0])
+    if name in ("mul", "multiply"):
+        return _mul_iv(x, o)
+    if name == "div":
+        return _div_iv(x, o)
+    if name == "neg":
+        return (-x[1], -x[0])
+    if name == "abs":
+        return _abs_iv(x)
+    if name == "square":
+        return _sq_iv(x)
+    if name == "reciprocal":
+        return _div_iv((1.0, 1.0), x)
+    if name == "pow":
+        e = a.get("exponent")
+        if not isinstance(e, (int, float)):
+            return (-_INF, _INF)
+        if e == 2:
+            return _sq_iv(x)
+        if x[0] >= 0:
+            return _mono(_safe(lambda v: v ** e if v > 0 else (0.0 if e > 0 else _INF)), x, e >= 0)
+        if float(e).is_integer():
+            m = _abs_iv(x)
+            r = max(m[1] ** e if e >= 0 else _INF, 0.0)
+            return (-r, r) if int(e) % 2 else (0.0, r)
+        return (-_INF, _INF)
+    if name in ("maximum", "minimum"):
+        f = max if name == "maximum" else min
+        return (f(x[0], o[0]), f(x[1], o[1]))
+    if name in ("exp", "exp2"):
+        b = math.e if name == "exp" else 2.0
+        return _mono(_safe(lambda v: b ** v), x)
+    if name == "expm1":
+        return _mono(_safe(lambda v: math.expm1(v)), x)
+    if name in ("log", "log2", "log10", "log1p"):
+        f = {"log": math.log, "log2": math.log2, "log10": math.log10, "log1p": math.log1p}[name]
+        return _mono(lambda v: f(v) if v > (-1 if name == "log1p" else 0) else -_INF, x)
+    if name == "sqrt":
+        return _mono(lambda v: math.sqrt(max(v, 0.0)), x)
+    if name == "rsqrt":
+        return _mono(lambda v: 1 / math.sqrt(v) if v > 0 else _INF, x, inc=False)
+    if name in ("sin", "cos", "tanh", "erf"):
+        return (-1.0, 1.0)
+    if name in ("sigmoid", "hardsigmoid"):
+        return (0.0, 1.0)
+    if name in ("relu",):
+        return (max(x[0], 0.0), max(x[1], 0.0))
+    if name in ("leaky_relu", "elu", "selu", "celu", "gelu", "silu", "mish", "softplus", "hardswish"):
+        lo = min(x[0], 0.0) * (1.7581 if name == "selu" else 1.0) - (1.7581 if name in ("elu", "selu", "celu") else 0.3)
+        hi = max(x[1], 0.0) * (1.0508 if name == "selu" else 1.0) + (1.0 if name == "softplus" else 0.0)
+        return (lo, hi)
+    if name == "hardtanh":
+        return _clamp_iv(x, a.get("min_val", -1.0), a.get("max_val", 1.0))
+    if name == "clamp":
+        return _clamp_iv(x, a.get("min"), a.get("max"))
+    if name == "clamp_min":
+        return _clamp_iv(x, a.get("min"), None)
+    if name == "clamp_max":
+        return _clamp_iv(x, None, a.get("max"))
+    if name == "threshold":
+        v = float(a.get("value", 0.0))
+        return (min(x[0], v), max(x[1], v))
+    if name in ("sign",):
+        return (-1.0, 1.0)
+    if name in ("floor", "ceil"):
+        return (math.floor(x[0]) if math.isfinite(x[0]) else x[0], math.ceil(x[1]) if math.isfinite(x[1]) else x[1])
+    if name in ("gt", "lt", "ge", "le", "eq", "ne", "logical_not", "logical_and", "logical_or"):
+        return (0.0, 1.0)
+    if name == "where":
+        s, o2 = t[1] if len(t) > 1 else _iv(a.get("self")), t[2] if len(t) > 2 else _iv(a.get("other"))
+        return (min(s[0], o2[0]), max(s[1], o2[1]))
+    if name == "masked_fill":
+        v = _iv(a.get("value"))
+        return (min(x[0], v[0]), max(x[1], v[1]))
+    if name in ("batch_norm", "_native_batch_norm_legit_no_training"):
+        w = t[1] if a.get("weight") is not None else (1.0, 1.0)
+        b = t[2] if a.get("bias") is not None else (0.0, 0.0)
+        rm, rv = t[3], t[4]
+        eps = float(a.get("eps", 1e-5))
+        c = (x[0] - rm[1], x[1] - rm[0])
+        r = _interval("rsqrt", {}, [(rv[0] + eps, rv[1] + eps)])
+        y = _mul_iv(_mul_iv(c, r), w)
+        return (y[0] + b[0], y[1] + b[1])
+    if name.startswith("conv"):
+        m = max(abs(x[0]), abs(x[1])) * max(abs(o[0]), abs(o[1])) * _BIG_N
+        return (-m, m)
+    # reductions and scans: shape-free bounds
+    if name in ("sum", "cumsum"):
+        return (min(x[0] * _BIG_N, x[0]), max(x[1] * _BIG_N, x[1]))
+    if name in ("mean", "amax", "amin", "max", "min"):
+        return x
+    if name in ("prod", "cumprod"):
+        m = _abs_iv(x)
+        if 0.9 <= m[0] and m[1] <= 1.1:
+            # factors near one: a product of n of them is a random walk in log space (a few
+            # e-folds over the rows checked), not the worst case 1.1^n
+            return (-_LIMIT32, _LIMIT32) if x[0] < 0 else (0.0, _LIMIT32)
+        if m[1] <= 1.0:
+            return (-m[1], m[1]) if x[0] < 0 else (0.0, m[1])
+        return (-_INF, _INF) if x[0] < 0 else (0.0, _INF)
+    if name in ("var", "std"):
+        v = (0.0, (x[1] - x[0]) ** 2)
+        return v if name == "var" else (0.0, math.sqrt(v[1]) if math.isfinite(v[1]) else _INF)
+    if name == "logsumexp":
+        return (x[0], x[1] + math.log(_BIG_N))
+    if name in ("linalg_vector_norm", "norm"):
+        m = _abs_iv(x)             # at least the largest |x_i|, which is at least min |x|
+        return (m[0], m[1] * _BIG_N)
+    if name in ("softmax", "_softmax"):
+        return (0.0, 1.0)
+    if name in ("log_softmax", "_log_softmax"):
+        return (-(x[1] - x[0]) - math.log(_BIG_N), 0.0)
+    if name in ("layer_norm", "group_norm", "instance_norm"):
+        w = _abs_iv(t[1]) if len(t) > 1 and a.get("weight") is not None else (1.0, 1.0)
+        b = t[2] if len(t) > 2 and a.get("bias") is not None else (0.0, 0.0)
+        s = math.sqrt(_BIG_N) * w[1]
+        return (b[0] - s, b[1] + s)
+    return (-_INF, _INF)
+
+
+def _domain_ok(name: str, a: dict, t: list) -> bool:
+    """Is the op defined (finite, no NaN) on its arguments' intervals?"""
+    x = t[0] if t else (-_INF, _INF)
+    if name in ("log", "log2", "log10", "rsqrt"):
+        return x[0] > 0
+    if name == "log1p":
+        return x[0] > -1
+    if name == "sqrt":
+        return x[0] >= 0
+    if name == "div":
+        o = t[1] if len(t) > 1 else _iv(a.get("other"))
+        return o[0] > 0 or o[1] < 0
+    if name == "reciprocal":
+        return x[0] > 0 or x[1] < 0
+    if name == "pow":
+        e = a.get("exponent")
+        if not isinstance(e, (int, float)):
+            return False
+        if not float(e).is_integer():
+            return x[0] > 0 if e < 0 else x[0] >= 0
+        return e >= 0 or x[0] > 0 or x[1] < 0
+    if name in ("batch_norm", "_native_batch_norm_legit_no_training"):
+        return t[4][0] + float(a.get("eps", 1e-5)) > 0
+    if name in ("var", "std") or name in ("layer_norm", "group_norm", "instance_norm"):
+        return True
+    return True
+
+
+_LIMIT32 = 1e30       # |value| an fp32 kernel holds with room to spare (fp32 max 3.4e38)
+
+
+def _tensor_slots(spec_op: dict) -> list:
+    """The encoded tensor arguments of an op, in its table order (None where absent)."""
+    name, _ = op_parts(spec_op["op"])
+    a = named_args(spec_op["op"], spec_op["args"], spec_op["kwargs"])
+    return [a.get(s) for s in OPS[name][1]], a
+
+
+def check_ranges(spec: dict, ranges: list, scale: float) -> tuple[bool, str]:
+    """(every op defined and every value within fp32's comfortable range, the first op that is
+    not) for inputs uniform in ``ranges`` times ``scale``."""
+    ins = []
+    for inp, r in zip(spec["inputs"], ranges):
+        ins.append((0.0, 1.0) if inp["dtype"] == "bool" else (r[0] * scale, r[1] * scale))
+    vals = []
+    for op in spec["ops"]:
+        name, _ = op_parts(op["op"])
+        slots, a = _tensor_slots(op)
+        t = []
+        for s in slots:
+            if isinstance(s, dict) and "in" in s:
+                t.append(ins[s["in"]])
+            elif isinstance(s, dict) and "v" in s:
+                t.append(vals[s["v"]])
+            else:
+                t.append(_iv(decode(s, [], [])) if s is not None else (0.0, 0.0))
+        plain = {k: (decode(v, [None] * len(ins), [None] * len(vals)) if not isinstance(v, dict)
+                     or "f" in v else v) for k, v in a.items()}
+        if not _domain_ok(name, plain, t):
+            return False, name
+        iv = _interval(name, plain, t)
+        if not (abs(iv[0]) <= _LIMIT32 and abs(iv[1]) <= _LIMIT32) and name not in ("sum", "cumsum",
+                                                                                   "linalg_vector_norm", "norm", "logsumexp", "log_softmax", "_log_softmax"):
+            return False, name
+        vals.append(iv)
+    return True, ""
+
+
+def choose_ranges(spec: dict, scale: float = 1.0) -> list | None:
+    """One value range per input (RANGES' names) under which every op is defined at ``scale``:
+    all "N" first, then coordinate descent over the other ranges; None when none is found."""
+    n = len(spec["inputs"])
+    names = ["N"] * n
+    ok, _ = check_ranges(spec, [RANGES[k] for k in names], scale)
+    if ok:
+        return names
+    for _round in range(3):
+        for i in range(n):
+            if spec["inputs"][i]["dtype"] == "bool":
+                continue
+            best = None
+            for k in ("N", "P", "B", "M", "S"):
+                trial = names[:i] + [k] + names[i + 1:]
+                ok, _ = check_ranges(spec, [RANGES[x] for x in trial], scale)
+                if ok:
+                    best = trial
+                    break
+            if best is not None:
+                return best
+        # no single switch fixes it: make every float input positive, then try again
+        names = ["P" if spec["inputs"][i]["dtype"] != "bool" else "N" for i in range(n)]
+        ok, _ = check_ranges(spec, [RANGES[k] for k in names], scale)
+        if ok:
+            return names
+        for i in range(n):
+            for k in ("B", "M", "N", "S"):
+                trial = names[:i] + [k] + names[i + 1:]
+                if check_ranges(spec, [RANGES[x] for x in trial], scale)[0]:
+                    names = trial
+                    break
+            if check_ranges(spec, [RANGES[x] for x in names], scale)[0]:
+                return names
+    return None
+
+
+# stability kinds: the same ranges scaled; "large" takes the largest scale the ops hold
+_KIND_SCALES = {"tiny": (1e-4,), "large": (1e3, 1e2, 30.0, 8.0)}
+
+
+def _kinds(spec: dict, ranges: list) -> dict:
+    """{kind: scale} of the stability kinds where every op stays defined and finite."""
+    out = {}
+    for kind, scales in _KIND_SCALES.items():
+        for s in scales:
+            if check_ranges(spec, [RANGES[k] for k in ranges], s)[0]:
+                out[kind] = s
+                break
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# shapes
+# ---------------------------------------------------------------------------------------------
+
+def input_shape(domain, m) -> tuple:
+    return tuple(int(domain[d]) if d is not None else 1 for d in m)
+
+
+# ---- convolutions: the family shape is the input x's, the domain the output's -----------------
+
+def conv_out(cv: dict, xshape) -> tuple:
+    """The output shape [N, Co, *O] of the region's convolution on an input of ``xshape``."""
+    w = cv["w_shape"]
+    k = w[2:]
+    co = w[1] * cv["groups"] if cv["transposed"] else w[0]
+    o = []
+    for s, i in enumerate(xshape[2:]):
+        st, pd, dl = cv["stride"][s], cv["padding"][s], cv["dilation"][s]
+        if cv["transposed"]:
+            o.append((i - 1) * st - 2 * pd + dl * (k[s] - 1) + cv["output_padding"][s] + 1)
+        else:
+            o.append((i + 2 * pd - dl * (k[s] - 1) - 1) // st + 1)
+    return (int(xshape[0]), int(co)) + tuple(int(v) for v in o)
+
+
+def domain_of(spec, shape) -> tuple:
+    """The domain of a family shape: the shape itself, or a convolution's output."""
+    return conv_out(spec["conv"], shape) if spec.get("conv") else tuple(int(v) for v in shape)
+
+
+def _conv_taps(cv) -> int:
+    """Products one output element of the convolution adds: Ci/groups * kernel volume."""
+    w = cv["w_shape"]
+    cig = w[0] // cv["groups"] if cv["transposed"] else w[1]
+    return int(cig * math.prod(w[2:]))
+
+
+def _role_shape(spec, inp, shape) -> tuple:
+    """An input's shape at family shape ``shape``: a convolution's input, weight, bias, or the
+    domain through its map."""
+    role = inp.get("role")
+    if role == "conv_x":
+        return tuple(int(v) for v in shape)
+    if role == "conv_w":
+        return tuple(spec["conv"]["w_shape"])
+    if role == "conv_b":
+        return (conv_out(spec["conv"], shape)[1],)
+    return input_shape(domain_of(spec, shape), inp["map"])
+
+
+def _fit_split(spec, shape):
+    """``shape`` with the split dim rounded to a multiple of the groups."""
+    shape = list(shape)
+    if spec.get("split"):
+        d, g = spec["split"]
+        shape[d] = max(g, (shape[d] // g) * g)
+    return tuple(shape)
+
+
+def _sweeps(spec, real: tuple) -> tuple[tuple, tuple]:
+    """(sweep shapes, edge shapes) of the domain's rank: the real shape shrunk, odd and prime
+    sizes along the reduced (or last) dims, size-1 dims, one long row."""
+    r = spec["rank"]
+    if r == 0:
+        return ((),), ((),)
+    red = _red_domain(spec)
+    col = red or [r - 1]
+    base = [2] * r
+    sweep, edge = [], []
+
+    def add(lst, s):
+        s = _fit_split(spec, s)
+        if s not in lst:
+            lst.append(s)
+    small = [max(1, min(int(s), 8)) for s in real]
+    add(sweep, small)
+    for n in (1, 7, 33, 130, 1000, 2500):
+        s = list(base)
+        for c in col:
+            s[c] = 1
+        s[col[-1]] = n
+        add(sweep, s)
+    s = [3] * r
+    add(sweep, s)
+    shrunk = list(real)
+    while math.prod(shrunk) > 1 << 14:
+        i = max(range(r), key=lambda k: shrunk[k])
+        shrunk[i] = max(1, shrunk[i] // 2 + (1 if shrunk[i] % 2 else 0))
+    add(sweep, shrunk)
+    add(edge, [1] * r)
+    for i in range(r):
+        s = list(shrunk)
+        s[i] = 1
+        add(edge, s)
+    s = [1] * r
+    s[col[-1]] = 4099
+    add(edge, s)
+    add(edge, [5] * (r - 1) + [13] if r > 1 else [97])
+    s = [1] * r
+    s[(set(range(r)) - set(col)).pop() if set(range(r)) - set(col) else 0] = 3001
+    add(edge, s)
+    return tuple(sweep), tuple(edge)
+
+
+def _conv_sweeps(spec) -> tuple[tuple, tuple]:
+    """Input shapes [N, Ci, *I] of a convolution region: the smallest input with an output,
+    odd and prime sizes, a batch of three; channels are the weights' (fixed)."""
+    cv = spec["conv"]
+    w = cv["w_shape"]
+    ci = w[0] if cv["transposed"] else w[1] * cv["groups"]
+    S = spec["rank"] - 2
+    lo = []
+    for s in range(S):
+        if cv["transposed"]:
+            lo.append(1)
+        else:
+            lo.append(max(1, cv["dilation"][s] * (w[2 + s] - 1) + 1 - 2 * cv["padding"][s]))
+    # odd sizes grown along the last spatial dims first, outputs kept to a few hundred positions
+    # (the interpreter runs every tap of every program in Python)
+    def grow(add):
+        return tuple(v + (add if s >= S - 2 else 0) for s, v in enumerate(lo))
+    sweep = [(1, ci) + tuple(lo), (2, ci) + grow(3), (1, ci) + grow(6 if S < 3 else 4)]
+    edge = [(3, ci) + tuple(v + (2 if s == S - 1 else 0) for s, v in enumerate(lo)),
+            (1, ci) + tuple(v + (10 if s == S - 1 else 0) for s, v in enumerate(lo))]
+    return tuple(sweep), tuple(edge)
+
+
+def _red_domain(spec) -> list:
+    """The reduced dims in domain (unsplit) coordinates."""
+    if not spec.get("split"):
+        return list(spec["red"])
+    d, _ = spec["split"]
+    out = set()
+    for k in spec["red"]:
+        out.add(k if k <= d else k - 1)
+    return sorted(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs, tolerance, cost
+# ---------------------------------------------------------------------------------------------
+
+def _inputs_for(spec, ranges, kinds):
+    def make(shape, dtype, device, gen, kind="normal"):
+        dtype = C.as_dtype(dtype)
+        shape = tuple(int(s) for s in shape)
+        scale = 1.0 if kind == "normal" else kinds.get(kind)
+        if scale is None:
+            raise ValueError(f"unknown input kind {kind!r} for region {spec['name']}; known: "
+                             f"normal, {', '.join(kinds)}")
+        out = {}
+        for i, (inp, rname) in enumerate(zip(spec["inputs"], ranges)):
+            s = _role_shape(spec, inp, shape)
+            if inp["dtype"] == "bool":
+                t = C.rand(gen, *s) < 0.5 if s else C.rand(gen, 1)[0] < 0.5
+            else:
+                lo, hi = RANGES[rname]
+                u = C.rand(gen, *s) if s else C.rand(gen, 1)[0]
+                # a convolution's weights as models initialize them: sums of its taps stay O(1)
+                w = 1.0 / math.sqrt(_conv_taps(spec["conv"])) if inp.get("role") == "conv_w" else 1.0
+                t = ((lo + (hi - lo) * u) * (w if inp.get("role") == "conv_w" else scale)).to(dtype)
+            out[f"in{i}"] = t.to(device)
+        return out
+    return make
+
+
+def _depth(spec) -> int:
+    return sum(1 for op in spec["ops"] if op_parts(op["op"])[0] not in _NOOPS)
+
+
+def _tolerance_for(spec) -> dict:
+    """(atol, rtol) per dtype: a few fp32 ulps per op on top of fp32's own rounding; fp16/bf16
+    outputs are rounded once (half an ulp) from an fp32 result, so their rtol is their ulp."""
+    g = 1.0 + _depth(spec) / 4.0
+    return {torch.float32: (1e-6 * g, 1e-5 * g), torch.float16: (1e-4 * g, 2e-3 * g),
+            torch.bfloat16: (1e-3 * g, 1.6e-2 * g)}
+
+
+_STOL = 16.0
+
+
+def _bound_for(spec):
+    """The region in fp32 against fp64 on the same inputs: what rounding in fp32 costs this
+    region (cancellation, long sums); a candidate may be _STOL times as far off."""
+    ref = _reference_for(spec)
+
+    def bound(**kw):
+        f32 = {k: (v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+               for k, v in kw.items()}
+        with torch.no_grad():
+            hi = ref(**kw).double()
+            lo = ref(**f32).double()
+        b = (lo - hi).abs()
+        b = torch.where(torch.isfinite(b), b, torch.zeros_like(b))
+        # eager's own fp32 result can be right by luck at one element (a partial sum that
+        # rounds well); another summation order is not: a quarter of the worst error anywhere
+        # in the output is allowed everywhere
+        return b + 0.25 * b.max() if b.numel() else b
+    return bound
+
+
+def _cost_for(spec):
+    def cost(shape, dtype):
+        item = C.itemsize(dtype)
+        fshape = tuple(int(s) for s in shape)
+        shape = domain_of(spec, fshape)
+        nbytes = 0
+        for inp in spec["inputs"]:
+            n = math.prod(_role_shape(spec, inp, fshape))
+            nbytes += n * (1 if inp["dtype"] == "bool" else item)
+        out = spec["ops"][-1]
+        nbytes += math.prod(input_shape(shape, out["map"])) * item
+        flops = 0
+        for op in spec["ops"]:
+            name, _ = op_parts(op["op"])
+            kind, _, f = OPS[name]
+            numel = math.prod(shape) if kind != "pw" else math.prod(input_shape(shape, op["map"]))
+            if kind == "conv":
+                numel *= _conv_taps(spec["conv"])
+            flops += f * numel
+        return nbytes, flops
+    return cost
+
+
+def region_name(spec_ops: list) -> str:
+    names = []
+    for op in spec_ops:
+        n = op_parts(op["op"])[0]
+        if n in _NOOPS:
+            continue
+        names.append(SHORT.get(n, n))
+    return "+".join(names) or "copy"
+
+
+# ---------------------------------------------------------------------------------------------
+# the generator: spec -> micro steps -> Triton source
+# ---------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Step:
+    name: str
+    kind: str            # "pw" | "red" | "scan" | "in"
+    expr: str = ""       # pw: the fp32 expression; red/scan: the argument's name
+    op: str = ""         # red: sum | max | min | prod; scan: cumsum | cumprod
+    deps: tuple = ()
+    level: str = "dom"   # "dom": varies along the cols; "row": one value per row
+    is_bool: bool = False
+
+
+class _Lower:
+    """Turns the spec's ops into micro steps: fp32 expressions, reductions, scans."""
+
+    def __init__(self, spec):
+        self.spec = spec
+        self.steps: list[Step] = []
+        self.by_name: dict = {}
+        self.k = 0
+        split = spec.get("split")
+        self.cols = set(spec["red"])
+        for i, inp in enumerate(spec["inputs"]):
+            dims = set(_split_dims(inp["map"], split)) if inp.get("map") is not None else set()
+            lvl = "dom" if dims & self.cols else "row"
+            self._add(Step(f"in{i}", "in", level=lvl, is_bool=inp["dtype"] == "bool"))
+        self.values = []
+
+    def _add(self, st: Step) -> str:
+        self.steps.append(st)
+        self.by_name[st.name] = st
+        return st.name
+
+    def fresh(self) -> str:
+        self.k += 1
+        return f"t{self.k}"
+
+    def pw(self, expr: str, deps, is_bool=False) -> str:
+        deps = tuple(d for d in deps if isinstance(d, str) and d in self.by_name)
+        lvl = "dom" if any(self.by_name[d].level == "dom" for d in deps) else "row"
+        return self._add(Step(self.fresh(), "pw", expr, deps=deps, level=lvl, is_bool=is_bool))
+
+    def red(self, op: str, arg: str) -> str:
+        return self._add(Step(self.fresh(), "red", arg, op, deps=(arg,), level="row"))
+
+    def scan(self, op: str, arg: str) -> str:
+        return self._add(Step(self.fresh(), "scan", arg, op, deps=(arg,), level="dom"))
+
+    def f(self, name) -> str:
+        """A value as an fp32 operand: bools become 0/1."""
+        if isinstance(name, str) and name in self.by_name and self.by_name[name].is_bool:
+            return f"{name}.to(tl.float32)"
+        return _lit(name) if not isinstance(name, str) else name
+
+    def run(self) -> str:
+        for op in self.spec["ops"]:
+            self.values.append(self.lower(op))
+        return self.values[-1]
+
+    def arg(self, v):
+        if isinstance(v, dict) and "in" in v:
+            return f"in{v['in']}"
+        if isinstance(v, dict) and "v" in v:
+            return self.values[v["v"]]
+        return decode(v, [], [])
+
+    def lower(self, op) -> str:
+        name, overload = op_parts(op["op"])
+        a = named_args(op["op"], op["args"], op["kwargs"])
+        a = {k: self.arg(v) for k, v in a.items()}
+        fn = _LOWER.get(name)
+        if fn is None:
+            raise ValueError(f"no lowering for aten.{name}")
+        return fn(self, a, op)
+
+
+def _split_dims(m, split) -> list:
+    """Domain dims (split coordinates) an input map reaches."""
+    out = []
+    for d in m:
+        if d is None:
+            continue
+        if split and d == split[0]:
+            out += [d, d + 1]
+        elif split and d > split[0]:
+            out.append(d + 1)
+        else:
+            out.append(d)
+    return out
+
+
+def _lit(v) -> str:
+    if isinstance(v, bool):
+        return "1.0" if v else "0.0"
+    if isinstance(v, (int, float)):
+        v = float(v)
+        if math.isinf(v):
+            return "float('inf')" if v > 0 else "float('-inf')"
+        if v != v:
+            return "float('nan')"
+        return repr(v)
+    raise ValueError(f"not a scalar: {v!r}")
+
+
+def _tanh(z):
+    # tanh(z) = 1 - 2 / (exp(2z) + 1): exact limits at both ends, no overflow to NaN
+    return f"(1.0 - 2.0 / (tl.exp(2.0 * ({z})) + 1.0))"
+
+
+def _log1p(z):
+    # log(u) * z / (u - 1), u = 1 + z: accurate for tiny z (Goldberg's trick)
+    return (f"tl.where((1.0 + ({z})) == 1.0, ({z}), tl.log(1.0 + ({z})) * ({z}) / "
+            f"((1.0 + ({z})) - 1.0))")
+
+
+def _expm1(z):
+    # (u - 1) * z / log(u), u = exp(z): accurate for tiny z (Kahan)
+    return (f"tl.where(tl.exp({z}) == 1.0, ({z}), tl.where(tl.exp({z}) - 1.0 == -1.0, -1.0, "
+            f"(tl.exp({z}) - 1.0) * ({z}) / tl.log(tl.exp({z}))))")
+
+
+def _where_clamp(x, lo, hi):
+    # NaN stays NaN (comparisons with NaN are false), as torch.clamp does
+    e = x
+    if lo is not None:
+        e = f"tl.where({e} < {_lit(lo)}, {_lit(lo)}, {e})"
+    if hi is not None:
+        e = f"tl.where({e} > {_lit(hi)}, {_lit(hi)}, {e})"
+    return e
+
+
+def _softplus(x, beta, threshold):
+    z = f"({x}) * {_lit(beta)}"
+    return f"tl.where({z} > {_lit(threshold)}, ({x}), {_log1p(f'tl.exp({z})')} / {_lit(beta)})"
+
+
+def _bin(sym):
+    def f(L, a, op):
+        x, y = L.f(a["self"]), L.f(a["other"])
+        alpha = a.get("alpha", 1)
+        if alpha not in (None, 1):
+            y = f"({y}) * {_lit(alpha)}"
+        if sym == "rsub":
+            return L.pw(f"({y}) - ({x})", (a["self"], a["other"]))
+        return L.pw(f"({x}) {sym} ({y})", (a["self"], a["other"]))
+    return f
+
+
+def _un(template):
+    def f(L, a, op):
+        src = a.get("self", a.get("input"))
+        x = L.f(src)
+        return L.pw(template(x, a), (src,))
+    return f
+
+
+def _cmp(sym):
+    def f(L, a, op):
+        return L.pw(f"({L.f(a['self'])}) {sym} ({L.f(a['other'])})", (a["self"], a["other"]),
+                    is_bool=True)
+    return f
+
+
+def _div(L, a, op):
+    if a.get("rounding_mode") is not None:
+        raise ValueError("div with a rounding mode")
+    return L.pw(f"({L.f(a['self'])}) / ({L.f(a['other'])})", (a["self"], a["other"]))
+
+
+def _pow(L, a, op):
+    e = a["exponent"]
+    x = L.f(a["self"])
+    if not isinstance(e, (int, float)):
+        raise ValueError("pow with a tensor exponent")
+    if float(e).is_integer() and 0 <= e <= 4:
+        expr = " * ".join([f"({x})"] * int(e)) if e else "1.0"
+        if e == 0:
+            expr = f"({x}) * 0.0 + 1.0"
+    elif e == 0.5:
+        expr = f"tl.sqrt({x})"
+    elif e == -0.5:
+        expr = f"tl.rsqrt({x})"
+    elif float(e).is_integer() and e < 0:
+        expr = "1.0 / (" + " * ".join([f"({x})"] * int(-e)) + ")"
+    else:
+        expr = f"tl.exp2({_lit(e)} * tl.log2({x}))"
+    return L.pw(expr, (a["self"],))
+
+
+def _minmax(fn):
+    def f(L, a, op):
+        x, y = L.f(a["self"]), L.f(a["other"])
+        # NaN in either operand gives NaN, as torch.maximum / minimum do
+        return L.pw(f"tl.where(({x}) != ({x}), ({x}), tl.where(({y}) != ({y}), ({y}), "
+                    f"tl.{fn}({x}, {y})))", (a["self"], a["other"]))
+    return f
+
+
+def _gelu(x, a):
+    if a.get("approximate", "none") == "tanh":
+        inner = f"0.7978845608028654 * (({x}) + 0.044715 * ({x}) * ({x}) * ({x}))"
+        return f"0.5 * ({x}) * (1.0 + {_tanh(inner)})"
+    return f"0.5 * ({x}) * (1.0 + tl.erf(({x}) * 0.7071067811865476))"
+
+
+def _elu(x, alpha, scale, input_scale):
+    neg = f"{_lit(scale * alpha)} * ({_expm1(f'({x}) * {_lit(input_scale)}')})"
+    return f"tl.where(({x}) > 0.0, {_lit(scale)} * ({x}), {neg})"
+
+
+def _cast(L, a, op):
+    src = a.get("self", a.get("input"))
+    want = a.get("dtype")
+    if want is None and op["args"][1:] and isinstance(op["args"][1], dict) and "dtype" in op["args"][1]:
+        want = getattr(torch, op["args"][1]["dtype"])
+    if not isinstance(want, torch.dtype):
+        want = getattr(torch, op["dtype"]) if op.get("dtype") else None
+    if want is None or not isinstance(src, str):
+        return src
+    st = L.by_name[src]
+    if want == torch.bool:
+        return L.pw(f"({L.f(src)}) != 0.0", (src,), is_bool=True)
+    if st.is_bool and want.is_floating_point:
+        return L.pw(f"{src}.to(tl.float32)", (src,))
+    narrow = {torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16"}.get(want)
+    src_bits = _bits(op.get("src_dtype"))
+    if narrow and (src_bits == 0 or src_bits > torch.finfo(want).bits):
+        # the model rounds here: so does the kernel
+        return L.pw(f"({src}).to({narrow}).to(tl.float32)", (src,))
+    return src
+
+
+def _identity(L, a, op):
+    src = a.get("self", a.get("input"))
+    if op_parts(op["op"])[0] == "dropout" and a.get("train") and a.get("p"):
+        raise ValueError("dropout in training mode")
+    return src
+
+
+def _where(L, a, op):
+    c = a["condition"]
+    cond = c if L.by_name.get(c, Step("", "")).is_bool else f"({L.f(c)}) != 0.0"
+    return L.pw(f"tl.where({cond}, {L.f(a['self'])}, {L.f(a['other'])})",
+                (c, a["self"], a["other"]))
+
+
+def _masked_fill(L, a, op):
+    m = a["mask"]
+    cond = m if L.by_name.get(m, Step("", "")).is_bool else f"({L.f(m)}) != 0.0"
+    return L.pw(f"tl.where({cond}, {L.f(a['value'])}, {L.f(a['self'])})", (a["self"], m, a["value"]))
+
+
+def _batch_norm(L, a, op):
+    if a.get("training"):
+        raise ValueError("batch norm in training mode")
+    x, rm, rv = L.f(a["input"]), L.f(a["running_mean"]), L.f(a["running_var"])
+    e = f"(({x}) - ({rm})) * tl.rsqrt(({rv}) + {_lit(float(a['eps']))})"
+    deps = [a["input"], a["running_mean"], a["running_var"]]
+    if a.get("weight") is not None:
+        e = f"({e}) * ({L.f(a['weight'])})"
+        deps.append(a["weight"])
+    if a.get("bias") is not None:
+        e = f"({e}) + ({L.f(a['bias'])})"
+        deps.append(a["bias"])
+    return L.pw(e, deps)
+
+
+def _n(L) -> str:
+    return "n_red"       # elements reduced per row: a kernel argument (float)
+
+
+def _reduce(kind):
+    def f(L, a, op):
+        x = a.get("self")
+        name = op_parts(op["op"])[0]
+        s = L.red(kind, L.f(x) if not L.by_name[x].is_bool else L.pw(f"{x}.to(tl.float32)", (x,)))
+        if name == "mean":
+            return L.pw(f"{s} / {_n(L)}", (s,))
+        return s
+    return f
+
+
+def _var(L, a, op, std=False):
+    x = L.f(a["self"])
+    corr = a.get("correction")
+    if corr is None:
+        corr = 0 if a.get("unbiased") is False else 1
+    m = L.pw(f"{L.red('sum', x)} / n_red", (L.steps[-1].name,))
+    d = L.pw(f"({x}) - {m}", (a["self"], m))
+    ss = L.red("sum", L.pw(f"{d} * {d}", (d,)))
+    v = L.pw(f"{ss} / tl.maximum(n_red - {_lit(float(corr))}, 0.0)", (ss,))
+    return L.pw(f"tl.sqrt({v})", (v,)) if std else v
+
+
+def _logsumexp(L, a, op):
+    x = L.f(a["self"])
+    m = L.red("max", x)
+    ms = L.pw(f"tl.where(({m} == float('inf')) | ({m} == float('-inf')), 0.0, {m})", (m,))
+    s = L.red("sum", L.pw(f"tl.exp(({x}) - {ms})", (a["self"], ms)))
+    return L.pw(f"tl.log({s}) + {ms}", (s, ms))
+
+
+def _softmax(log):
+    def f(L, a, op):
+        x = L.f(a["self"])
+        m = L.red("max", x)
+        ms = L.pw(f"tl.where({m} == float('-inf'), 0.0, {m})", (m,))
+        e = L.pw(f"tl.exp(({x}) - {ms})", (a["self"], ms))
+        s = L.red("sum", e)
+        if log:
+            return L.pw(f"({x}) - {ms} - tl.log({s})", (a["self"], ms, s))
+        return L.pw(f"{e} / {s}", (e, s))
+    return f
+
+
+def _vnorm(L, a, op):
+    p = a.get("ord", a.get("p", 2))
+    p = 2 if p is None else p
+    x = L.f(a["self"])
+    if p == 2:
+        return L.pw(f"tl.sqrt({L.red('sum', L.pw(f'({x}) * ({x})', (a['self'],)))})", (L.steps[-1].name,))
+    if p == 1:
+        return L.red("sum", L.pw(f"tl.abs({x})", (a["self"],)))
+    if p == float("inf"):
+        return L.red("max", L.pw(f"tl.abs({x})", (a["self"],)))
+    raise ValueError(f"vector norm of order {p}")
+
+
+def _norm_rows(L, a, op):
+    """layer / group / instance norm: (x - mean) * rsqrt(var + eps) * w + b over the reduced
+    dims (the biased variance, as torch's norms use)."""
+    x = L.f(a["input"])
+    m = L.pw(f"{L.red('sum', x)} / n_red", (L.steps[-1].name,))
+    d = L.pw(f"({x}) - {m}", (a["input"], m))
+    ss = L.red("sum", L.pw(f"{d} * {d}", (d,)))
+    eps = float(a.get("eps") if a.get("eps") is not None else 1e-5)
+    r = L.pw(f"tl.rsqrt({ss} / n_red + {_lit(eps)})", (ss,))
+    e, deps = f"{d} * {r}", [d, r]
+    if a.get("weight") is not None:
+        e, deps = f"({e}) * ({L.f(a['weight'])})", deps + [a["weight"]]
+    if a.get("bias") is not None:
+        e, deps = f"({e}) + ({L.f(a['bias'])})", deps + [a["bias"]]
+    return L.pw(e, deps)
+
+
+def _scan(kind):
+    def f(L, a, op):
+        return L.scan(kind, L.f(a["self"]) if not L.by_name[a["self"]].is_bool
+                      else L.pw(f"{a['self']}.to(tl.float32)", (a["self"],)))
+    return f
+
+
+def _conv(L, a, op):
+    return L._add(Step(L.fresh(), "conv", "", op_parts(op["op"])[0],
+                       deps=tuple(d for d in (a["input"], a["weight"], a.get("bias"))
+                                  if isinstance(d, str)), level="dom"))
+
+
+_LOWER = {
+    "conv1d": _conv, "conv2d": _conv, "conv3d": _conv, "conv_transpose1d": _conv,
+    "conv_transpose2d": _conv, "conv_transpose3d": _conv,
+    "add": _bin("+"), "sub": _bin("-"), "rsub": _bin("rsub"), "mul": _bin("*"),
+    "multiply": _bin("*"), "div": _div, "pow": _pow,
+    "neg": _un(lambda x, a: f"-({x})"), "abs": _un(lambda x, a: f"tl.abs({x})"),
+    "reciprocal": _un(lambda x, a: f"1.0 / ({x})"), "square": _un(lambda x, a: f"({x}) * ({x})"),
+    "sign": _un(lambda x, a: f"tl.where(({x}) > 0.0, 1.0, tl.where(({x}) < 0.0, -1.0, ({x}) * 0.0))"),
+    "floor": _un(lambda x, a: f"tl.floor({x})"), "ceil": _un(lambda x, a: f"tl.ceil({x})"),
+    "maximum": _minmax("maximum"), "minimum": _minmax("minimum"),
+    "exp": _un(lambda x, a: f"tl.exp({x})"), "exp2": _un(lambda x, a: f"tl.exp2({x})"),
+    "expm1": _un(lambda x, a: _expm1(x)), "log": _un(lambda x, a: f"tl.log({x})"),
+    "log2": _un(lambda x, a: f"tl.log2({x})"),
+    "log10": _un(lambda x, a: f"tl.log2({x}) * 0.30102999566398120"),
+    "log1p": _un(lambda x, a: _log1p(x)), "sqrt": _un(lambda x, a: f"tl.sqrt({x})"),
+    "rsqrt": _un(lambda x, a: f"tl.rsqrt({x})"), "sin": _un(lambda x, a: f"tl.sin({x})"),
+    "cos": _un(lambda x, a: f"tl.cos({x})"), "erf": _un(lambda x, a: f"tl.erf({x})"),
+    "tanh": _un(lambda x, a: _tanh(x)), "sigmoid": _un(lambda x, a: f"tl.sigmoid({x})"),
+    "relu": _un(lambda x, a: f"tl.where(({x}) < 0.0, 0.0, ({x}))"),
+    "leaky_relu": _un(lambda x, a: f"tl.where(({x}) > 0.0, ({x}), ({x}) * {_lit(a.get('negative_slope', 0.01))})"),
+    "gelu": _un(_gelu), "silu": _un(lambda x, a: f"({x}) * tl.sigmoid({x})"),
+    "mish": _un(lambda x, a: f"({x}) * {_tanh(_softplus(x, 1.0, 20.0))}"),
+    "softplus": _un(lambda x, a: _softplus(x, float(a.get("beta", 1.0)), float(a.get("threshold", 20.0)))),
+    "elu": _un(lambda x, a: _elu(x, float(a.get("alpha", 1.0)), float(a.get("scale", 1.0)),
+                                 float(a.get("input_scale", 1.0)))),
+    "selu": _un(lambda x, a: _elu(x, 1.6732632423543772, 1.0507009873554805, 1.0)),
+    "celu": _un(lambda x, a: _elu(x, float(a.get("alpha", 1.0)), 1.0, 1.0 / float(a.get("alpha", 1.0)))),
+    "hardtanh": _un(lambda x, a: _where_clamp(x, float(a.get("min_val", -1.0)), float(a.get("max_val", 1.0)))),
+    "hardsigmoid": _un(lambda x, a: _where_clamp(f"({x}) / 6.0 + 0.5", 0.0, 1.0)),
+    "hardswish": _un(lambda x, a: f"({x}) * {_where_clamp(f'({x}) + 3.0', 0.0, 6.0)} / 6.0"),
+    "clamp": _un(lambda x, a: _where_clamp(x, a.get("min"), a.get("max"))),
+    "clamp_min": _un(lambda x, a: _where_clamp(x, a.get("min"), None)),
+    "clamp_max": _un(lambda x, a: _where_clamp(x, None, a.get("max"))),
+    "threshold": _un(lambda x, a: f"tl.where(({x}) <= {_lit(a['threshold'])}, {_lit(a['value'])}, ({x}))"),
+    "where": _where, "masked_fill": _masked_fill,
+    "gt": _cmp(">"), "lt": _cmp("<"), "ge": _cmp(">="), "le": _cmp("<="), "eq": _cmp("=="),
+    "ne": _cmp("!="),
+    "logical_not": lambda L, a, op: L.pw(f"({L.f(a['self'])}) == 0.0", (a["self"],), is_bool=True),
+    "logical_and": lambda L, a, op: L.pw(f"(({L.f(a['self'])}) != 0.0) & (({L.f(a['other'])}) != 0.0)",
+                                         (a["self"], a["other"]), is_bool=True),
+    "logical_or": lambda L, a, op: L.pw(f"(({L.f(a['self'])}) != 0.0) | (({L.f(a['other'])}) != 0.0)",
+                                        (a["self"], a["other"]), is_bool=True),
+    "_to_copy": _cast, "to": _cast, "type_as": _identity, "clone": _identity,
+    "contiguous": _identity, "alias": _identity, "detach": _identity, "lift_fresh_copy": _identity,
+    "dropout": _identity,
+    "batch_norm": _batch_norm, "_native_batch_norm_legit_no_training": _batch_norm,
+    "sum": _reduce("sum"), "mean": _reduce("sum"), "amax": _reduce("max"), "amin": _reduce("min"),
+    "max": _reduce("max"), "min": _reduce("min"), "prod": _reduce("prod"),
+    "var": lambda L, a, op: _var(L, a, op), "std": lambda L, a, op: _var(L, a, op, std=True),
+    "logsumexp": _logsumexp, "linalg_vector_norm": _vnorm, "norm": _vnorm,
+    "softmax": _softmax(False), "_softmax": _softmax(False), "log_softmax": _softmax(True),
+    "_log_softmax": _softmax(True),
+    "layer_norm": _norm_rows, "group_norm": _norm_rows, "instance_norm": _norm_rows,
+    "cumsum": _scan("cumsum"), "cumprod": _scan("cumprod"),
+}
+_NEUTRAL = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')", "prod": "1.0",
+            "cumsum": "0.0", "cumprod": "1.0"}
+
+
+def lower(spec) -> tuple[list[Step], str]:
+    """The spec's micro steps (inputs first) and the name of the output value."""
+    L = _Lower(spec)
+    out = L.run()
+    if not isinstance(out, str) or out not in L.by_name:
+        raise ValueError("the region's output is not a computed value")
+    for st in L.steps:
+        if st.kind in ("red", "scan") and L.by_name[st.expr].level == "row":
+            # torch reduces a size-1 dim there; a tile would add up the broadcast value
+            raise ValueError("a reduction of a value that is constant along the reduced dims")
+        if st.kind == "red":
+            for anc in _ancestors(L.by_name, st.deps):
+                if L.by_name[anc].kind == "scan":
+                    raise ValueError("a reduction of a scan")
+    return L.steps, out
+
+
+def _ancestors(by_name, names) -> set:
+    seen, stack = set(), list(names)
+    while stack:
+        n = stack.pop()
+        if n in seen or n not in by_name:
+            continue
+        seen.add(n)
+        stack.extend(by_name[n].deps)
+    return seen
+
+
+SPACE = {
+    "variant": ["auto", "looped"],      # auto: one_pass when a row fits max_block
+    "max_block": [1024, 2048, 4096, 8192, 16384],
+    "block": [64, 128, 256, 512, 1024, 2048],   # chunk of the looped kernel
+    "rows_cap": [1, 2, 4, 8, 16, 32, 64],       # rows per program, at most
+    "max_tile": [2048, 4096, 8192, 16384],      # elements of a program's [ROWS, BLOCK] tile
+    "col_dims": [1, 2, 3],                      # pointwise regions: trailing dims per row
+    "num_warps": [1, 2, 4, 8, 16],
+}
+DEFAULT = {"variant": "auto", "max_block": 4096, "block": 512, "rows_cap": 64, "max_tile": 8192,
+           "col_dims": 1, "num_warps": 4}
+
+
+def _plan_dims(spec, p) -> tuple[list, list]:
+    """(row dims, col dims) in split coordinates."""
+    r = spec["rank"] + (1 if spec.get("split") else 0)
+    if spec.get("conv"):
+        cols = [1]                       # output channels along the tile; rows: (n, spatial)
+    elif spec["red"]:
+        cols = list(spec["red"])
+    else:
+        k = min(int(p["col_dims"]), r)
+        cols = list(range(r - k, r)) if r else []
+    rows = [d for d in range(r) if d not in cols]
+    return rows, cols
+
+
+def _decompose(idx: str, dims: list, prefix: str) -> list:
+    """Lines: per-dim indices i{d} of a flat index over ``dims`` (last fastest)."""
+    lines = []
+    if not dims:
+        return lines
+    rem = f"{prefix}_rem"
+    lines.append(f"{rem} = {idx}")
+    for j, d in enumerate(reversed(dims)):
+        if j == len(dims) - 1:
+            lines.append(f"i{d} = {rem}")
+        else:
+            lines.append(f"i{d} = {rem} % d{d}")
+            lines.append(f"{rem} = {rem} // d{d}")
+    return lines
+
+
+def render_for(spec):
+    steps, out = lower(spec)
+    by = {s.name: s for s in steps}
+    split = spec.get("split")
+    nin = len(spec["inputs"])
+    in_dims = [_split_dims(inp["map"], split) if inp.get("map") is not None else []
+               for inp in spec["inputs"]]
+    roles = {i for i, inp in enumerate(spec["inputs"]) if inp.get("role")}   # read by the conv
+    out_map = spec["ops"][-1]["map"]
+    out_dims = _split_dims(out_map, split)
+    r2 = spec["rank"] + (1 if split else 0)
+
+    def render(params):
+        p = C.resolve(NAME, SPACE, DEFAULT, params)
+        rows_d, cols_d = _plan_dims(spec, p)
+        colset = set(cols_d)
+        lvl_in = ["dom" if set(in_dims[i]) & colset else "row" for i in range(nin)]
+        # levels follow the plan (pointwise regions: cols are the trailing dims)
+        level = {}
+        for s in steps:
+            if s.kind == "in":
+                level[s.name] = lvl_in[int(s.name[2:])]
+            elif s.kind == "red":
+                level[s.name] = "row"
+            elif s.kind in ("scan", "conv"):
+                level[s.name] = "dom"
+            else:
+                level[s.name] = "dom" if any(level[d] == "dom" for d in s.deps) else "row"
+        out_level = "dom" if set(out_dims) & colset else "row"
+        if level[out] == "row" and out_level == "dom":
+            out_level = "dom"        # a row value written along the cols: broadcast at the store
+        used = _ancestors(by, (out,))
+        inputs_used = [i for i in range(nin) if f"in{i}" in used]
+
+        def strides_of(kind, i):
+            dims = in_dims[i] if kind == "in" else out_dims
+            return [f"s_{kind}{i if kind == 'in' else ''}_{d}" for d in dims], dims
+
+        # ---- kernel signature
+        sig = [f"in{i}_ptr" for i in range(nin)] + ["out_ptr", "n_rows", "n_cols", "n_red"]
+        sig += [f"d{d}" for d in range(r2)]
+        for i in range(nin):
+            sig += strides_of("in", i)[0]
+        sig += strides_of("out", 0)[0]
+        sig += _conv_args(spec)
+
+        def offsets(kind, i, dims_part, tag):
+            names, dims = strides_of(kind, i)
+            terms = [f"i{d} * {n}" for n, d in zip(names, dims) if d in dims_part]
+            return " + ".join(terms) if terms else "0"
+
+        def row_off(kind, i):
+            return offsets(kind, i, set(rows_d), "r")
+
+        def col_off(kind, i):
+            return offsets(kind, i, colset, "c")
+
+        def load(i, tile: bool):
+            ro, co = row_off("in", i), col_off("in", i)
+            if tile:
+                ptr = f"in{i}_ptr + ({ro})[:, None] + ({co})[None, :]" if co != "0" else \
+                    f"in{i}_ptr + ({ro})[:, None] + zc[None, :]"
+                if ro == "0":
+                    ptr = f"in{i}_ptr + zr[:, None] + ({co})[None, :]"
+                m = "mask"
+            else:
+                ptr = f"in{i}_ptr + ({ro})[:, None]" if ro != "0" else f"in{i}_ptr + zr[:, None]"
+                m = "rmask[:, None]"
+            if spec["inputs"][i]["dtype"] == "bool":
+                return f"in{i} = tl.load({ptr}, mask={m}, other=0) != 0"
+            return f"in{i} = tl.load({ptr}, mask={m}, other=0.0).to(tl.float32)"
+
+        def emit(names, have: set, lines: list, tile: bool, carries: dict):
+            """Lines computing ``names`` (and what they need) not in ``have``, in order."""
+            need = [s for s in steps if s.name in _ancestors(by, names) and s.name not in have]
+            for s in need:
+                if s.kind == "in" and int(s.name[2:]) in roles:
+                    pass                                  # the convolution reads it itself
+                elif s.kind == "in":
+                    lines.append(load(int(s.name[2:]), tile and level[s.name] == "dom"))
+                elif s.kind == "conv":
+                    lines.extend(_conv_lines(spec, s))
+                elif s.kind == "pw":
+                    lines.append(f"{s.name} = {s.expr}")
+                elif s.kind == "red":
+                    raise AssertionError("reductions are emitted by passes")
+                elif s.kind == "scan":
+                    neutral = _NEUTRAL[s.op]
+                    arg = s.expr if level[s.expr] == "dom" else f"({s.expr} + zt)"
+                    lines.append(f"{s.name}_in = tl.where(mask, {arg}, {neutral})")
+                    if s.op == "cumsum":
+                        lines.append(f"{s.name} = tl.cumsum({s.name}_in, axis=1)")
+                    else:
+                        lines.append(f"{s.name} = tl.cumprod({s.name}_in, axis=1)")
+                    if carries is not None:
+                        c = carries.setdefault(s.name, f"{s.name}_carry")
+                        if s.op == "cumsum":
+                            lines.append(f"{s.name} = {s.name} + {c}")
+                            lines.append(f"{c} = {c} + tl.sum({s.name}_in, axis=1)[:, None]")
+                        else:
+                            lines.append(f"{s.name} = {s.name} * {c}")
+                            lines.append(f"{c} = {c} * tl.reduce({s.name}_in, 1, _mul)[:, None]")
+                have.add(s.name)
+
+        def red_lines(s, acc_expr):
+            if s.op == "sum":
+                return f"tl.sum({acc_expr}, axis=1)[:, None]"
+            if s.op == "max":
+                return f"tl.max({acc_expr}, axis=1)[:, None]"
+            if s.op == "min":
+                return f"tl.min({acc_expr}, axis=1)[:, None]"
+            return f"tl.reduce({acc_expr}, 1, _mul)[:, None]"
+
+        def store_lines(val):
+            ro = row_off("out", 0)
+            if out_level == "dom":
+                co = col_off("out", 0)
+                v = val if level[val] == "dom" else f"({val} + zt)"
+                ptr = f"out_ptr + ({ro})[:, None] + ({co})[None, :]"
+                if ro == "0":
+                    ptr = f"out_ptr + zr[:, None] + ({co})[None, :]"
+                if co == "0":
+                    ptr = f"out_ptr + ({ro})[:, None] + zc[None, :]"
+                return [f"tl.store({ptr}, {v}.to(out_ptr.dtype.element_ty), mask=mask)"]
+            ptr = f"out_ptr + ({ro})[:, None]" if ro != "0" else "out_ptr + zr[:, None]"
+            return [f"tl.store({ptr}, {val}.to(out_ptr.dtype.element_ty), mask=rmask[:, None])"]
+
+        head = ["pid = tl.program_id(0)",
+                "rows = (pid * ROWS + tl.arange(0, ROWS)).to(tl.int64)      # [ROWS]",
+                "rmask = rows < n_rows",
+                "zr = rows * 0                                               # [ROWS] zeros (int64)"]
+        head += _decompose("rows", rows_d, "r")
+
+        def col_head(start):
+            lines = [f"cols = ({start} + tl.arange(0, BLOCK)).to(tl.int64)       # [BLOCK]",
+                     "cmask = cols < n_cols", "zc = cols * 0",
+                     "mask = rmask[:, None] & cmask[None, :]                     # [ROWS, BLOCK]",
+                     "zt = tl.zeros([ROWS, BLOCK], dtype=tl.float32)"]
+            return lines + _decompose("cols", cols_d, "c")
+
+        reds = [s for s in steps if s.kind == "red" and s.name in used]
+
+        # ---- one pass: whole rows in one tile
+        one = list(head) + col_head("0")
+        have: set = set()
+        for s in steps:
+            if s.name not in used or s.name in have:
+                continue
+            if s.kind == "red":
+                emit(s.deps, have, one, True, None)
+                arg = s.expr if level[s.expr] == "dom" else f"({s.expr} + zt)"
+                one.append(f"{s.name} = {red_lines(s, f'tl.where(mask, {arg}, {_NEUTRAL[s.op]})')}")
+                have.add(s.name)
+        emit((out,), have, one, True, None)
+        one += store_lines(out)
+
+        # ---- looped: a pass per reduction, then a pass for a column-shaped output
+        loop = list(head)
+        have = set()
+        rowvals = [s for s in steps if s.name in used and level[s.name] == "row" and s.kind != "red"]
+
+        def emit_rows():
+            ready = True
+            while ready:
+                ready = False
+                for s in rowvals:
+                    if s.name in have:
+                        continue
+                    if all(d in have for d in s.deps):
+                        if s.kind == "in" and int(s.name[2:]) in roles:
+                            pass
+                        elif s.kind == "in":
+                            loop.append(load(int(s.name[2:]), False))
+                        else:
+                            loop.append(f"{s.name} = {s.expr}")
+                        have.add(s.name)
+                        ready = True
+        emit_rows()
+        for s in reds:
+            loop.append(f"{s.name}_acc = tl.full([ROWS, BLOCK], {_NEUTRAL[s.op]}, tl.float32)")
+            body = col_head("c0")
+            inner = set(have)
+            emit(s.deps, inner, body, True, None)
+            arg = s.expr if level[s.expr] == "dom" else f"({s.expr} + zt)"
+            v = f"tl.where(mask, {arg}, {_NEUTRAL[s.op]})"
+            comb = {"sum": f"{s.name}_acc + {v}",
+                    "max": f"tl.maximum({s.name}_acc, {v})",
+                    "min": f"tl.minimum({s.name}_acc, {v})",
+                    "prod": f"{s.name}_acc * {v}"}[s.op]
+            body.append(f"{s.name}_acc = {comb}")
+            loop.append("for c0 in range(0, n_cols, BLOCK):")
+            loop += ["    " + x for x in body]
+            loop.append(f"{s.name} = {red_lines(s, f'{s.name}_acc')}")
+            have.add(s.name)
+            emit_rows()
+        if out_level == "dom":
+            carries: dict = {}
+            body = col_head("c0")
+            inner = set(have)
+            emit((out,), inner, body, True, carries)
+            body += store_lines(out)
+            for s in steps:
+                if s.name in carries:
+                    init = "0.0" if s.op == "cumsum" else "1.0"
+                    loop.append(f"{carries[s.name]} = tl.full([ROWS, 1], {init}, tl.float32)")
+            loop.append("for c0 in range(0, n_cols, BLOCK):")
+            loop += ["    " + x for x in body]
+        else:
+            emit_rows()
+            if out not in have:
+                emit((out,), have, loop, False, None)
+            loop += store_lines(out)
+
+        args_sig = ", ".join(sig) + ",\n        ROWS: tl.constexpr, BLOCK: tl.constexpr"
+        kern_one = (f"@triton.jit\ndef _region_one_pass({args_sig}):\n"
+                    f'    """Tile [ROWS, BLOCK] holding ROWS whole rows: every input read once."""\n'
+                    + "\n".join("    " + x for x in one) + "\n")
+        kern_loop = (f"@triton.jit\ndef _region_looped({args_sig}):\n"
+                     f'    """Tile [ROWS, BLOCK] sliding along the row: a pass per reduction, a '
+                     f'last pass writing the output."""\n'
+                     + "\n".join("    " + x for x in loop) + "\n")
+        uses_mul = any(s.op in ("prod", "cumprod") for s in steps if s.name in used)
+        helper = '''@triton.jit
+def _mul(a, b):
+    return a * b
+
+
+''' if uses_mul else ""
+        launcher = _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2)
+        doc = f'''"""Region candidate: {spec["name"]} (generated from its ops; no hand-written code).
+
+Domain {spec["rank"]}-D{", split " + str(spec["split"]) if split else ""}; {"reduced dims " + str(spec["red"]) if spec["red"] else "pointwise"}; rows are the kept dims, cols {cols_d}.
+Bytes the op must move: each input once (at its own, broadcast-free size) and the output once.
+one_pass reads them once; looped reads the inputs once per reduction pass{" and once more for the output" if out_level == "dom" and reds else ""}.
+Point: {C.point_line(SPACE, p)}
+"""
+{C.IMPORTS_SRC}
+VARIANT = {p["variant"]!r}
+MAX_BLOCK = {p["max_block"]}     # widest row held in one tile (one_pass)
+BLOCK_LOOP = {p["block"]}       # chunk of the looped kernel
+ROWS_CAP = {p["rows_cap"]}          # rows per program, at most
+MAX_TILE = {p["max_tile"]}      # elements of one [ROWS, BLOCK] tile
+NUM_WARPS = {p["num_warps"]}
+
+
+'''
+        return C.tidy(doc + helper + kern_one + "\n\n" + kern_loop + "\n\n" + launcher)
+    return render
+
+
+def _conv_args(spec) -> list:
+    """Kernel arguments of the convolution: x's and w's strides, the bias stride, x's sizes."""
+    cv = spec.get("conv")
+    if not cv:
+        return []
+    r = spec["rank"]
+    out = [f"cx_s{j}" for j in range(r)] + [f"cw_s{j}" for j in range(r)]
+    out += ["cb_s0"] if cv["b"] is not None else []
+    return out + [f"xi{s}" for s in range(r - 2)]
+
+
+def _conv_dim_src(cv, d) -> str:
+    """Launcher expression of the convolution's output dim ``d`` (conv_out's formula)."""
+    x = f"in{cv['x']}"
+    w = cv["w_shape"]
+    if d == 0:
+        return f"{x}.shape[0]"
+    if d == 1:
+        return str(w[1] * cv["groups"] if cv["transposed"] else w[0])
+    s = d - 2
+    st, pd, dl, k = cv["stride"][s], cv["padding"][s], cv["dilation"][s], w[2 + s]
+    if cv["transposed"]:
+        return f"({x}.shape[{d}] - 1) * {st} - {2 * pd} + {dl * (k - 1) + cv['output_padding'][s] + 1}"
+    return f"({x}.shape[{d}] + {2 * pd - dl * (k - 1) - 1}) // {st} + 1"
+
+
+def _conv_lines(spec, st) -> list:
+    """Kernel lines computing the convolution's [ROWS, BLOCK] tile (rows: n and output
+    positions i0, i2, ...; cols: output channels i1) tap by tap: for each of the Ci/groups *
+    kernel-volume taps, the input column [ROWS] (zero outside the input, and for a transposed
+    convolution where the stride skips it) times the weight row [BLOCK]."""
+    cv = spec["conv"]
+    r = spec["rank"]
+    S = r - 2
+    w = cv["w_shape"]
+    k = w[2:]
+    g_n = cv["groups"]
+    taps = _conv_taps(cv)
+    kp = math.prod(k)
+    cig = taps // kp
+    co = w[1] * g_n if cv["transposed"] else w[0]
+    cog = co // g_n
+    n = st.name
+    grouped = g_n > 1
+    out = [f"{n}_acc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)"]
+    if grouped:
+        out.append(f"{n}_g = i1 // {cog}                    # [BLOCK] group of each output channel")
+    out.append(f"for {n}_kk in range(0, {taps}):        # taps: Ci/groups x kernel volume")
+    body = [f"ci_l = {n}_kk // {kp}", f"k_rem = {n}_kk % {kp}"]
+    for s in reversed(range(S)):
+        body.append(f"k{s} = k_rem % {k[s]}")
+        body.append(f"k_rem = k_rem // {k[s]}")
+    valid = []
+    for s in range(S):
+        stv, pd, dl = cv["stride"][s], cv["padding"][s], cv["dilation"][s]
+        if cv["transposed"]:
+            body.append(f"t{s} = i{2 + s} + {pd} - k{s} * {dl}")
+            body.append(f"p{s} = t{s} // {stv}")
+            valid.append(f"(t{s} >= 0) & (p{s} * {stv} == t{s}) & (p{s} < xi{s})")
+        else:
+            body.append(f"p{s} = i{2 + s} * {stv} - {pd} + k{s} * {dl}")
+            valid.append(f"(p{s} >= 0) & (p{s} < xi{s})")
+    body.append("ok = rmask" + "".join(f" & {v}" for v in valid) + "            # [ROWS]")
+    xoff = "i0 * cx_s0" + "".join(f" + p{s} * cx_s{2 + s}" for s in range(S))
+    body.append(f"xoff = {xoff}")
+    if grouped:
+        body.append(f"ci = {n}_g * {cig} + ci_l                  # [BLOCK]")
+        body.append(f"xv = tl.load(in{cv['x']}_ptr + xoff[:, None] + (ci * cx_s1)[None, :], "
+                    f"mask=ok[:, None] & cmask[None, :], other=0.0).to(tl.float32)")
+    else:
+        body.append("ci = ci_l")
+        body.append(f"xv = tl.load(in{cv['x']}_ptr + (xoff + ci * cx_s1)[:, None], mask=ok[:, None], "
+                    f"other=0.0).to(tl.float32)")
+    ks = "".join(f" + k{s} * cw_s{2 + s}" for s in range(S))
+    if cv["transposed"]:
+        local = f"(i1 - {n}_g * {cog})" if grouped else "i1"
+        body.append(f"woff = ci * cw_s0 + {local} * cw_s1{ks}")
+    else:
+        body.append(f"woff = i1 * cw_s0 + ci_l * cw_s1{ks}")
+    body.append(f"wv = tl.load(in{cv['w']}_ptr + woff, mask=cmask, other=0.0).to(tl.float32)")
+    body.append(f"{n}_acc += xv * wv[None, :]")
+    out += ["    " + b for b in body]
+    if cv["b"] is not None:
+        out.append(f"{n} = {n}_acc + tl.load(in{cv['b']}_ptr + i1 * cb_s0, mask=cmask, "
+                   f"other=0.0).to(tl.float32)[None, :]")
+    else:
+        out.append(f"{n} = {n}_acc")
+    return out
+
+
+def _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2):
+    split = spec.get("split")
+    nin = len(spec["inputs"])
+    rank = spec["rank"]
+    args = ", ".join(f"in{i}" for i in range(nin))
+    lines = [f"def kernel_fn({args}):",
+             f'    """{spec["name"]}: the region\'s output from its {nin} input(s); any strides."""']
+    # domain sizes from the inputs that reach each dim (a convolution's: from its formula)
+    cv = spec.get("conv")
+    for d in range(rank):
+        if cv:
+            lines.append(f"    D{d} = " + _conv_dim_src(cv, d))
+            continue
+        src = next(((i, j) for i, inp in enumerate(spec["inputs"]) if inp.get("map") is not None
+                    for j, m in enumerate(inp["map"]) if m == d), None)
+        lines.append(f"    D{d} = in{src[0]}.shape[{src[1]}]" if src else f"    D{d} = 1")
+    # split coordinates
+    if split:
+        sd, g = split
+        dd = []
+        for d in range(rank):
+            if d == sd:
+                dd += [f"{g}", f"D{d} // {g}"]
+            else:
+                dd.append(f"D{d}")
+    else:
+        dd = [f"D{d}" for d in range(rank)]
+    for k, e in enumerate(dd):
+        lines.append(f"    d{k} = {e}")
+    float_in = next((i for i, inp in enumerate(spec["inputs"]) if inp["dtype"] != "bool"), None)
+    out_dt = (f"torch.{spec['out_dtype']}" if spec.get("out_dtype")
+              else (f"in{float_in}.dtype" if float_in is not None else "torch.float32"))
+    oshape = ", ".join(f"D{m}" if m is not None else "1" for m in out_map)
+    lines.append(f"    out = torch.empty(({oshape}{',' if len(out_map) == 1 else ''}), dtype={out_dt}, device=in0.device)")
+    lines.append(f"    n_rows = 1" + "".join(f" * d{d}" for d in rows_d))
+    lines.append(f"    n_cols = 1" + "".join(f" * d{d}" for d in cols_d))
+    red_d = [d for d in cols_d] if spec["red"] else []
+    lines.append(f"    n_red = float(1" + "".join(f" * d{d}" for d in red_d) + ")")
+    lines.append("    if n_rows * n_cols == 0:")
+    lines.append("        return out")
+
+    def strides(var, m, dims):
+        """Lines: the split-coordinate strides of ``var`` (map ``m``) as a list."""
+        vals = []
+        for j, dm in enumerate(m):
+            if dm is None:
+                continue
+            if split and dm == split[0]:
+                vals += [f"{var}.stride({j}) * (D{dm} // {split[1]})", f"{var}.stride({j})"]
+            else:
+                vals.append(f"{var}.stride({j})")
+        return vals
+    call = [f"in{i}" for i in range(nin)] + ["out", "n_rows", "n_cols", "n_red"]
+    call += [f"d{k}" for k in range(r2)]
+    for i, inp in enumerate(spec["inputs"]):
+        if inp.get("map") is not None:
+            call += strides(f"in{i}", inp["map"], in_dims[i])
+    call += strides("out", out_map, out_dims)
+    if cv:
+        x, w, b = cv["x"], cv["w"], cv["b"]
+        call += [f"in{x}.stride({j})" for j in range(rank)] + [f"in{w}.stride({j})" for j in range(rank)]
+        call += [f"in{b}.stride(0)"] if b is not None else []
+        call += [f"in{x}.shape[{2 + s}]" for s in range(rank - 2)]
+    lines += [
+        "    width = triton.next_power_of_2(max(n_cols, 1))",
+        "    if VARIANT == 'auto' and width <= MAX_BLOCK:",
+        "        kernel, block = _region_one_pass, width",
+        "    else:",
+        "        kernel, block = _region_looped, min(BLOCK_LOOP, width)",
+        "    rows = min(ROWS_CAP, max(1, MAX_TILE // block), triton.next_power_of_2(n_rows))",
+        "    grid = (triton.cdiv(n_rows, rows),)",
+        "    kernel[grid](" + ", ".join(call) + ",",
+        "                 ROWS=rows, BLOCK=block, num_warps=NUM_WARPS)",
+        "    return out",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# the contract from a spec
+# ---------------------------------------------------------------------------------------------
+
+def validate(spec: dict) -> None:
+    """Raises ValueError when ``spec`` is not a region this generator can serve."""
+    need = {"name", "rank", "red", "inputs", "ops"}
+    if not isinstance(spec, dict) or need - set(spec):
+        raise ValueError(f"a region spec has {sorted(need)}; got {spec!r:.200}")
+    if not spec["inputs"] or not spec["ops"]:
+        raise ValueError("a region has at least one input and one op")
+    for op in spec["ops"]:
+        name, _ = op_parts(op["op"])
+        if name not in OPS:
+            raise ValueError(f"aten.{name} is not an op regions hold")
+    lower(spec)
+
+
+def configure(spec: dict) -> Family:
+    """The region's contract, from its JSON spec (module doc)."""
+    spec = json.loads(json.dumps(spec))          # a plain copy: JSON in, JSON kept
+    validate(spec)
+    ranges = choose_ranges(spec)
+    if ranges is None:
+        # no ranges the interval bounds prove safe (x / x.std(): zero only for constant rows,
+        # which random inputs never are): positive inputs, and no stability kinds the bounds
+        # cannot vouch for
+        ranges = ["P" if i["dtype"] != "bool" else "N" for i in spec["inputs"]]
+    kinds = _kinds(spec, ranges)
+    if spec.get("conv"):
+        sweep, edge = _conv_sweeps(spec)
+        real = sweep[0]
+    else:
+        real = tuple(spec.get("shape") or [8] * spec["rank"])
+        sweep, edge = _sweeps(spec, real)
+    nin = len(spec["inputs"])
+    names = tuple(f"in{i}" for i in range(nin))
+    dtypes = ("float32", "float16", "bfloat16")
+    return Family(
+        name=NAME,
+        signature=f"kernel_fn({', '.join(names)}) -> {spec['name']}",
+        arg_names=names,
+        reference=_reference_for(spec),
+        make_inputs=_inputs_for(spec, ranges, kinds),
+        tolerance=_tolerance_for(spec),
+        cost=_cost_for(spec),
+        bench_shapes=(real,),
+        sweep_shapes=sweep,
+        edge_shapes=edge,
+        adversarial=tuple(kinds),
+        space=dict(SPACE),
+        default=dict(DEFAULT),
+        render=render_for(spec),
+        dtypes=dtypes,
+        description=f"region {spec['name']}: {len(spec['ops'])} aten op(s) fused, fp32 inside",
+        notes={"ranges": ranges, "kinds": kinds, "depth": _depth(spec)},
+        error_bound=_bound_for(spec),
+        bound_tol={torch.float32: _STOL, torch.float16: _STOL, torch.bfloat16: _STOL},
+        op_schema="(" + ", ".join(f"Tensor {n}" for n in names) + ") -> Tensor",
+        spec=spec,
+    )
+
+
+def _no_plain(*_a, **_k):
+    raise ValueError("the region family has no plain contract: kernels.get('region', spec)")
+
+
+# The family without a spec: its name and op table only (a region is always configured).
+FAMILY = Family(
+    name=NAME, signature="kernel_fn(in0, ...)", arg_names=("in0",), reference=_no_plain,
+    make_inputs=_no_plain, tolerance={}, cost=lambda shape, dtype: (0, 0), bench_shapes=(),
+    sweep_shapes=(), edge_shapes=(), adversarial=(), space={}, default={}, render=_no_plain,
+    description="any fusible region of a model's graph; configured from its spec",
+)

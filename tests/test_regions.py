@@ -1,0 +1,255 @@
+"""Regions: the fusible rest of a graph found beside the family matches, each a target whose
+contract and starter are generated from its JSON spec (engine/regions.py, kernels/region.py)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import kernels
+from engine import capture, match, regions, verify
+from tests.kernel_helpers import DEVICE, gen, load_candidate
+
+
+def _found(model, *inputs):
+    cap = capture.capture(model.eval(), inputs)
+    g = cap.graphs[0]
+    ms = match.find(g)
+    return ms, regions.find(g, ms)
+
+
+def _by_name(found):
+    return {r.name: r for r in found.regions}
+
+
+class Chain(nn.Module):             # a pointwise chain with a broadcast scalar and a bias row
+    def forward(self, x, b):
+        return F.leaky_relu(x * 2.0 + b, 0.1).clamp(max=3.0)
+
+
+class GemmEpilogue(nn.Module):      # KernelBench's Gemm_Multiply_LeakyReLU, with GELU
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 24)
+
+    def forward(self, x):
+        return F.gelu(self.lin(x) * 0.5)
+
+
+class Reductions(nn.Module):        # over the middle dim, two outer dims, and a softmax on dim 1
+    def forward(self, x):
+        a = torch.softmax(x, dim=1) * 2.0
+        b = x.amax(dim=(0, 2))
+        c = (x - x.mean(dim=1, keepdim=True)).abs().amax(dim=1)
+        return a, b, c
+
+
+class MaskedCumsum(nn.Module):
+    def forward(self, x, mask):
+        return torch.cumsum(x * mask, dim=1) * 0.5
+
+
+class Norms(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gn = nn.GroupNorm(2, 4)
+        self.bn = nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return F.relu(self.gn(x)), torch.sigmoid(self.bn(x))
+
+
+def test_regions_found_in_models_written_several_ways():
+    _, f = _found(Chain(), torch.randn(4, 8), torch.randn(8))
+    chain = _by_name(f)["mul+add+leaky_relu+clamp"]
+    assert chain.spec["red"] == [] and [i["map"] for i in chain.spec["inputs"]] == [[0, 1], [1]]
+
+    ms, f = _found(GemmEpilogue(), torch.randn(3, 16))
+    assert [m.family for m in ms] == ["matmul"]                 # the GEMM: the matmul family's
+    assert list(_by_name(f)) == ["mul+gelu"]                    # its epilogue: a region after it
+
+    ms, f = _found(Reductions(), torch.randn(2, 6, 5))
+    got = _by_name(f)
+    assert got["softmax+mul"].spec["red"] == [1]                # dim 1: no softmax contract
+    assert got["max"].spec["red"] == [0, 2]
+    assert got["sub+abs+max"].spec["red"] == [1]                # the mean: the reduce family's
+
+    _, f = _found(MaskedCumsum(), torch.randn(3, 9), torch.rand(3, 9) > 0.5)
+    scan = _by_name(f)["mul+cumsum+mul"]
+    assert scan.spec["red"] == [1] and [i["dtype"] for i in scan.spec["inputs"]] == ["float32", "bool"]
+
+    _, f = _found(Norms(), torch.randn(2, 4, 3, 5))
+    got = _by_name(f)
+    assert got["group_norm+relu"].spec["split"] == [1, 2]       # channels as [groups, C/groups]
+    assert got["batch_norm+sigmoid"].spec["red"] == []          # eval mode: per-channel pointwise
+
+
+def test_a_reduction_read_outside_is_its_own_regions_output_never_recomputed_inside():
+    class FeedsBack(nn.Module):
+        def forward(self, x):
+            s = x.amax(dim=0, keepdim=True).exp()
+            return s, x * s                 # s is an output and an input of the product
+
+    _, f = _found(FeedsBack(), torch.randn(5, 7))
+    got = _by_name(f)
+    assert set(got) == {"max+exp", "mul"}
+    assert got["mul"].inputs[1] is got["max+exp"].output     # read from its region, not refused
+
+
+def test_a_reduction_of_a_reduced_value_is_not_fused_with_it():
+    class Twice(nn.Module):                 # the second logsumexp reduces a size-1 dim
+        def forward(self, x):
+            y = torch.logsumexp(x, dim=1, keepdim=True)
+            return torch.logsumexp(y, dim=1, keepdim=True) * 2.0
+
+    _, f = _found(Twice(), torch.randn(4, 9))
+    assert [r.name for r in f.regions] == ["logsumexp", "logsumexp+mul"]
+    assert [list(r.shape) for r in f.regions] == [[4, 9], [4, 1]]
+
+
+def test_spec_round_trips_through_json_and_rebuilds_the_same_contract():
+    _, f = _found(Norms(), torch.randn(2, 4, 3, 5))
+    for r in f.regions:
+        text = json.dumps(r.spec)
+        back = json.loads(text)
+        assert back == r.spec
+        a, b = kernels.get("region", r.spec), kernels.get("region", back)
+        assert a.starter() == b.starter() and a.arg_names == b.arg_names
+        assert verify.static_check(a.starter(), a.arg_names) is None
+        x = a.make_inputs(tuple(r.shape), torch.float32, DEVICE, gen(0))
+        assert tuple(a.reference(**x).shape) == tuple(cap_val(r.output).shape)
+    with pytest.raises(ValueError):
+        kernels.get("region", {"name": "x", "rank": 1, "red": [], "inputs": [], "ops": []})
+
+
+def cap_val(node):
+    return capture.val(node)
+
+
+def test_domain_restricted_regions_get_inputs_where_every_op_is_defined():
+    class Domains(nn.Module):
+        def forward(self, x, y):
+            return torch.log(x - y) + torch.sqrt(x.sum(dim=1, keepdim=True)) + 1.0 / (y * y + x)
+
+    _, f = _found(Domains(), torch.rand(3, 6) + 3, torch.rand(3, 6))
+    (r,) = [r for r in f.regions if "log" in r.name]
+    fam = kernels.get("region", r.spec)
+    assert fam.adversarial                                    # tiny / large where the ops hold
+    for kind in ("normal",) + fam.adversarial:
+        for dt in (torch.float32, torch.float16):
+            x = fam.make_inputs((3, 6), dt, DEVICE, gen(1), kind)
+            ref = fam.reference(**{k: v.double() for k, v in x.items()})
+            assert torch.isfinite(ref).all(), (kind, dt)
+
+
+def _five_stages(fam, shape, source=None, tmp=None):
+    verify.install_launch_counter()
+    fn = load_candidate(source or fam.starter(), tmp)
+    v = verify.Verifier(fam, {"dtype": "float32", "shapes": [{"shape": list(shape)}]}, DEVICE,
+                        DEVICE == "cpu")
+    return [v.run_stage(fn, st) for st in verify.STAGES]
+
+
+@pytest.mark.parametrize("model,inputs,name", [
+    (Chain(), (torch.randn(4, 8), torch.randn(8)), "mul+add+leaky_relu+clamp"),
+    (GemmEpilogue(), (torch.randn(3, 16),), "mul+gelu"),
+    (Reductions(), (torch.randn(2, 6, 5),), "max"),
+    (MaskedCumsum(), (torch.randn(3, 9), torch.rand(3, 9) > 0.5), "mul+cumsum+mul"),
+], ids=["pointwise", "gemm_epilogue", "reduce_outer_dims", "masked_scan"])
+def test_generated_starter_passes_all_five_stages(model, inputs, name, tmp_path):
+    _, f = _found(model, *inputs)
+    r = _by_name(f)[name]
+    fam = kernels.get("region", r.spec)
+    for st in _five_stages(fam, r.shape, tmp=tmp_path):
+        assert st.status == "passed", (st.stage, st.failed_case, st.detail)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["softmax+mul", "sub+abs+max", "group_norm+relu"])
+def test_row_reductions_pass_all_five_stages_one_pass_and_looped(name, tmp_path):
+    model, inputs = ((Norms(), (torch.randn(2, 4, 3, 5),)) if name == "group_norm+relu"
+                     else (Reductions(), (torch.randn(2, 6, 5),)))
+    _, f = _found(model, *inputs)
+    r = _by_name(f)[name]
+    fam = kernels.get("region", r.spec)
+    for point in ({}, {"variant": "looped", "block": 64}):
+        src = fam.render(point)
+        for st in _five_stages(fam, r.shape, src, tmp_path):
+            assert st.status == "passed", (point, st.stage, st.failed_case, st.detail)
+
+
+def test_a_region_generated_wrong_is_rejected(tmp_path):
+    _, f = _found(Chain(), torch.randn(4, 8), torch.randn(8))
+    r = _by_name(f)["mul+add+leaky_relu+clamp"]
+    fam = kernels.get("region", r.spec)
+    # a missing epilogue op: the starter of the region without its clamp, judged as the region
+    short = dict(r.spec, ops=r.spec["ops"][:-1], name="mul+add+leaky_relu")
+    wrong = kernels.get("region", short).starter()
+    stages = _five_stages(fam, r.shape, wrong, tmp_path)
+    assert stages[0].status == "failed" and "wrong result" in stages[0].detail
+    # a dropped tail: a grid of whole tiles only, so the last rows of most shapes go unwritten
+    src = fam.starter().replace("grid = (triton.cdiv(n_rows, rows),)",
+                                "grid = (max(1, n_rows // rows),)")
+    assert src != fam.starter()
+    bad = [s for s in _five_stages(fam, r.shape, src, tmp_path) if s.status != "passed"]
+    assert bad and "NaN where the reference is finite" in bad[0].detail, bad
+
+
+def test_graph_profile_gives_regions_their_time_and_targets_named_by_their_ops():
+    from engine import profile as profiler
+    m = GemmEpilogue().eval()
+    cap = capture.capture(m, (torch.randn(32, 16),))
+    ms = {g.index: match.find(g) for g in cap.graphs}
+    regs = {g.index: regions.find(g, ms[g.index]).regions for g in cap.graphs}
+    gp = profiler.profile_graph(cap, ms, regions=regs)
+    rows = {r.family: r for r in gp.result.families}
+    assert "mul+gelu" in rows and rows["mul+gelu"].has_kernel
+    assert abs(sum(r.time_us for r in gp.result.families) - gp.result.total_us) < 1e-6 * gp.result.total_us + 1e-9
+    t = next(t for t in gp.targets if t.family == "region")
+    assert t.label == "mul+gelu" and t.shapes == [{"shape": [32, 24], "count": 1}]
+    assert kernels.get("region", t.spec).cost((32, 24), "float32")[0] == 2 * 32 * 24 * 4
+
+
+class ConvBnRelu(nn.Module):        # ResNet's block head: one region, the convolution's epilogue fused
+    def __init__(self, conv):
+        super().__init__()
+        self.conv, self.bn = conv, nn.BatchNorm1d(conv.out_channels) if isinstance(conv, nn.Conv1d) \
+            else nn.BatchNorm2d(conv.out_channels)
+
+    def forward(self, x):
+        return F.relu(self.bn(self.conv(x)))
+
+
+def test_convolution_and_its_epilogue_are_one_region_that_passes_all_five_stages(tmp_path):
+    _, f = _found(ConvBnRelu(nn.Conv1d(3, 5, 3, dilation=2, padding=1)), torch.randn(2, 3, 11))
+    (r,) = f.regions
+    assert r.name == "conv+batch_norm+relu" and r.spec["conv"]["dilation"] == [2]
+    assert list(r.shape) == [2, 3, 11]                   # the family shape: the conv's input
+    fam = kernels.get("region", r.spec)
+    x = fam.make_inputs((2, 3, 11), torch.float32, DEVICE, gen(0))
+    assert tuple(fam.reference(**x).shape) == (2, 5, 9)       # 11 + 2*1 - 2*(3-1) - 1 + 1
+    for st in _five_stages(fam, r.shape, tmp=tmp_path):
+        assert st.status == "passed", (st.stage, st.failed_case, st.detail)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("conv,shape", [
+    (nn.Conv2d(4, 6, 3, stride=2, groups=2, bias=False), (1, 4, 9, 8)),
+    (nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1), (1, 4, 5, 4)),
+], ids=["grouped_strided", "transposed"])
+def test_strided_grouped_and_transposed_convolutions_pass_all_five_stages(conv, shape, tmp_path):
+    class Epi(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = conv
+
+        def forward(self, x):
+            return torch.tanh(self.c(x)) * 2.0
+    _, f = _found(Epi(), torch.randn(*shape))
+    (r,) = f.regions
+    fam = kernels.get("region", r.spec)
+    for st in _five_stages(fam, r.shape, tmp=tmp_path):
+        assert st.status == "passed", (st.stage, st.failed_case, st.detail)
