@@ -522,16 +522,18 @@ def shape_frame(target: dict, chosen: dict[str, dict]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def roofline_frame(family: str, dtype: str, points: list[tuple[str, list, float]]) -> pd.DataFrame:
-    """Points for a roofline plot: for each (label, shape, microseconds), the family's cost at that
-    shape (kernels.get(family).cost: minimum bytes moved and flops) turned into arithmetic
-    intensity (flop/byte), achieved FLOP/s and achieved bytes/s.
+def roofline_frame(family: str, dtype: str, points: list[tuple[str, list, float]],
+                   spec: dict | None = None) -> pd.DataFrame:
+    """Points for a roofline plot: for each (label, shape, microseconds), the target's cost at that
+    shape (kernels.get(family, spec).cost: minimum bytes moved and flops; the spec is the
+    target's contract, e.g. a region's ops or a norm's dims) turned into arithmetic intensity
+    (flop/byte), achieved FLOP/s and achieved bytes/s.
 
     Imports kernels (torch, not triton). Empty when the family is unknown to this checkout."""
     cols = ["label", "shape", "bytes", "flops", "intensity", "flops_per_s", "bytes_per_s", "us"]
     try:
         import kernels
-        fam = kernels.get(family)
+        fam = kernels.get(family, spec or None)
     except Exception:  # a family recorded elsewhere that this checkout has no file for
         return pd.DataFrame(columns=cols)
     rows = []

@@ -298,7 +298,7 @@ def _roofline(run, target, best, a, b, interpreter) -> None:
         name = label if label == "best" else label + (" (best)" if best and exp["id"] ==
                                                       best["id"] else "")
         pts += [(name, r["shape"], r["us"]) for r in (exp.get("shape_times") or [])]
-    points = data.roofline_frame(target["family"], target["dtype"], pts)
+    points = data.roofline_frame(target["family"], target["dtype"], pts, target.get("spec"))
     if points.empty:
         st.info(f"No roofline: this checkout has no cost model for {target['family']}.")
         return
