@@ -130,6 +130,7 @@ def test_cli_run_targets_every_found_family_and_decides_by_its_timings(tmp_path)
             assert t["best_experiment_id"] == best[t["family"]]["id"]
 
 
+@pytest.mark.slow   # a minute: two rmsnorm kernels verified in full, interpreted
 def test_a_clearly_faster_candidate_is_kept(tmp_path):
     # rmsnorm's starter runs one row per program; eight rows per program launch 8x fewer programs,
     # which under the interpreter (per-program cost dominates) is several times faster, far beyond

@@ -67,6 +67,7 @@ def test_bad_op_spec_one_clear_message(tmp_path, capsys, spec, input_shape, word
     assert not db.exists() or Store(db, readonly=True).list_runs() == []
 
 
+@pytest.mark.slow   # 45 s: a run on an op: model with its end-to-end check
 def test_op_run_targets_the_named_shape(tmp_path, capsys):
     db = tmp_path / "runs.db"
     rc = cli_main(["run", "--model", "op:softmax:7x1000", "--budget-experiments", "1",
