@@ -336,6 +336,7 @@ def test_sandbox_has_no_network_and_shells_are_contained():
     server = HTTPServer(("127.0.0.1", 0), Hit)
     port = server.server_address[1]
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    target = ROOT / "pwned-by-a-candidate"    # the project folder: hidden and read-only to it
     try:
         code = f"""
 import socket, subprocess
@@ -344,7 +345,7 @@ try:
     print('CONNECTED')
 except OSError as e:
     print('no network', e.errno)
-out = subprocess.run(['sh', '-c', 'id -u; echo x > /root/pwned || true'], capture_output=True, text=True)
+out = subprocess.run(['sh', '-c', 'id -u; echo x > {target} || true'], capture_output=True, text=True)
 print('shell', out.stdout.split()[0])
 """
         r = _probe(code)
@@ -353,7 +354,7 @@ print('shell', out.stdout.split()[0])
     assert r.returncode == 0, r.stderr
     assert "CONNECTED" not in r.stdout and Hit.hits == 0, r.stdout
     assert "shell 0" not in r.stdout
-    assert not Path("/root/pwned").exists()
+    assert not target.exists()
 
 
 def _processes_with(marker: str) -> list[int]:
