@@ -339,9 +339,7 @@ def _prepare(cfg: RunConfig, store: Store, control: Control, log) -> str:
             plans = plans[0]
         del model, inputs
     except KeyboardInterrupt:             # Ctrl-C or SIGTERM while profiling: a stopped run
-        store.update_run(run_id, status="stopped", current_reason=None)
-        store.event(run_id, "stopped while the model was being profiled", "warn")
-        control.set(state="stopped")
+        _stopped_while_profiling(store, run_id, control)
         raise
     except Exception as e:
         store.update_run(run_id, status="failed", current_reason=None,
@@ -387,12 +385,15 @@ def _prepare_isolated(cfg: RunConfig, store: Store, control: Control, log) -> st
     try:
         return isolate.run_stage({"stage": "prepare", "cfg": asdict(cfg)}, log, control)["run_id"]
     except isolate.StageStopped:
-        run_id = control.status()["run_id"]
-        if run_id:
-            store.update_run(run_id, status="stopped", current_reason=None)
-            store.event(run_id, "stopped while the model was being profiled", "warn")
-        control.set(state="stopped")
+        _stopped_while_profiling(store, control.status()["run_id"], control)
         raise
+
+
+def _stopped_while_profiling(store: Store, run_id: str | None, control: Control) -> None:
+    if run_id:
+        store.update_run(run_id, status="stopped", current_reason=None)
+        store.event(run_id, "stopped while the model was being profiled", "warn")
+    control.set(state="stopped")
 
 
 def _finish_isolated(store: Store, run_id: str, log, deadline: float | None, control) -> None:

@@ -63,48 +63,47 @@ def _host_memory_bytes() -> int:
         return 16 << 30
 
 
-def _tree_rss(pid: int) -> int:
-    """Resident bytes of ``pid`` and every process under it (the runner and anything it forked)."""
-    total, todo, seen = 0, [pid], set()
+def _tree(root: int):
+    """``root`` and every process under it (pids), each once, for as long as /proc shows them."""
+    todo, seen = [root], set()
     while todo:
         p = todo.pop()
         if p in seen:
             continue
         seen.add(p)
+        yield p
         try:
-            with open(f"/proc/{p}/status") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1]) * 1024
-                        break
             for tid in os.listdir(f"/proc/{p}/task"):
                 with open(f"/proc/{p}/task/{tid}/children") as f:
                     todo.extend(int(c) for c in f.read().split())
         except (OSError, ValueError):
             continue
-    return total
+
+
+def _status_line(pid: int, key: str) -> list[str]:
+    """The fields of /proc/<pid>/status's ``key:`` line ([] when gone or absent)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next((line.split()[1:] for line in f if line.startswith(key + ":")), [])
+    except OSError:
+        return []
+
+
+def _tree_rss(pid: int) -> int:
+    """Resident bytes of ``pid`` and every process under it (the runner and anything it forked)."""
+    return sum(int((_status_line(p, "VmRSS") or ["0"])[0]) * 1024 for p in _tree(pid))
 
 
 def _host_pid(root: int, inner: int | None) -> int:
     """The host's pid of the runner that calls itself ``inner`` (its pid inside the sandbox's
     PID namespace): the process under ``root`` whose NSpid line ends with it. ``root`` itself
     (the launcher, whose death takes the namespace with it) when none is found."""
-    todo, seen = [root], set()
-    while todo and inner is not None:
-        p = todo.pop()
-        if p in seen:
-            continue
-        seen.add(p)
-        try:
-            with open(f"/proc/{p}/status") as f:
-                ns = next((line.split()[1:] for line in f if line.startswith("NSpid:")), [])
-            if ns and int(ns[-1]) == inner and (p != root or len(ns) == 1):
-                return p
-            for tid in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{tid}/children") as f:
-                    todo.extend(int(c) for c in f.read().split())
-        except (OSError, ValueError):
-            continue
+    if inner is None:
+        return root
+    for p in _tree(root):
+        ns = _status_line(p, "NSpid")
+        if ns and int(ns[-1]) == inner and (p != root or len(ns) == 1):
+            return p
     return root
 
 
