@@ -61,11 +61,19 @@ def main(argv=None) -> int:
     p.add_argument("--limit", type=int, default=None, help="at most this many kernels")
     p.add_argument("--out", default=None)
     p.add_argument("--no-starters", action="store_true", help="only the recorded kernels")
+    p.add_argument("--only", action="append", default=[],
+                   help="only this kernel, as the table names it ('recorded_h200.db #12'; repeatable)")
     a = p.parse_args(argv)
     import torch
     gpu = torch.cuda.is_available()
     todo = ([] if a.no_starters else starters("bfloat16" if gpu else "float32", gpu)) + \
         kept_kernels(a.db)
+    if a.only:
+        todo = [t for t in todo if t["what"] in a.only]
+        missing = set(a.only) - {t["what"] for t in todo}
+        if missing:
+            print(f"no kept kernel named {', '.join(sorted(missing))}", file=sys.stderr)
+            return 2
     todo = todo[:a.limit] if a.limit else todo
     print(f"{len(todo)} kernels, {a.workers} workers, {'gpu' if gpu else 'interpreter'}",
           flush=True)
