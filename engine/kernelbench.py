@@ -175,6 +175,7 @@ def score_problem(path: Path, cfg_kw: dict, trials: int, log) -> ProblemResult:
         else:
             res.correct, why = True, "nothing placed: the optimized model is the original"
             res.why_not = _why_nothing(store, res.run_id, left_out, check)
+        log(f"  [{path.name}] scored: correct={res.correct} ({time.monotonic() - t0:.0f} s in)")
         inputs = loaded.new_inputs(seed + 2000)
         ref = integrate._run(loaded.model, inputs)
         deadline = (t0 + budget * 60) if budget else None
@@ -182,6 +183,9 @@ def score_problem(path: Path, cfg_kw: dict, trials: int, log) -> ProblemResult:
                                           reps=3 if interp else 50, reference_out=ref, road=road,
                                           deadline=deadline)
         del ref, inputs
+        for t in timings:
+            log(f"  [{path.name}] {t['variant']}: {_us(t['latency_us'])} us {t.get('note') or ''}")
+        log(f"  [{path.name}] timed ({time.monotonic() - t0:.0f} s in)")
         by = {t["variant"]: t for t in timings}
         res.eager_us = by["eager"]["latency_us"]
         opts = [by[v]["latency_us"] for v in ("optimized", "compile_optimized") if by[v]["latency_us"]]

@@ -84,6 +84,10 @@ class Family:
     # captured) reads them.
     profile_ops: tuple = ()
     spec: dict = field(default_factory=dict)  # the contract spec this Family was configured with
+    # Whether a shape with fewer rows in dim 0 is the same problem (the verifier checks values
+    # on such a shape when the real one is over its size cap); false where dim 0 is tied to
+    # other dims (a convolution region's generated layout).
+    shrink_lead: bool = True
 
     def starter(self) -> str:
         return self.render(dict(self.default))

@@ -16,6 +16,11 @@ Search space (``SPACE``), rendered by ``render`` into one self-contained candida
   "two_pass" (a mean loop, a centered-variance loop, a write loop: reads x 3 times) or
   "chunk_merge" (one loop computing each chunk's mean and centered M2 and merging them with
   Chan's formula, then the write loop: reads x twice).
+- split: "auto" splits each row over several programs when there are fewer rows than SMs
+  (LayerNorm over three trailing dims of [16, 64, 256, 256]: 16 rows of 4M elements would
+  keep 16 of 132 SMs busy): a first kernel gathers each chunk's (n, mean, M2), a second merges
+  a row's chunks (Chan's parallel formula) and writes its chunk of y. Reads x twice. "never"
+  keeps one program per row.
 - rows_per_prog, grid ("rows" | "persistent" with progs_per_sm), num_warps, num_stages,
   block_d, cache_hints: as in rmsnorm. A tile [ROWS, BLOCK] is capped at 65536 elements.
 Parameters that do not apply to a point render the same source (block_d/num_stages/stats with
@@ -100,10 +105,11 @@ SPACE = {
     "grid": ["rows", "persistent"],
     "progs_per_sm": [1, 2, 4, 8],
     "cache_hints": [False, True],
+    "split": ["auto", "never"],
 }
 DEFAULT = {"variant": "one_pass", "stats": "two_pass", "rows_per_prog": 1, "num_warps": 4,
            "num_stages": 1, "block_d": 4096, "grid": "rows", "progs_per_sm": 4,
-           "cache_hints": False}
+           "cache_hints": False, "split": "auto"}
 
 _ARGS = ("x_ptr, w_ptr, b_ptr, y_ptr, N, D, stride_xn, eps, num_tiles,\n"
          "        HAS_W: tl.constexpr, HAS_B: tl.constexpr, ROWS: tl.constexpr")
@@ -215,6 +221,98 @@ for start in tl.range(0, D, BLOCK_D, num_stages=NUM_STAGES):
                           doc, "", body, p["grid"] == "persistent")
 
 
+def _split_kernels():
+    return '''
+
+@triton.jit
+def _layernorm_split_stats(x_ptr, part_ptr, D, stride_xn, S, CHUNK,
+                           BLOCK_D: tl.constexpr, NUM_STAGES: tl.constexpr):
+    """Program (row, s) of N * S: (n, mean, M2) of d = x - x[row, 0] over its chunk
+    [s * CHUNK, min((s + 1) * CHUNK, D)), BLOCK_D columns at a time merged with Chan's formula;
+    written to part[row, s, 0:3] (fp32)."""
+    pid = tl.program_id(0)
+    row = (pid // S).to(tl.int64)
+    s = pid % S
+    x_row = x_ptr + row * stride_xn
+    shift = tl.load(x_row).to(tl.float32)                              # x[row, 0]
+    lo = s * CHUNK
+    hi = tl.minimum(lo + CHUNK, D)
+    n = 0.0
+    mean = 0.0
+    m2 = 0.0
+    for start in tl.range(lo, hi, BLOCK_D, num_stages=NUM_STAGES):
+        cols = start + tl.arange(0, BLOCK_D)
+        mask = cols < hi
+        d = tl.where(mask, tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32) - shift, 0.0)
+        cnt = tl.minimum(hi - start, BLOCK_D).to(tl.float32)
+        c_mean = tl.sum(d, axis=0) / cnt
+        dc = tl.where(mask, d - c_mean, 0.0)
+        n_new = n + cnt
+        delta = c_mean - mean
+        mean = mean + delta * (cnt / n_new)
+        m2 = m2 + tl.sum(dc * dc, axis=0) + delta * delta * (n * cnt / n_new)
+        n = n_new
+    tl.store(part_ptr + pid * 3, n)
+    tl.store(part_ptr + pid * 3 + 1, mean)
+    tl.store(part_ptr + pid * 3 + 2, m2)
+
+
+@triton.jit
+def _layernorm_split_apply(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, D, stride_xn, S, CHUNK, eps,
+                           HAS_W: tl.constexpr, HAS_B: tl.constexpr, S_BLOCK: tl.constexpr,
+                           BLOCK_D: tl.constexpr, NUM_STAGES: tl.constexpr):
+    """Program (row, s): merge the row's S partials (n_i, mean_i, M2_i) into its mean and
+    variance (mean = sum n_i mean_i / n; M2 = sum M2_i + sum n_i (mean_i - mean)^2), then
+    normalize chunk s of the row and write it."""
+    pid = tl.program_id(0)
+    row = (pid // S).to(tl.int64)
+    s = pid % S
+    idx = tl.arange(0, S_BLOCK)
+    pm = idx < S
+    part = part_ptr + row * S * 3 + idx * 3
+    cn = tl.load(part, mask=pm, other=0.0)
+    cm = tl.load(part + 1, mask=pm, other=0.0)
+    c2 = tl.load(part + 2, mask=pm, other=0.0)
+    n = tl.sum(cn, axis=0)
+    mean_d = tl.sum(cn * cm, axis=0) / n
+    dm = tl.where(pm, cm - mean_d, 0.0)
+    var = (tl.sum(c2, axis=0) + tl.sum(cn * dm * dm, axis=0)) / D     # biased, like torch
+    rstd = tl.math.rsqrt(var + eps)
+    x_row = x_ptr + row * stride_xn
+    y_row = y_ptr + row * D
+    shift = tl.load(x_row).to(tl.float32)
+    lo = s * CHUNK
+    hi = tl.minimum(lo + CHUNK, D)
+    for start in tl.range(lo, hi, BLOCK_D, num_stages=NUM_STAGES):
+        cols = start + tl.arange(0, BLOCK_D)
+        mask = cols < hi
+        x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        y = ((x - shift) - mean_d) * rstd
+        if HAS_W:
+            y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_B:
+            y = y + tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+'''
+
+
+_SPLIT_LAUNCH = '''
+    if SPLIT == "auto" and N < _num_sms(x.device) and D > 4 * BLOCK_D:
+        # fewer rows than SMs: each row over S programs, about PROGS_PER_SM per SM in all
+        S = min(triton.cdiv(_num_sms(x.device) * PROGS_PER_SM, N), triton.cdiv(D, BLOCK_D), 1024)
+        chunk = triton.cdiv(triton.cdiv(D, S), BLOCK_D) * BLOCK_D     # a whole number of tiles
+        S = triton.cdiv(D, chunk)                                      # no empty chunk
+        part = torch.empty((N, S, 3), dtype=torch.float32, device=x.device)
+        stages = _fit_stages(NUM_STAGES, 3 * BLOCK_D * x2.dtype.itemsize)
+        _layernorm_split_stats[(N * S,)](x2, part, D, x2.stride(0), S, chunk, BLOCK_D=BLOCK_D,
+                                         NUM_STAGES=stages, num_warps=NUM_WARPS)
+        _layernorm_split_apply[(N * S,)](x2, w, b, y, part, D, x2.stride(0), S, chunk, float(eps),
+                                         has_w, has_b, S_BLOCK=triton.next_power_of_2(S),
+                                         BLOCK_D=BLOCK_D, NUM_STAGES=stages, num_warps=NUM_WARPS)
+        return y.reshape(out_shape)
+'''
+
+
 def _launcher(p):
     if p["grid"] == "persistent":
         grid = "(min(num_tiles, _num_sms(x.device) * PROGS_PER_SM),)  # persistent programs"
@@ -222,6 +320,7 @@ def _launcher(p):
         grid = "(num_tiles,)  # one tile per program"
     select = C.select_src("_layernorm_one_pass" if p["variant"] == "one_pass" else None,
                           "_layernorm_chunked")
+    split = _SPLIT_LAUNCH.lstrip("\n") if p["split"] == "auto" else ""
     return f'''
 
 def kernel_fn(x, weight, bias, eps):
@@ -239,7 +338,7 @@ def kernel_fn(x, weight, bias, eps):
     if N == 0 or D == 0:
         return y.reshape(out_shape)
     block = triton.next_power_of_2(D)
-{select}
+{split}{select}
     num_tiles = triton.cdiv(N, rows)
     grid = {grid}
     kernel[grid](x2, w, b, y, N, D, x2.stride(0), float(eps), num_tiles, has_w, has_b, **meta,
@@ -274,15 +373,18 @@ ROWS_PER_PROG = {p["rows_per_prog"]}   # rows per program tile (halved at launch
 BLOCK_D = {p["block_d"]}        # chunk width of the chunked loops
 NUM_WARPS = {p["num_warps"]}
 NUM_STAGES = {p["num_stages"]}       # software-pipelining depth of the chunk loops
-PROGS_PER_SM = {p["progs_per_sm"]}     # persistent grid only
+PROGS_PER_SM = {p["progs_per_sm"]}     # persistent grid; split rows: programs per SM
+SPLIT = "{p["split"]}"       # "auto": rows split over several programs when rows < SMs
 '''
     parts = [doc, C.FIT_ROWS_SRC]
-    if p["grid"] == "persistent":
+    if p["grid"] == "persistent" or p["split"] == "auto":
         parts.append(C.NUM_SMS_SRC)
     parts.append("\n")
     if one_pass:
         parts.append(_one_pass_kernel(p) + "\n")
     parts.append(_chunked_kernel(p))
+    if p["split"] == "auto":
+        parts.append(_split_kernels())
     parts.append(_launcher(p))
     return C.tidy("\n".join(parts))
 

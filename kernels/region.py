@@ -1798,6 +1798,7 @@ def configure(spec: dict) -> Family:
         dtypes=dtypes,
         description=f"region {spec['name']}: {len(spec['ops'])} aten op(s) fused, fp32 inside",
         notes={"ranges": ranges, "kinds": kinds, "depth": _depth(spec)},
+        shrink_lead=not spec.get("conv"),
         error_bound=_bound_for(spec),
         bound_tol={torch.float32: _STOL, torch.float16: _STOL, torch.bfloat16: _STOL},
         op_schema="(" + ", ".join(f"Tensor {n}" for n in names) + ") -> Tensor",

@@ -772,3 +772,59 @@ def test_attention_tma_loads_take_descriptors_where_they_can_and_pass_the_verifi
     for stage in verify.STAGES:
         r = v.run_stage(fn, stage)
         assert r.status == "passed", (stage, r.detail)
+
+
+def test_a_real_shape_over_the_cap_is_checked_on_fewer_rows(tmp_path):
+    # A softmax over [4096, 393216] fp32 is 6.4 GB a case: the stages that check values run its
+    # real row length on fewer rows, the shape sweep and determinism the real shape itself.
+    fam = kernels.get("softmax")
+    real = (4096, 393216)
+    v = verify.Verifier(fam, {"dtype": "float32", "shapes": [{"shape": list(real)}]}, "cuda", False)
+    stab = v.cases("stability")
+    assert stab and all(c.shape[1:] == real[1:] or c.shape in fam.sweep_shapes for c in stab)
+    assert all(v.size(c.shape) <= v.numel_cap for c in stab)
+    assert (v.numel_cap // real[1], real[1]) in {c.shape for c in stab}
+    assert real in {c.shape for c in v.cases("shape_sweep")}
+    assert real in {c.shape for c in v.cases("determinism")}
+    assert all(v.size(c.shape) <= v.numel_cap for c in v.cases("smoke") + v.cases("edge_cases"))
+    # and the value checks pass on such a shape, through the interpreter at a small cap
+    verify.install_launch_counter()
+    fn = verify.load_candidate(fam.starter(), str(tmp_path))
+    small = verify.Verifier(fam, {"dtype": "float32", "shapes": [{"shape": [64, 300]}],
+                                  "numel_cap": 1000}, "cpu", True)
+    assert small.cases("smoke")[0].shape == (3, 300)
+    for stage in ("smoke", "stability"):
+        r = small.run_stage(fn, stage)
+        assert r.status == "passed", (stage, r.failed_case, r.detail)
+
+
+def test_layernorm_splits_few_long_rows_over_programs(tmp_path):
+    # KernelBench's LayerNorm over [64, 256, 256] of 16 rows: one program per row kept 16 of 132
+    # SMs busy (2% of speed of light on the H200). With fewer rows than SMs (8 off the GPU) a row
+    # is split over programs: partial (n, mean, M2) per chunk, merged, then written.
+    fam = kernels.get("layernorm", {"dims": 3})
+    src = fam.starter()
+    assert verify.static_check(src, fam.arg_names) is None
+    verify.install_launch_counter()
+    fn = verify.load_candidate(src, str(tmp_path))
+    mod = sys.modules[fn.__module__] if fn.__module__ in sys.modules else None
+    glb = fn.__globals__ if mod is None else vars(mod)
+    seen = []
+
+    class Seen:                       # records the split kernel's launches, then runs it
+        def __init__(self, k):
+            self.k = k
+
+        def __getitem__(self, grid):
+            seen.append(grid)
+            return self.k[grid]
+    glb["_layernorm_split_stats"] = Seen(glb["_layernorm_split_stats"])
+    g = torch.Generator().manual_seed(3)
+    for shape in ((3, 4, 64, 160), (1, 5, 7, 1000)):          # 40960 and 35000 per row
+        for kind in ("normal", "mixed_scale", "constant_rows"):
+            x = fam.make_inputs(shape, "float32", "cpu", g, kind)
+            y = fn(**x)
+            ref = fam.reference(**{k: v.double() if torch.is_tensor(v) else v for k, v in x.items()})
+            assert torch.allclose(y.double(), ref, atol=1e-3, rtol=1e-3), (shape, kind)
+    assert len(seen) == 6 and all(gr[0] > shape[0] for gr, shape in zip(seen, [(3,)] * 3 + [(5,)] * 3))
+    # (the family's five-stage starter tests take this path too: its sweep has [2, 100000])
