@@ -152,12 +152,14 @@ def _rewrite_one(g: fx.Graph, env: dict, m: match.Match, k: rt.Kernel, mode) -> 
                        f"{getattr(got, 'dtype', None)}, the graph reads {tuple(getattr(want, 'shape', ()))} "
                        f"{getattr(want, 'dtype', None)}")
     out_orig.replace_all_uses_with(y)
-    env[m.output] = y             # later sites that read this output read the kernel's result
-    # the matched nodes nothing reads any more go; the rest of the graph stays as it was
+    # the matched nodes nothing reads any more go, the output's copy first (so env must still
+    # map m.output to it here: else the original op runs beside the kernel, unread); the rest
+    # of the graph stays as it was
     for n in reversed(m.nodes):
         c = env.get(n)
         if c is not None and c.graph is g and not c.users:
             g.erase_node(c)
+    env[m.output] = y             # later sites that read this output read the kernel's result
     return True, f"site {site}"
 
 

@@ -62,6 +62,7 @@ def test_unusual_but_correct_candidate_passes(worker):
     ("softmax_partial_write.py", {"smoke", "shape_sweep"}, "nan"),
     ("softmax_in_place.py", {"smoke"}, "modified its input"),
     ("softmax_torch_ops.py", {"static"}, "torch.exp is not"),
+    ("softmax_not_deterministic.py", {"determinism"}, "not bitwise deterministic"),
 ])
 def test_wrong_candidates_are_rejected(worker, name, stages, words):
     r = evaluate(worker, name)
