@@ -157,7 +157,7 @@ def page() -> None:
                    f"not started here. ({why})")
         return
     from engine.models import MODEL_NAMES
-    from kernels import FAMILY_NAMES
+    from kernels import FAMILY_NAMES, GENERATED_NAMES
     state = eng.status()
     busy = state["state"] in BUSY_STATES
     if busy:
@@ -196,9 +196,11 @@ def page() -> None:
                   help="Leave empty for the model's default input.")
     c2.selectbox("Dtype", DTYPES, key="nr_dtype",
                  help="auto: bfloat16 on a GPU, float32 under the interpreter.")
-    st.multiselect("Families", FAMILY_NAMES, key="nr_families",
+    st.multiselect("Families", FAMILY_NAMES + GENERATED_NAMES, key="nr_families",
                    placeholder="all the profile finds",
-                   help="Kernel families to optimize; empty means every family the profile finds.")
+                   help="Kernel families to optimize; empty means every family of the nine the "
+                        "profile finds. 'region': any fusible op chain outside them, a kernel "
+                        "generated for each.")
 
     st.subheader("Proposer")
     llm, llm_why = llm_support()

@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 
+import kernels
 from engine.verify import VERIFY_ORDERS
 
 
@@ -36,7 +37,8 @@ def _parser() -> argparse.ArgumentParser:
                    "op:FAMILY[:SHAPE][,...] (one operator at a shape, e.g. op:softmax:8192x8192)")
     r.add_argument("--dtype", default="auto", help="auto | float32 | float16 | bfloat16")
     r.add_argument("--input-shape", default=None, help="BATCHxSEQ, e.g. 2x32")
-    r.add_argument("--families", default=None, help="comma-separated family names (default: all found)")
+    r.add_argument("--families", default=None, help="comma-separated family names; 'all' adds the generated "
+                   "regions (any fusible op chain) to the nine (default: the nine, as found)")
     r.add_argument("--proposer", default="search")
     r.add_argument("--budget-experiments", type=int, default=None)
     r.add_argument("--budget-minutes", type=float, default=None)
@@ -164,7 +166,7 @@ def cmd_run(a) -> int:
     if budget is None and a.budget_minutes is None and not a.resume:
         budget = 40
     cfg = RunConfig(model=a.model, dtype=a.dtype, input_shape=a.input_shape,
-                    families=[f.strip() for f in a.families.split(",")] if a.families else None,
+                    families=kernels.parse_families(a.families),
                     proposer=a.proposer, budget_experiments=budget,
                     budget_minutes=a.budget_minutes, seed=a.seed, db=a.db, patience=a.patience,
                     worker_timeout_s=a.worker_timeout,

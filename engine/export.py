@@ -45,9 +45,10 @@ RUNTIME_SRC = Path(__file__).with_name("kernel_runtime.py")
 
 
 def placeable_families() -> tuple:
-    """Families whose kernels a package can place: those that declare a custom-op schema."""
+    """Families whose kernels a package can place: those that declare a custom-op schema, and
+    the generated ones (a region's schema comes with its spec)."""
     import kernels
-    return tuple(f.name for f in kernels.all_families() if f.op_schema)
+    return tuple(f.name for f in kernels.all_families() if f.op_schema) + kernels.GENERATED_NAMES
 
 
 class ExportError(ValueError):

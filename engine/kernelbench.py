@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+import kernels
 from engine import integrate
 
 PS = (1.0, 1.5, 2.0)
@@ -272,7 +273,7 @@ def cmd_kernelbench(a, log=print) -> int:
         Store(a.db).close()
     except StoreError as e:
         raise KernelBenchError(str(e)) from None
-    families = [f.strip() for f in a.families.split(",")] if a.families else None
+    families = kernels.parse_families(a.families)
     cfg_kw = dict(budget_experiments=a.budget_experiments, families=families, db=a.db,
                   seed=a.seed, patience=a.patience, worker_timeout_s=a.worker_timeout,
                   dtype=a.dtype, budget_minutes=getattr(a, "budget_minutes", None))

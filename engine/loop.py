@@ -187,6 +187,7 @@ def _log_line(exp: dict, timing_mode: str, show_worker: bool = False) -> str:
         tag += (f" [{exp['worker']}" + (f", re-timed on {exp['retimed_on']}" if exp.get("retimed_on")
                                        else "") + (", retried" if exp.get("attempts") == 2 else "")
                 + "]")
+    # the family, or a region's label (its ops: "mul+add+leaky_relu")
     return (f"exp {exp['seq']:4d} {exp['family']:<13} {state:<22} {lat} {spd} {sol}  "
             f"{exp['hypothesis'][:70]}{tag}")
 
@@ -317,9 +318,9 @@ def _prepare(cfg: RunConfig, store: Store, control: Control, log) -> str:
     control.set(run_id=run_id)
     store.update_run(run_id, current_reason="capturing the model's graph")
     log(f"capturing {cfg.model} ({dtype}) on {device['name']} ...")
-    # regions (kernels/region.py) are targets only when asked for (--families ...,region): their
-    # kernels are verified, timed and kept, but not yet placed in the model, so a default run
-    # spends no budget on them
+    # regions (kernels/region.py) are targets when asked for (--families all, or ...,region):
+    # placed like the families (one site a region), but their generated kernels have no GPU
+    # figures yet, so a default run keeps its budget for the nine
     wanted = set(cfg.families or kernels.FAMILY_NAMES)
     try:
         plans = _profile_graph(cfg, store, run_id, model, inputs, log)
@@ -911,7 +912,8 @@ class _Dispatch:
         exp_id = self.store.record_experiment(exp, stages, update)
         row = self.store.experiment(exp_id)
         self.control.set(experiments=row["seq"])
-        self.log(_log_line(row, self.timing_mode, self.pool.backend != "single"))
+        self.log(_log_line(dict(row, family=target.get("label") or row["family"]), self.timing_mode,
+                           self.pool.backend != "single"))
 
 
 def _died(e: WorkerDied) -> dict:

@@ -2,7 +2,9 @@
 
 ``place(capture, kernels)`` matches the families in every captured graph again (engine/match.py)
 and, for each match a kernel was verified for (same family, same contract spec, the exact family
-shape, dtype and device), replaces the matched subgraph with one call of the kernel:
+shape, dtype and device), replaces the matched subgraph with one call of the kernel; each
+fusible region beside the matches (engine/regions.py) that a region kernel was verified for
+becomes one call the same way, its inputs the kernel's arguments:
 
     [views of the match's inputs] -> site_call(site, *kernel args) -> [post ops] -> consumers
 
@@ -144,6 +146,13 @@ def _rewrite_one(g: fx.Graph, env: dict, m: match.Match, k: rt.Kernel, mode) -> 
             else:
                 target, vargs = _VIEW_ATEN[name](y, *rest)
                 y = _emit(g, target, vargs, mode)
+    return _swap(g, env, m.output, m.nodes, y, site)
+
+
+def _swap(g: fx.Graph, env: dict, output: fx.Node, nodes: list, y: fx.Node, site: int):
+    """Let the graph read ``y`` (the site's result) where it read ``output``'s copy, and drop
+    the replaced nodes nothing reads any more."""
+    out_orig = env[output]
     want, got = out_orig.meta.get("val"), y.meta.get("val")
     if (not isinstance(want, torch.Tensor) or not isinstance(got, torch.Tensor)
             or tuple(want.shape) != tuple(got.shape) or want.dtype != got.dtype):
@@ -152,15 +161,58 @@ def _rewrite_one(g: fx.Graph, env: dict, m: match.Match, k: rt.Kernel, mode) -> 
                        f"{getattr(got, 'dtype', None)}, the graph reads {tuple(getattr(want, 'shape', ()))} "
                        f"{getattr(want, 'dtype', None)}")
     out_orig.replace_all_uses_with(y)
-    # the matched nodes nothing reads any more go, the output's copy first (so env must still
-    # map m.output to it here: else the original op runs beside the kernel, unread); the rest
-    # of the graph stays as it was
-    for n in reversed(m.nodes):
+    # the replaced nodes nothing reads any more go, the output's copy first (so env must still
+    # map the output to it here: else the original op runs beside the kernel, unread); the
+    # rest of the graph stays as it was
+    for n in reversed(nodes):
         c = env.get(n)
         if c is not None and c.graph is g and not c.users:
             g.erase_node(c)
-    env[m.output] = y             # later sites that read this output read the kernel's result
+    env[output] = y               # later sites that read this output read the kernel's result
     return True, f"site {site}"
+
+
+def _rewrite_region(g: fx.Graph, env: dict, r, k: rt.Kernel, mode) -> tuple[bool, str]:
+    """Replace the copy of region ``r`` (engine/regions.py) by a site: its inputs in0, in1, ...
+    are the kernel's arguments as the graph has them (the kernel was verified on the layouts
+    the graph passes: the site guards them)."""
+    fam = families.get("region", r.spec)
+    out_orig = env[r.output]
+    args = [env.get(n, n) for n in r.inputs]
+    if any(not isinstance(a, fx.Node) or a.meta.get("val") is None for a in args):
+        return False, "no shape information for an input of the region"
+    metas = [_meta_tuple(a.meta["val"]) for a in args]
+    with g.inserting_before(out_orig):
+        try:
+            with mode:
+                fake_out = fam.reference(**{n: _fake_of(a, mode) for n, a in zip(fam.arg_names, args)})
+        except Exception as e:
+            return False, f"the region's reference does not run on these inputs: {type(e).__name__}"
+        site = rt.add_site(k, tuple(metas), (tuple(int(s) for s in fake_out.shape), fake_out.dtype))
+        y = g.call_function(rt.site_call, (site,) + tuple(args))
+        with mode:
+            y.meta["val"] = fake_out.contiguous()
+    return _swap(g, env, r.output, r.nodes, y, site)
+
+
+def _place_regions(graph: cap.Graph, g: fx.Graph, env: dict, ms: list, region_kernels: list,
+                   mode, out: "Placement") -> None:
+    """Each region of ``graph`` (outside the family matches) a region kernel was verified for
+    becomes one site; the others keep their ops."""
+    from engine import regions
+    for r in regions.find(graph, ms).regions:
+        row = {"family": "region", "spec": r.spec, "pattern": r.name, "shape": list(r.shape)}
+        meta = cap.tensor_meta(r.inputs[0]) if r.inputs else None
+        device_type = meta["device"] if meta else "cpu"
+        k = next((x for x in region_kernels if x.serves(r.spec, r.shape, r.dtype, device_type)), None)
+        if k is None:
+            out.skipped.append(dict(row, why="no kept kernel verified for this region"))
+            continue
+        ok, why = _rewrite_region(g, env, r, k, mode)
+        if ok:
+            out.sites.append(dict(row, kernel=k.name, site=why))
+        else:
+            out.skipped.append(dict(row, why=why))
 
 
 def _drop(g: fx.Graph, node: fx.Node) -> None:
@@ -259,6 +311,10 @@ def place(capture: cap.Capture, kernels: list, matches: dict | None = None,
                 out.sites.append(dict(row, kernel=k.name, site=why))
             else:
                 out.skipped.append(dict(row, why=why))
+        # regions (kernels/region.py): found beside the family matches, placed the same way
+        region_kernels = [k for k in kernels if k.family == "region"]
+        if region_kernels and mode is not None:
+            _place_regions(graph, g, env, ms, region_kernels, mode, out)
         _repropagate(g, mode)
         g.lint()
         new = fx.GraphModule(gm, g)

@@ -106,6 +106,19 @@ class Family:
         return tuple(int(s) for s in record["shape"])
 
 
+def parse_families(text: str | None) -> list | None:
+    """A --families value: comma-separated names, "all" for the nine and the generated ones
+    (regions); None or "" for the default (the nine, as found)."""
+    if not text:
+        return None
+    names = []
+    for f in (x.strip() for x in text.split(",")):
+        for n in (FAMILY_NAMES + GENERATED_NAMES if f == "all" else (f,)):
+            if n and n not in names:
+                names.append(n)
+    return names
+
+
 def get(name: str, spec: dict | None = None) -> Family:
     """The family called ``name`` under the contract ``spec`` (None or {}: its plain contract);
     raises UnknownFamily with the valid names.

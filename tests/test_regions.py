@@ -253,3 +253,107 @@ def test_strided_grouped_and_transposed_convolutions_pass_all_five_stages(conv, 
     fam = kernels.get("region", r.spec)
     for st in _five_stages(fam, r.shape, tmp=tmp_path):
         assert st.status == "passed", (st.stage, st.failed_case, st.detail)
+
+
+def _region_kernel(r, tmp):
+    """The region's generated starter, loaded as a runtime kernel verified for its shape."""
+    import os
+    from engine import kernel_runtime as rt
+    fam = kernels.get("region", r.spec)
+    path = os.path.join(str(tmp), f"region_{abs(hash(r.name))}.py")
+    with open(path, "w") as f:
+        f.write(fam.starter())
+    return rt.load_kernel_file(path, "region", r.dtype, "cpu", [list(r.shape)],
+                               fam.tolerance[getattr(torch, r.dtype)], f"region#{r.name}",
+                               r.spec, fam.op_schema)
+
+
+@pytest.mark.parametrize("model,inputs", [
+    (Chain(), (torch.randn(4, 8), torch.randn(8))),
+    (GemmEpilogue(), (torch.randn(3, 16),)),
+    (Reductions(), (torch.randn(2, 6, 5),)),
+    (MaskedCumsum(), (torch.randn(3, 9), torch.rand(3, 9) > 0.5)),
+], ids=["pointwise", "gemm_epilogue", "reductions", "masked_scan"])
+def test_region_kernels_are_placed_one_site_a_region(model, inputs, tmp_path):
+    # Each region a kernel was verified for becomes one site_call in the rewritten graph; its
+    # ops leave the graph, the rest (a GEMM with no kernel) stays, and the model agrees.
+    from engine import integrate, place
+    cap = capture.capture(model.eval(), inputs)
+    g = cap.graphs[0]
+    ms = match.find(g)
+    found = regions.find(g, ms)
+    assert found.regions
+    ks = [_region_kernel(r, tmp_path) for r in found.regions]
+    pl = place.place(cap, ks, {g.index: ms})
+    assert sorted(s["pattern"] for s in pl.sites) == sorted(r.name for r in found.regions), pl.skipped
+    new = pl.graphs[0]
+    calls = [n for n in new.graph.nodes if n.op == "call_function"]
+    assert sum(1 for n in calls if "site_call" in str(n.target)) == len(found.regions)
+    region_ops = {n.target for r in found.regions for n in r.nodes}
+    assert not [n for n in calls if n.target in region_ops], new.code
+    assert not [n for n in calls if not n.users]
+    opt = place.optimized(cap, pl)
+    with torch.no_grad():
+        ref, out = model(*inputs), opt(*inputs)
+    assert opt.calls["placed"] == 1 and opt.calls["guard_miss"] == 0
+    err, where = integrate.compare(integrate.flatten(out), integrate.flatten(ref))
+    assert err <= 1e-5, where
+
+
+REGION_MODEL = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):              # written as KernelBench writes its level-2 epilogues
+    def __init__(self):
+        super().__init__()
+        self.bias = nn.Parameter(torch.randn(64))
+
+    def forward(self, x):
+        return torch.clamp(F.leaky_relu(x * 2.0 + self.bias, 0.1), min=-1.0, max=1.0)
+
+
+def get_inputs():
+    return [torch.randn(8, 64)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_run_with_regions_places_their_kernels_in_the_model(tmp_path):
+    # --families region: the region is a target, its starter is verified and kept, and the
+    # end of the run places it (one site) and checks the rewritten model against the original;
+    # the exported package places it too, in a process that cannot import the engine.
+    from engine.cli import main as cli_main
+    from engine.loop import RunConfig, execute
+    from engine.store import Store
+    from tests.test_integration import run_clean
+    path = tmp_path / "chain.py"
+    path.write_text(REGION_MODEL)
+    db = tmp_path / "runs.db"
+    run_id = execute(RunConfig(model=str(path), families=["region"], budget_experiments=1,
+                               db=str(db)), log=lambda _: None)
+    s = Store(db, readonly=True)
+    (t,) = s.targets(run_id)
+    assert t["family"] == "region" and t["best_experiment_id"], s.experiments(run_id)
+    (check,) = s.e2e_checks(run_id)
+    assert check["status"] == "passed", check
+    used = {u["kernel"]: u["calls"] for u in check["kernels_used"]}
+    assert any(k.startswith("region") and n >= 1 for k, n in used.items()), used
+    out_dir = tmp_path / "export"
+    assert cli_main(["export", run_id, "--out", str(out_dir), "--db", str(db)]) == 0
+    manifest = json.loads((out_dir / "nightshift_kernels" / "manifest.json").read_text())
+    (k,) = manifest["kernels"]
+    assert k["family"] == "region" and k["spec"] == t["spec"] and k["schema"].startswith("(Tensor in0")
+    torch.manual_seed(5)
+    x = (torch.randn(8, 64),)
+    out, stats = run_clean(out_dir, tmp_path, path, "(torch.manual_seed(1), m.Model())[1]", x)
+    assert stats == {"placed": 1, "original": 0, "guard_miss": 0}
+    torch.manual_seed(1)
+    from engine import sources
+    ref = sources.import_file(str(path)).Model()(*x)
+    assert torch.allclose(out, ref, atol=1e-5, rtol=1e-5)
