@@ -157,7 +157,8 @@ def _shape(s) -> str:
 
 
 def _contract(family) -> list[str]:
-    ref = inspect.getsource(family.reference).rstrip()
+    # a generated family (a region) shows the PyTorch it replays, not the generic replayer
+    ref = family.notes.get("reference_source") or inspect.getsource(family.reference).rstrip()
     notes = (inspect.getmodule(family.reference).__doc__ or "").strip()
     tol = "; ".join(f"{str(dt).replace('torch.', '')} atol={a:g} rtol={r:g}"
                     for dt, (a, r) in family.tolerance.items())

@@ -246,6 +246,44 @@ def _replay(spec: dict, inputs: list):
     return values[-1]
 
 
+def reference_source(spec: dict) -> str:
+    """The region as the PyTorch it replays, one aten call a line: the contract a person or the
+    LLM proposer reads (the reference itself is ``_replay`` of the spec)."""
+    def src(v):
+        if isinstance(v, dict):
+            if "in" in v:
+                return f"in{v['in']}"
+            if "v" in v:
+                return f"v{v['v']}"
+            if "dtype" in v:
+                return f"torch.{v['dtype']}"
+            if "f" in v:
+                return src(float(v["f"]))
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(src(x) for x in v) + "]"
+        if isinstance(v, float) and (v != v or v in (float("inf"), -float("inf"))):
+            return f"float('{v}')"
+        return repr(v)
+    n = len(spec["inputs"])
+    shape = spec.get("shape")
+    lines = [f"def reference({', '.join(f'in{i}' for i in range(n))}):"]
+    dom = f" of the domain {list(shape)}" if shape else " of the domain"
+    for i, inp in enumerate(spec["inputs"]):
+        lines.append(f"    # in{i}: {inp['dtype']}, its dims are dims {inp['map']}{dom}")
+    for j, op in enumerate(spec["ops"]):
+        args = [src(a) for a in op["args"]] + [f"{k}={src(v)}" for k, v in op["kwargs"].items()
+                                              if k not in _DROP_KWARGS]
+        call = f"torch.ops.{op['op']}({', '.join(args)})"
+        try:
+            if len(aten_op(op["op"])._schema.returns) > 1:
+                call += "[0]"                       # max.dim, batch norm: the values
+        except Exception:
+            pass
+        lines.append(f"    v{j} = {call}")
+    lines.append(f"    return v{len(spec['ops']) - 1}")
+    return "\n".join(lines)
+
+
 def _bits(dtype_name) -> int:
     if not dtype_name:
         return 0
@@ -1797,7 +1835,8 @@ def configure(spec: dict) -> Family:
         render=render_for(spec),
         dtypes=dtypes,
         description=f"region {spec['name']}: {len(spec['ops'])} aten op(s) fused, fp32 inside",
-        notes={"ranges": ranges, "kinds": kinds, "depth": _depth(spec)},
+        notes={"ranges": ranges, "kinds": kinds, "depth": _depth(spec),
+               "reference_source": reference_source(spec)},
         shrink_lead=not spec.get("conv"),
         error_bound=_bound_for(spec),
         bound_tol={torch.float32: _STOL, torch.float16: _STOL, torch.bfloat16: _STOL},

@@ -314,3 +314,26 @@ def test_llm_proposer_without_litellm_installed():
                        timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "litellm is not installed" in r.stdout
+
+
+def test_a_region_targets_prompt_holds_its_pytorch_code_and_our_starter():
+    # The LLM proposer's contract for a generated region is the PyTorch the region replays (one
+    # aten call a line, as the model's graph has it), and the current best is our starter.
+    import torch
+    import torch.nn.functional as F
+    from engine import capture, match, regions
+    from engine.llm import build_messages
+
+    class Chain(torch.nn.Module):
+        def forward(self, x, b):
+            return F.leaky_relu(x * 2.0 + b, 0.1).clamp(max=3.0)
+    cap = capture.capture(Chain().eval(), (torch.randn(4, 8), torch.randn(8)))
+    g = cap.graphs[0]
+    (r,) = regions.find(g, match.find(g)).regions
+    fam = kernels.get("region", r.spec)
+    text = "\n".join(m["content"] for m in build_messages(fam, [], None, _ctx()))
+    for line in ("def reference(in0, in1):", "torch.ops.aten.mul.Tensor(in0, 2.0)",
+                 "torch.ops.aten.leaky_relu.default(v1, 0.1)", "torch.ops.aten.clamp.default(v2, None, 3.0)"):
+        assert line in text, line
+    assert fam.starter().strip() in text
+    assert "_replay" not in text                  # not the generic replayer
