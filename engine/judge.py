@@ -428,7 +428,17 @@ def time_reference(worker, req: dict, deadline: float) -> dict:
     out = time_shapes(worker, fam, req, deadline, prep=dict(base, op="prep_reference"))
     modes = [m for m in req.get("compile_modes") or () if not worker.interpret]
     compiled = {}
+    # "budget_s": the share of the run's budget the baselines may take; the first mode always
+    # runs, a later one only when the time left holds it (estimated from the one before:
+    # max-autotune tunes, so three times as long)
+    until = time.monotonic() + float(req["budget_s"]) if req.get("budget_s") is not None else None
+    last = 0.0
     for mode in modes:
+        left = (until - time.monotonic()) if until is not None else float("inf")
+        if compiled and left < (3.0 if mode.startswith("max-autotune") else 1.5) * last:
+            compiled[mode] = {"skipped": f"{max(left, 0):.0f} s left in the run's budget"}
+            continue
+        t0 = time.monotonic()
         try:
             _checked(worker.rpc(dict(base, op="compile_reference", mode=mode), deadline)[0],
                      "reference")
@@ -436,11 +446,16 @@ def time_reference(worker, req: dict, deadline: float) -> dict:
                                          prep=dict(base, op="prep_reference", compiled=True))
         except (Rejected, JudgeError) as e:
             compiled[mode] = {"error": str(e)[:300]}
+        last = time.monotonic() - t0
     ok = {m: t for m, t in compiled.items() if "latency_us" in t}
     if ok:
         best = min(ok, key=lambda m: ok[m]["latency_us"])
         out["compile"] = dict(ok[best], mode=best,
                               modes={m: t.get("latency_us") for m, t in compiled.items()})
     elif compiled:
-        out["compile"] = {"error": "; ".join(f"{m}: {t['error']}" for m, t in compiled.items())}
+        out["compile"] = {"error": "; ".join(f"{m}: {t.get('error') or t.get('skipped')}"
+                                             for m, t in compiled.items())}
+    skipped = [m for m, t in compiled.items() if "skipped" in t]
+    if skipped and "compile" in out:
+        out["compile"]["skipped"] = skipped
     return out

@@ -27,6 +27,9 @@ MIN_MARGIN = 0.01   # never keep a change smaller than 1%, however quiet the mea
 MAX_TARGET_SHAPES = 4
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 GPU_COMPILE_MODES = ["default", "max-autotune-no-cudagraphs"]
+# Under --budget-minutes a target's reference timings (eager and the compile modes after the
+# first) take at most this share of the time the run has left when it is timed.
+REF_SHARE = 0.4
 
 
 class ConfigError(ValueError):
@@ -552,10 +555,14 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=Non
             if t["ref_latency_us"] is None:
                 # the target's contract travels with it: the worker rebuilds the same Family
                 # (kernels.get(family, spec)) and times its reference, eager and compiled
+                # under a budget the baselines take at most REF_SHARE of the time left (the
+                # first compile mode always runs: a target always has a compile baseline)
+                share = (None if deadline is None
+                         else REF_SHARE * max(deadline - time.monotonic(), 0.0))
                 r = pool.call(pool.reference,
                               {"op": "time_reference", "family": t["family"], "spec": t["spec"],
                                "dtype": t["dtype"], "shapes": t["shapes"], "seed": cfg.seed,
-                               "compile_modes": modes},
+                               "compile_modes": modes, "budget_s": share},
                               timeout_s=cfg.worker_timeout_s * (1 + len(modes)))
                 if "error" in r:
                     raise RuntimeError(f"timing the {t['family']} reference failed: {r['error']}")
@@ -570,6 +577,10 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=Non
                        if comp.get("latency_us") else "")
                     + (f", speed of light {r['sol_us']:.1f} us" if r["sol_us"] else "")
                     + (" [interpreter timing]" if interpret else ""))
+                if comp.get("skipped"):
+                    store.event(run_id, f"{t.get('label') or t['family']}: torch.compile baseline "
+                                        f"without {', '.join(comp['skipped'])}: the budget's share "
+                                        f"for baselines was spent", "warn")
                 if comp.get("error"):
                     store.event(run_id, f"{t['family']}: torch.compile baseline not timed: "
                                         f"{comp['error']}", "warn")
