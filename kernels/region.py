@@ -783,7 +783,7 @@ def _inputs_for(spec, ranges, kinds):
     def make(shape, dtype, device, gen, kind="normal"):
         dtype = C.as_dtype(dtype)
         shape = tuple(int(s) for s in shape)
-        scale = 1.0 if kind == "normal" else kinds.get(kind)
+        scale = 1.0 if kind in ("normal", "nan") else kinds.get(kind)
         if scale is None:
             raise ValueError(f"unknown input kind {kind!r} for region {spec['name']}; known: "
                              f"normal, {', '.join(kinds)}")
@@ -798,6 +798,10 @@ def _inputs_for(spec, ranges, kinds):
                 # a convolution's weights as models initialize them: sums of its taps stay O(1)
                 w = 1.0 / math.sqrt(_conv_taps(spec["conv"])) if inp.get("role") == "conv_w" else 1.0
                 t = ((lo + (hi - lo) * u) * (w if inp.get("role") == "conv_w" else scale)).to(dtype)
+                if kind == "nan" and s and inp.get("role") != "conv_w":
+                    # about one element in 37 NaN: the output must hold NaN exactly where
+                    # torch's ops propagate it (a max over a row with one, a pointwise result)
+                    t = torch.where(C.rand(gen, *s) < 1 / 37, torch.full_like(t, float("nan")), t)
             out[f"in{i}"] = t.to(device)
         return out
     return make
@@ -1469,10 +1473,11 @@ def render_for(spec):
         def red_lines(s, acc_expr):
             if s.op == "sum":
                 return f"tl.sum({acc_expr}, axis=1)[:, None]"
-            if s.op == "max":
-                return f"tl.max({acc_expr}, axis=1)[:, None]"
-            if s.op == "min":
-                return f"tl.min({acc_expr}, axis=1)[:, None]"
+            if s.op in ("max", "min"):
+                # torch's amax/amin propagate NaN; tl.max/tl.min on a GPU skip it (maxnum):
+                # a row holding a NaN reduces to NaN
+                return (f"tl.where(tl.sum((({acc_expr}) != ({acc_expr})).to(tl.int32), axis=1)"
+                        f"[:, None] > 0, float('nan'), tl.{s.op}({acc_expr}, axis=1)[:, None])")
             return f"tl.reduce({acc_expr}, 1, _mul)[:, None]"
 
         def store_lines(val):
@@ -1548,8 +1553,11 @@ def render_for(spec):
             arg = s.expr if level[s.expr] == "dom" else f"({s.expr} + zt)"
             v = f"tl.where(mask, {arg}, {_NEUTRAL[s.op]})"
             comb = {"sum": f"{s.name}_acc + {v}",
-                    "max": f"tl.maximum({s.name}_acc, {v})",
-                    "min": f"tl.minimum({s.name}_acc, {v})",
+                    # NaN sticks (torch's amax/amin propagate it; tl.maximum on a GPU drops it)
+                    "max": f"tl.where({s.name}_acc != {s.name}_acc, {s.name}_acc, tl.where(({v}) != ({v}), "
+                           f"({v}), tl.maximum({s.name}_acc, {v})))",
+                    "min": f"tl.where({s.name}_acc != {s.name}_acc, {s.name}_acc, tl.where(({v}) != ({v}), "
+                           f"({v}), tl.minimum({s.name}_acc, {v})))",
                     "prod": f"{s.name}_acc * {v}"}[s.op]
             body.append(f"{s.name}_acc = {comb}")
             loop.append("for c0 in range(0, n_cols, BLOCK):")
@@ -1809,6 +1817,8 @@ def configure(spec: dict) -> Family:
         # cannot vouch for
         ranges = ["P" if i["dtype"] != "bool" else "N" for i in spec["inputs"]]
     kinds = _kinds(spec, ranges)
+    if any(i["dtype"] != "bool" for i in spec["inputs"]):
+        kinds["nan"] = 1.0                      # NaN placement must match the reference's
     if spec.get("conv"):
         sweep, edge = _conv_sweeps(spec)
         real = sweep[0]

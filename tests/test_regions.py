@@ -137,12 +137,17 @@ def test_domain_restricted_regions_get_inputs_where_every_op_is_defined():
     _, f = _found(Domains(), torch.rand(3, 6) + 3, torch.rand(3, 6))
     (r,) = [r for r in f.regions if "log" in r.name]
     fam = kernels.get("region", r.spec)
-    assert fam.adversarial                                    # tiny / large where the ops hold
-    for kind in ("normal",) + fam.adversarial:
+    assert set(fam.adversarial) - {"nan"}                     # tiny / large where the ops hold
+    for kind in ("normal",) + tuple(k for k in fam.adversarial if k != "nan"):
         for dt in (torch.float32, torch.float16):
             x = fam.make_inputs((3, 6), dt, DEVICE, gen(1), kind)
             ref = fam.reference(**{k: v.double() for k, v in x.items()})
             assert torch.isfinite(ref).all(), (kind, dt)
+    # and NaN among otherwise in-domain inputs: the output has NaN exactly where they reach
+    x = fam.make_inputs((30, 60), torch.float32, DEVICE, gen(1), "nan")
+    ref = fam.reference(**{k: v.double() for k, v in x.items()})
+    assert all(bool(v.isnan().any()) for v in x.values())
+    assert bool(ref.isnan().any()) and not bool(ref.isnan().all())
 
 
 def _five_stages(fam, shape, source=None, tmp=None):
