@@ -160,7 +160,10 @@ def test_requests_in_flight_overlap_and_come_back_in_request_order(tmp_path):
         p.close()
     assert got == [f"variant {n}" for n in range(1, 6)]
     assert server.max_concurrent == 3
-    assert took < 4.0, took          # one at a time would take ~6 s
+    # one at a time would take the sum of the delays (6.1 s); three in flight about half of it.
+    # The overlap itself is max_concurrent; the wall time only has to show it on a loaded machine
+    serial = sum(1.5 - 0.2 * (n % 4) for n in range(1, 6))
+    assert took < 0.9 * serial, (took, serial)
     # the request sent after the 3rd proposal knew the first three outcomes
     r = next(r for r in server.requests if r["n"] == 6)
     assert "#3 [llm] failed at smoke" in r["prompt"]
