@@ -145,7 +145,12 @@ def _parser() -> argparse.ArgumentParser:
     kb.add_argument("--patience", type=int, default=5)
     kb.add_argument("--worker-timeout", type=float, default=300.0)
     kb.add_argument("--db", default=None)
-    kb.add_argument("--out", default=None, help="also write the Markdown report to this file")
+    kb.add_argument("--out", default=None, help="also write the Markdown report to this file "
+                    "(and every problem's row to its .jsonl, as each finishes)")
+    kb.add_argument("--every", type=int, default=None,
+                    help="only the problems whose number is a multiple of this (a fixed sample)")
+    kb.add_argument("--resume", action="store_true",
+                    help="skip the problems --out's .jsonl already holds")
     return p
 
 

@@ -68,7 +68,7 @@ class ProblemResult:
         return base / self.optimized_us
 
 
-def problem_files(folder: str, level: int, match: str = "*.py") -> list[Path]:
+def problem_files(folder: str, level: int, match: str = "*.py", every: int | None = None) -> list[Path]:
     root = Path(folder)
     if not root.is_dir():
         raise KernelBenchError(f"no such folder: {folder}")
@@ -80,8 +80,10 @@ def problem_files(folder: str, level: int, match: str = "*.py") -> list[Path]:
     files = sorted((p for p in picked if p.suffix == ".py" and not p.name.startswith("_")),
                    key=lambda p: (int(p.name.split("_")[0]) if p.name.split("_")[0].isdigit() else 1 << 30,
                                   p.name))
+    if every:       # a fixed sample: the problems whose number is a multiple of ``every``
+        files = [p for p in files if p.name.split("_")[0].isdigit() and int(p.name.split("_")[0]) % every == 0]
     if not files:
-        raise KernelBenchError(f"no problem files ({match}) in {where}")
+        raise KernelBenchError(f"no problem files ({match}{f', every {every}' if every else ''}) in {where}")
     return files
 
 
@@ -268,7 +270,17 @@ def _x(v) -> str:
 
 def cmd_kernelbench(a, log=print) -> int:
     from engine.store import Store, StoreError
-    files = problem_files(a.dir, a.level, getattr(a, "match", "*.py"))
+    every = getattr(a, "every", None)
+    if every is not None and every < 1:
+        raise KernelBenchError(f"--every takes a positive number, not {every}")
+    files = problem_files(a.dir, a.level, getattr(a, "match", "*.py"), every)
+    table = Path(a.out).with_suffix(".jsonl") if a.out else None
+    if getattr(a, "resume", False):
+        if table is None:
+            raise KernelBenchError("--resume needs --out (its .jsonl holds the problems done)")
+        done = {r.problem for r in _accumulate(table, [])} if table.exists() else set()
+        files = [p for p in files if p.name not in done]
+        log(f"resuming: {len(done)} problem(s) in {table.name} already, {len(files)} to run")
     try:
         Store(a.db).close()
     except StoreError as e:
@@ -286,16 +298,25 @@ def cmd_kernelbench(a, log=print) -> int:
             + (f", {r.speedup('compile'):.3g}x compile" if r.speedup("compile") else "")
             + (f" ({r.why_not})" if r.why_not else "") + f", {r.seconds:.0f} s")
         results.append(r)
-    if a.out:
-        # several invocations (one device command each) build one table: every result is kept
-        # in <out>.jsonl, a problem run again replaces its row, and <out> is rewritten from all
-        results = _accumulate(Path(a.out).with_suffix(".jsonl"), results)
-    interp = any(r.timing_mode == "interpreter" for r in results) or not torch.cuda.is_available()
-    text = markdown(results, a.level, interp)
-    if a.out:
-        Path(a.out).write_text(text)
+        if table is not None:
+            # several invocations (one device command each, several sessions) build one table:
+            # every result is kept in <out>.jsonl as soon as it is in (a command stopped at its
+            # limit keeps the problems it finished), a problem run again replaces its row, and
+            # <out> is rewritten from all of them
+            _write(a.out, _accumulate(table, [r]), a.level)
+    if table is not None:
+        results = _accumulate(table, [])
+    text = _write(a.out, results, a.level)
     print(text, end="")
     return 0
+
+
+def _write(out: str | None, results: list, level: int) -> str:
+    interp = any(r.timing_mode == "interpreter" for r in results) or not torch.cuda.is_available()
+    text = markdown(results, level, interp)
+    if out:
+        Path(out).write_text(text)
+    return text
 
 
 def _accumulate(path: Path, new: list[ProblemResult]) -> list[ProblemResult]:
@@ -309,6 +330,8 @@ def _accumulate(path: Path, new: list[ProblemResult]) -> list[ProblemResult]:
                 rows[d["problem"]] = ProblemResult(**d)
     for r in new:
         rows[r.problem] = r
-    path.write_text("".join(json.dumps(asdict(r)) + "\n" for r in rows.values()))
+    tmp = path.with_name(path.name + ".tmp")        # never a half-written table
+    tmp.write_text("".join(json.dumps(asdict(r)) + "\n" for r in rows.values()))
+    tmp.replace(path)
     return sorted(rows.values(), key=lambda r: (int(r.problem.split("_")[0]) if r.problem.split("_")[0].isdigit()
                                                 else 1 << 30, r.problem))

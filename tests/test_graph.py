@@ -5,6 +5,7 @@ import math
 import os
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -581,3 +582,24 @@ def test_gpu_graph_profile_counts_every_device_microsecond_once():
     assert gp.result.total_us > 0
     assert sum(r.time_us for r in gp.result.families) == pytest.approx(gp.result.total_us, rel=1e-6)
     assert {r.family for r in gp.result.families} >= {"matmul", "attention", "rmsnorm"}
+
+
+def test_kernelbench_fixed_sample_and_resume_across_commands(tmp_path, capsys):
+    # --every N: the problems whose number is a multiple of N; --resume: the ones --out's
+    # .jsonl does not hold yet (a session's device time runs out; the next one goes on)
+    from engine.cli import main as cli_main
+    from engine.kernelbench import ProblemResult, _accumulate, problem_files
+    folder = Path(__file__).parent / "kernelbench_problems"
+    assert [p.name for p in problem_files(str(folder), 1, every=2)] == ["2_LayerNorm.py"]
+    out = tmp_path / "kb.md"
+    _accumulate(out.with_suffix(".jsonl"), [ProblemResult(p.name, correct=True, eager_us=2.0, optimized_us=1.0)
+                                            for p in problem_files(str(folder), 1)])
+    assert cli_main(["kernelbench", str(folder), "--level", "1", "--out", str(out), "--resume",
+                     "--db", str(tmp_path / "kb.db")]) == 0
+    text = capsys.readouterr().out
+    assert "resuming: 3 problem(s) in kb.jsonl already, 0 to run" in text
+    table = out.read_text()      # the three rows at 2x, and the geomean line
+    assert "3 problem(s)" in table and table.count("| 2x |") == 4
+    assert not (tmp_path / "kb.jsonl.tmp").exists()
+    assert cli_main(["kernelbench", str(folder), "--level", "1", "--every", "0"]) == 2
+    assert cli_main(["kernelbench", str(folder), "--level", "1", "--resume"]) == 2
