@@ -112,6 +112,10 @@ OPS = {
     "layer_norm": ("red", ("input", "weight", "bias"), 7),
     "group_norm": ("red", ("input", "weight", "bias"), 7),
     "instance_norm": ("red", ("input", "weight", "bias"), 7),
+    # losses with reduction mean or sum (over every dim): a pointwise term, then the reduction
+    "l1_loss": ("red", ("self", "target"), 3), "mse_loss": ("red", ("self", "target"), 3),
+    "smooth_l1_loss": ("red", ("self", "target"), 6), "huber_loss": ("red", ("self", "target"), 6),
+    "kl_div": ("red", ("self", "target"), 6),
     # scans
     "cumsum": ("scan", _PW1, 1), "cumprod": ("scan", _PW1, 1),
     # convolutions: the region's first op, its epilogue fused (flops per output element and tap)
@@ -185,7 +189,14 @@ def reduced_dims(name: str, a: dict, rank: int):
         return norm(a["dim"])
     if name in ("linalg_vector_norm", "norm"):
         return norm(a.get("dim"))
+    if name in _LOSSES:
+        # reduction 1 (mean) or 2 (sum) over every dim; 0 (none) is a pointwise loss the
+        # generator does not take as one
+        return list(range(rank)) if int(a.get("reduction", 1)) in (1, 2) else None
     return norm(a.get("dim"))
+
+
+_LOSSES = ("l1_loss", "mse_loss", "smooth_l1_loss", "huber_loss", "kl_div")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -483,6 +494,19 @@ def _interval(name: str, a: dict, t: list) -> tuple:
     if name.startswith("conv"):
         m = max(abs(x[0]), abs(x[1])) * max(abs(o[0]), abs(o[1])) * _BIG_N
         return (-m, m)
+    if name in _LOSSES:
+        d = (x[0] - o[1], x[1] - o[0])
+        m = _abs_iv(d)[1]
+        if name == "kl_div":
+            lt = _mono(_safe(lambda v: v * math.log(v) if v > 0 else 0.0), (max(o[0], 0.0), o[1]))
+            m = max(abs(lt[0]), abs(lt[1])) + max(abs(o[0]), abs(o[1])) * max(abs(x[0]), abs(x[1]))
+            if a.get("log_target"):
+                m = math.exp(min(o[1], 80.0)) * (max(abs(o[0]), abs(o[1])) + max(abs(x[0]), abs(x[1])))
+        elif name in ("mse_loss", "smooth_l1_loss", "huber_loss"):
+            m = m * m
+        if int(a.get("reduction", 1)) == 2:
+            m = m * _BIG_N                       # a sum of up to _BIG_N terms
+        return (-m, m) if name == "kl_div" else (0.0, m)
     # reductions and scans: shape-free bounds
     if name in ("sum", "cumsum"):
         return (min(x[0] * _BIG_N, x[0]), max(x[1] * _BIG_N, x[1]))
@@ -542,6 +566,9 @@ def _domain_ok(name: str, a: dict, t: list) -> bool:
         return t[4][0] + float(a.get("eps", 1e-5)) > 0
     if name in ("var", "std") or name in ("layer_norm", "group_norm", "instance_norm"):
         return True
+    if name == "kl_div" and not a.get("log_target"):
+        o = t[1] if len(t) > 1 else (-_INF, _INF)
+        return o[0] >= 0                     # target * log(target): probabilities
     return True
 
 
@@ -1193,6 +1220,37 @@ def _softmax(log):
     return f
 
 
+def _loss(L, a, op):
+    """l1 / mse / smooth_l1 / huber / kl_div: the pointwise term, summed over every dim, over
+    the element count for reduction 1 (mean)."""
+    name = op_parts(op["op"])[0]
+    x, t = a["self"], a["target"]
+    fx_, ft = L.f(x), L.f(t)
+    if name == "kl_div":
+        if a.get("log_target"):
+            e = L.pw(f"tl.exp({ft}) * (({ft}) - ({fx_}))", (x, t))
+        else:       # xlogy(t, t) - t * x: 0 where t == 0, NaN where t < 0, as torch
+            e = L.pw(f"tl.where(({ft}) == 0.0, 0.0, ({ft}) * tl.log({ft})) - ({ft}) * ({fx_})", (x, t))
+    else:
+        d = L.pw(f"({fx_}) - ({ft})", (x, t))
+        if name == "l1_loss":
+            e = L.pw(f"tl.abs({d})", (d,))
+        elif name == "mse_loss":
+            e = L.pw(f"{d} * {d}", (d,))
+        else:
+            k = float(a.get("beta" if name == "smooth_l1_loss" else "delta", 1.0))
+            if name == "smooth_l1_loss" and k == 0.0:
+                e = L.pw(f"tl.abs({d})", (d,))
+            elif name == "smooth_l1_loss":      # 0.5 d^2 / beta inside |d| < beta, |d| - beta / 2 out
+                e = L.pw(f"tl.where(tl.abs({d}) < {_lit(k)}, 0.5 * {d} * {d} / {_lit(k)}, "
+                         f"tl.abs({d}) - {_lit(0.5 * k)})", (d,))
+            else:                               # 0.5 d^2 inside |d| < delta, delta (|d| - delta / 2) out
+                e = L.pw(f"tl.where(tl.abs({d}) < {_lit(k)}, 0.5 * {d} * {d}, "
+                         f"{_lit(k)} * (tl.abs({d}) - {_lit(0.5 * k)}))", (d,))
+    s_ = L.red("sum", e)
+    return L.pw(f"{s_} / {_n(L)}", (s_,)) if int(a.get("reduction", 1)) == 1 else s_
+
+
 def _vnorm(L, a, op):
     p = a.get("ord", a.get("p", 2))
     p = 2 if p is None else p
@@ -1290,6 +1348,7 @@ _LOWER = {
     "_log_softmax": _softmax(True),
     "layer_norm": _norm_rows, "group_norm": _norm_rows, "instance_norm": _norm_rows,
     "cumsum": _scan("cumsum"), "cumprod": _scan("cumprod"),
+    **{name: _loss for name in _LOSSES},
 }
 _NEUTRAL = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')", "prod": "1.0",
             "cumsum": "0.0", "cumprod": "1.0"}

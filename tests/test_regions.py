@@ -362,3 +362,36 @@ def test_a_run_with_regions_places_their_kernels_in_the_model(tmp_path):
     from engine import sources
     ref = sources.import_file(str(path)).Model()(*x)
     assert torch.allclose(out, ref, atol=1e-5, rtol=1e-5)
+
+
+class Losses(nn.Module):             # the losses KernelBench and models write with their own aten op
+    def __init__(self, which):
+        super().__init__()
+        self.which = which
+
+    def forward(self, a, b, p):
+        return {"smooth_l1": lambda: F.smooth_l1_loss(a, b),
+                "smooth_l1_sum_beta": lambda: F.smooth_l1_loss(a, b, reduction="sum", beta=0.3),
+                "huber": lambda: F.huber_loss(a, b, delta=0.5),
+                "l1": lambda: F.l1_loss(a, b),
+                "mse": lambda: F.mse_loss(a, b),
+                "kl_div_batchmean": lambda: F.kl_div(torch.log(p), b.softmax(-1), reduction="batchmean"),
+                "kl_div_log_target": lambda: F.kl_div(a, torch.log(p), reduction="sum", log_target=True),
+                }[self.which]()
+
+
+@pytest.mark.parametrize("which", ["smooth_l1", "smooth_l1_sum_beta", "huber", "l1", "mse",
+                                   "kl_div_batchmean", "kl_div_log_target"])
+def test_losses_with_their_own_aten_op_are_one_region_that_passes_all_five_stages(which, tmp_path):
+    a, b = torch.randn(4, 24), torch.randn(4, 24)
+    p = torch.softmax(torch.randn(4, 24), -1)
+    model = Losses(which)
+    _, f = _found(model, a, b, p)
+    (r,) = [r for r in f.regions if any(op in r.name for op in ("loss", "kl_div"))]
+    assert r.spec["red"] == [0, 1], r.spec
+    fam = kernels.get("region", r.spec)
+    with torch.no_grad():      # the region's reference is the model's own op
+        ins = fam.make_inputs(r.shape, "float32", DEVICE, gen(2))
+        assert torch.isfinite(fam.reference(**{k: v.double() for k, v in ins.items()})).all()
+    for st in _five_stages(fam, r.shape, tmp=tmp_path):
+        assert st.status == "passed", (which, st.stage, st.failed_case, st.detail)
