@@ -264,6 +264,22 @@ def build(nodes: list, order: dict) -> Region:
         targs = _tensor_args(qual, src)
         k = len(_shape(n))
         internal = [a for a in targs.values() if isinstance(a, fx.Node) and a in pos]
+        if kind == "conv" and name in R.POOLS:
+            if internal or n is not values[0]:
+                raise NotARegion("a pooling of a value computed in the region")
+            a = R.named_args(qual, list(src.args), dict(src.kwargs))
+            x = a["self"]
+            if not isinstance(x, fx.Node) or len(_shape(x)) != rank or rank < 3:
+                raise NotARegion("a pooling without its batch and channel dims")
+            try:
+                conv = R.pool_conv(name, a, _shape(x))
+            except ValueError as e:
+                raise NotARegion(str(e)) from None
+            roles[x] = "conv_x"
+            if R.conv_out(conv, _shape(x)) != dom:
+                raise NotARegion("a pooling whose output size the formula does not give")
+            pos[n] = list(range(rank))
+            continue
         if kind == "conv":
             if internal or n is not values[0]:
                 raise NotARegion("a convolution of a value computed in the region")
@@ -436,7 +452,7 @@ def build(nodes: list, order: dict) -> Region:
     shape = dom
     if conv is not None:
         conv.update(x=idx[next(a for a, r in roles.items() if r == "conv_x")],
-                    w=idx[next(a for a, r in roles.items() if r == "conv_w")],
+                    w=next((idx[a] for a, r in roles.items() if r == "conv_w"), None),
                     b=next((idx[a] for a, r in roles.items() if r == "conv_b"), None))
         spec["conv"] = conv
         shape = _shape(next(a for a, r in roles.items() if r == "conv_x"))   # the family shape

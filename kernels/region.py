@@ -124,7 +124,40 @@ OPS = {
     "conv_transpose1d": ("conv", ("input", "weight", "bias"), 2),
     "conv_transpose2d": ("conv", ("input", "weight", "bias"), 2),
     "conv_transpose3d": ("conv", ("input", "weight", "bias"), 2),
+    # pooling: a depthwise window over the input, as a convolution with no weights (max or mean
+    # of the taps instead of their weighted sum)
+    "max_pool1d": ("conv", ("self",), 1), "max_pool2d": ("conv", ("self",), 1),
+    "max_pool3d": ("conv", ("self",), 1), "avg_pool1d": ("conv", ("self",), 1),
+    "avg_pool2d": ("conv", ("self",), 1), "avg_pool3d": ("conv", ("self",), 1),
 }
+POOLS = {"max_pool1d": "max", "max_pool2d": "max", "max_pool3d": "max",
+         "avg_pool1d": "avg", "avg_pool2d": "avg", "avg_pool3d": "avg"}
+
+
+def pool_conv(name: str, a: dict, xshape) -> dict:
+    """A pooling op's window as the region's "conv" record: depthwise (groups = channels),
+    virtual weights [C, 1, *kernel]; raises ValueError for what the generator does not take."""
+    S = len(xshape) - 2
+
+    def dims(v, default):
+        v = default if v is None or (isinstance(v, (list, tuple)) and len(v) == 0) else v
+        v = [int(x) for x in (v if isinstance(v, (list, tuple)) else [v])]
+        if len(v) == 1:
+            v = v * S
+        if len(v) != S:
+            raise ValueError(f"{name}: a window for {len(v)} of {S} dims")
+        return v
+    k = dims(a["kernel_size"], None)
+    if a.get("ceil_mode"):
+        raise ValueError(f"{name} with ceil_mode")
+    if a.get("divisor_override") is not None and int(a["divisor_override"]) <= 0:
+        raise ValueError(f"{name}: divisor_override {a['divisor_override']}")
+    c = int(xshape[1])
+    return {"transposed": False, "stride": dims(a.get("stride"), k), "padding": dims(a.get("padding"), 0),
+            "dilation": dims(a.get("dilation"), 1), "groups": c, "output_padding": [0] * S,
+            "w_shape": [c, 1] + k, "pool": POOLS[name],
+            "count_include_pad": bool(a.get("count_include_pad", True)),
+            "divisor": None if a.get("divisor_override") is None else int(a["divisor_override"])}
 IN_PLACE = {"relu_": "relu", "add_": "add", "mul_": "mul", "sub_": "sub", "div_": "div",
             "hardtanh_": "hardtanh", "leaky_relu_": "leaky_relu", "sigmoid_": "sigmoid",
             "tanh_": "tanh", "clamp_": "clamp", "clamp_min_": "clamp_min", "gelu_": "gelu",
@@ -491,6 +524,8 @@ def _interval(name: str, a: dict, t: list) -> tuple:
         r = _interval("rsqrt", {}, [(rv[0] + eps, rv[1] + eps)])
         y = _mul_iv(_mul_iv(c, r), w)
         return (y[0] + b[0], y[1] + b[1])
+    if name in POOLS:          # a max or mean of the window (padding counted as zeros)
+        return x if name.startswith("max") else (min(x[0], 0.0), max(x[1], 0.0))
     if name.startswith("conv"):
         m = max(abs(x[0]), abs(x[1])) * max(abs(o[0]), abs(o[1])) * _BIG_N
         return (-m, m)
@@ -1289,14 +1324,14 @@ def _scan(kind):
 
 
 def _conv(L, a, op):
+    args = (a["self"],) if op_parts(op["op"])[0] in POOLS else (a["input"], a["weight"], a.get("bias"))
     return L._add(Step(L.fresh(), "conv", "", op_parts(op["op"])[0],
-                       deps=tuple(d for d in (a["input"], a["weight"], a.get("bias"))
-                                  if isinstance(d, str)), level="dom"))
+                       deps=tuple(d for d in args if isinstance(d, str)), level="dom"))
 
 
 _LOWER = {
     "conv1d": _conv, "conv2d": _conv, "conv3d": _conv, "conv_transpose1d": _conv,
-    "conv_transpose2d": _conv, "conv_transpose3d": _conv,
+    "conv_transpose2d": _conv, "conv_transpose3d": _conv, **{name: _conv for name in POOLS},
     "add": _bin("+"), "sub": _bin("-"), "rsub": _bin("rsub"), "mul": _bin("*"),
     "multiply": _bin("*"), "div": _div, "pow": _pow,
     "neg": _un(lambda x, a: f"-({x})"), "abs": _un(lambda x, a: f"tl.abs({x})"),
@@ -1685,8 +1720,8 @@ def _conv_args(spec) -> list:
     if not cv:
         return []
     r = spec["rank"]
-    out = [f"cx_s{j}" for j in range(r)] + [f"cw_s{j}" for j in range(r)]
-    out += ["cb_s0"] if cv["b"] is not None else []
+    out = [f"cx_s{j}" for j in range(r)] + ([f"cw_s{j}" for j in range(r)] if cv.get("w") is not None else [])
+    out += ["cb_s0"] if cv.get("b") is not None else []
     return out + [f"xi{s}" for s in range(r - 2)]
 
 
@@ -1705,12 +1740,60 @@ def _conv_dim_src(cv, d) -> str:
     return f"({x}.shape[{d}] + {2 * pd - dl * (k - 1) - 1}) // {st} + 1"
 
 
+def _pool_lines(spec, st) -> list:
+    """Kernel lines of a pooling's [ROWS, BLOCK] tile (rows: n and output positions i0, i2, ...;
+    cols: channels i1), tap by tap over the window: the max (NaN kept, -inf outside the input,
+    as torch pads) or the mean (the sum over the window size, the taps inside the input, or the
+    divisor given)."""
+    cv = spec["conv"]
+    S = spec["rank"] - 2
+    k = cv["w_shape"][2:]
+    kp = math.prod(k)
+    n = st.name
+    mx = cv["pool"] == "max"
+    neutral = "float('-inf')" if mx else "0.0"
+    out = [f"{n}_acc = tl.full([ROWS, BLOCK], {neutral}, tl.float32)"]
+    count = not mx and cv["divisor"] is None and not cv["count_include_pad"]
+    if count:
+        out.append(f"{n}_cnt = tl.zeros([ROWS], dtype=tl.float32)     # taps inside the input")
+    out.append(f"for {n}_kk in range(0, {kp}):        # the window's taps")
+    body = [f"k_rem = {n}_kk"]
+    for s in reversed(range(S)):
+        body.append(f"k{s} = k_rem % {k[s]}")
+        body.append(f"k_rem = k_rem // {k[s]}")
+    valid = []
+    for s in range(S):
+        body.append(f"p{s} = i{2 + s} * {cv['stride'][s]} - {cv['padding'][s]} + k{s} * {cv['dilation'][s]}")
+        valid.append(f"(p{s} >= 0) & (p{s} < xi{s})")
+    body.append("ok = rmask" + "".join(f" & {v}" for v in valid) + "            # [ROWS]")
+    xoff = "i0 * cx_s0" + "".join(f" + p{s} * cx_s{2 + s}" for s in range(S))
+    body.append(f"xv = tl.load(in{cv['x']}_ptr + ({xoff})[:, None] + (i1 * cx_s1)[None, :], "
+                f"mask=ok[:, None] & cmask[None, :], other={neutral}).to(tl.float32)")
+    if mx:
+        body.append(f"{n}_acc = tl.where({n}_acc != {n}_acc, {n}_acc, tl.where(xv != xv, xv, "
+                    f"tl.maximum({n}_acc, xv)))")
+    else:
+        body.append(f"{n}_acc += xv")
+        if count:
+            body.append(f"{n}_cnt += ok.to(tl.float32)")
+    out += ["    " + b for b in body]
+    if mx:
+        out.append(f"{n} = {n}_acc")
+    elif count:
+        out.append(f"{n} = {n}_acc / tl.maximum({n}_cnt, 1.0)[:, None]")
+    else:
+        out.append(f"{n} = {n}_acc / {float(cv['divisor'] or kp)!r}")
+    return out
+
+
 def _conv_lines(spec, st) -> list:
     """Kernel lines computing the convolution's [ROWS, BLOCK] tile (rows: n and output
     positions i0, i2, ...; cols: output channels i1) tap by tap: for each of the Ci/groups *
     kernel-volume taps, the input column [ROWS] (zero outside the input, and for a transposed
     convolution where the stride skips it) times the weight row [BLOCK]."""
     cv = spec["conv"]
+    if cv.get("pool"):
+        return _pool_lines(spec, st)
     r = spec["rank"]
     S = r - 2
     w = cv["w_shape"]
@@ -1828,8 +1911,9 @@ def _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2):
             call += strides(f"in{i}", inp["map"], in_dims[i])
     call += strides("out", out_map, out_dims)
     if cv:
-        x, w, b = cv["x"], cv["w"], cv["b"]
-        call += [f"in{x}.stride({j})" for j in range(rank)] + [f"in{w}.stride({j})" for j in range(rank)]
+        x, w, b = cv["x"], cv.get("w"), cv.get("b")
+        call += [f"in{x}.stride({j})" for j in range(rank)]
+        call += [f"in{w}.stride({j})" for j in range(rank)] if w is not None else []
         call += [f"in{b}.stride(0)"] if b is not None else []
         call += [f"in{x}.shape[{2 + s}]" for s in range(rank - 2)]
     lines += [

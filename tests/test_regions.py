@@ -395,3 +395,41 @@ def test_losses_with_their_own_aten_op_are_one_region_that_passes_all_five_stage
         assert torch.isfinite(fam.reference(**{k: v.double() for k, v in ins.items()})).all()
     for st in _five_stages(fam, r.shape, tmp=tmp_path):
         assert st.status == "passed", (which, st.stage, st.failed_case, st.detail)
+
+
+class Pooled(nn.Module):
+    def __init__(self, pool):
+        super().__init__()
+        self.pool = pool
+
+    def forward(self, x):
+        return torch.relu(self.pool(x))
+
+
+POOLS = {
+    "max1d_padded": (lambda: nn.MaxPool1d(3, 2, 1), (2, 3, 16)),
+    "max2d_dilated": (lambda: nn.MaxPool2d(3, 2, 1, dilation=2), (2, 3, 12, 12)),
+    "avg2d_without_pad": (lambda: nn.AvgPool2d(3, 2, 1, count_include_pad=False), (2, 3, 9, 9)),
+    "avg1d_with_pad": (lambda: nn.AvgPool1d(3, 2, 1), (2, 4, 11)),
+    "avg3d": (lambda: nn.AvgPool3d(2), (1, 2, 6, 6, 6)),
+    "max3d_stride_1": (lambda: nn.MaxPool3d(2, 1), (1, 2, 5, 5, 5)),
+}
+
+
+@pytest.mark.parametrize("name", list(POOLS))
+def test_pooling_and_its_epilogue_are_one_region_that_passes_all_five_stages(name, tmp_path):
+    # max / avg pooling as a depthwise window with no weights (KernelBench level 1's 41-46,
+    # DenseNet's transition layers): one region with what follows it
+    make, shape = POOLS[name]
+    _, f = _found(Pooled(make()), torch.randn(*shape))
+    (r,) = f.regions
+    assert r.name.endswith("pool" + name[3:5] + "+relu") and r.spec["conv"]["pool"] == name[:3]
+    fam = kernels.get("region", r.spec)
+    for st in _five_stages(fam, r.shape, tmp=tmp_path):
+        assert st.status == "passed", (name, st.stage, st.failed_case, st.detail)
+
+
+def test_a_pooling_with_ceil_mode_is_left_out_with_its_reason():
+    _, f = _found(Pooled(nn.MaxPool2d(3, 2, ceil_mode=True)), torch.randn(1, 2, 8, 8))
+    assert not [r for r in f.regions if "pool" in r.name]
+    assert any("ceil_mode" in left.why for left in f.left), [(x.node.name, x.why) for x in f.left]
