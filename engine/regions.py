@@ -123,7 +123,8 @@ def op_of(n: fx.Node) -> tuple[str, fx.Node] | None:
     if R.op_parts(qual)[0] not in R.OPS:
         return None
     v = cap.val(n)
-    if not _tensor(v) or not _static(v) or not (v.is_floating_point() or v.dtype == torch.bool):
+    index = R.op_parts(qual)[0] in ("argmax", "argmin") and _tensor(v) and v.dtype == torch.int64
+    if not _tensor(v) or not _static(v) or not (v.is_floating_point() or v.dtype == torch.bool or index):
         return None
     if v.dtype == torch.float64:
         return None
@@ -305,6 +306,12 @@ def build(nodes: list, order: dict) -> Region:
             continue
         if kind in ("red", "scan"):
             xa = next(iter(targs.values()))
+            if name in ("argmax", "argmin"):
+                if n is not out:
+                    raise NotARegion(f"{name} read by other ops of the region")
+                if xa in pos:
+                    # fp32 rounding of a computed value could move the index off torch's
+                    raise NotARegion(f"{name} of a value computed in the region")
             if not isinstance(xa, fx.Node) or _shape(xa) != dom:
                 raise NotARegion("reductions of different shapes")
             xp = pos[xa] if xa in pos else list(range(rank))

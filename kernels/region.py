@@ -112,6 +112,8 @@ OPS = {
     "layer_norm": ("red", ("input", "weight", "bias"), 7),
     "group_norm": ("red", ("input", "weight", "bias"), 7),
     "instance_norm": ("red", ("input", "weight", "bias"), 7),
+    # the index of the max / min (the region's output, of one of its inputs: int64)
+    "argmax": ("red", _PW1, 1), "argmin": ("red", _PW1, 1),
     # losses with reduction mean or sum (over every dim): a pointwise term, then the reduction
     "l1_loss": ("red", ("self", "target"), 3), "mse_loss": ("red", ("self", "target"), 3),
     "smooth_l1_loss": ("red", ("self", "target"), 6), "huber_loss": ("red", ("self", "target"), 6),
@@ -1255,6 +1257,10 @@ def _softmax(log):
     return f
 
 
+def _argminmax(L, a, op):
+    return L.red(op_parts(op["op"])[0], L.f(a["self"]))
+
+
 def _loss(L, a, op):
     """l1 / mse / smooth_l1 / huber / kl_div: the pointwise term, summed over every dim, over
     the element count for reduction 1 (mean)."""
@@ -1384,9 +1390,10 @@ _LOWER = {
     "layer_norm": _norm_rows, "group_norm": _norm_rows, "instance_norm": _norm_rows,
     "cumsum": _scan("cumsum"), "cumprod": _scan("cumprod"),
     **{name: _loss for name in _LOSSES},
+    "argmax": _argminmax, "argmin": _argminmax,
 }
 _NEUTRAL = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')", "prod": "1.0",
-            "cumsum": "0.0", "cumprod": "1.0"}
+            "cumsum": "0.0", "cumprod": "1.0", "argmax": "float('-inf')", "argmin": "float('inf')"}
 
 
 def lower(spec) -> tuple[list[Step], str]:
@@ -1567,6 +1574,12 @@ def render_for(spec):
         def red_lines(s, acc_expr):
             if s.op == "sum":
                 return f"tl.sum({acc_expr}, axis=1)[:, None]"
+            if s.op in ("argmax", "argmin"):
+                # the first NaN's index where the row has one (torch ranks NaN above all), else
+                # the first index of the max / min (tl.argmax breaks ties to the left, as torch)
+                nan = f"((({acc_expr}) != ({acc_expr})).to(tl.int32))"
+                return (f"tl.where(tl.max({nan}, axis=1)[:, None] > 0, tl.argmax({nan}, axis=1)[:, None], "
+                        f"tl.{s.op}({acc_expr}, axis=1)[:, None])")
             if s.op in ("max", "min"):
                 # torch's amax/amin propagate NaN; tl.max/tl.min on a GPU skip it (maxnum):
                 # a row holding a NaN reduces to NaN
@@ -1646,6 +1659,27 @@ def render_for(spec):
             emit(s.deps, inner, body, True, None)
             arg = s.expr if level[s.expr] == "dom" else f"({s.expr} + zt)"
             v = f"tl.where(mask, {arg}, {_NEUTRAL[s.op]})"
+            if s.op in ("argmax", "argmin"):
+                # per lane: the best value and its column (a later chunk only on strictly
+                # better, so the first index wins; a NaN once seen stays), then across lanes
+                n_, better = s.name, ">" if s.op == "argmax" else "<"
+                loop.append(f"{n_}_idx = tl.zeros([ROWS, BLOCK], dtype=tl.int64)")
+                body += [f"{n_}_v = {v}",
+                         f"{n_}_take = (({n_}_v != {n_}_v) & ({n_}_acc == {n_}_acc)) | ({n_}_v {better} {n_}_acc)",
+                         f"{n_}_acc = tl.where({n_}_take, {n_}_v, {n_}_acc)",
+                         f"{n_}_idx = tl.where({n_}_take, cols[None, :] + zr[:, None], {n_}_idx)"]
+                loop.append("for c0 in range(0, n_cols, BLOCK):")
+                loop += ["    " + x for x in body]
+                best = "max" if s.op == "argmax" else "min"
+                far = "float('-inf')" if s.op == "argmax" else "float('inf')"
+                loop += [f"{n_}_nan = {n_}_acc != {n_}_acc",
+                         f"{n_}_m = tl.{best}(tl.where({n_}_nan, {far}, {n_}_acc), axis=1)[:, None]",
+                         f"{n_}_hit = tl.where(tl.max({n_}_nan.to(tl.int32), axis=1)[:, None] > 0, {n_}_nan, "
+                         f"{n_}_acc == {n_}_m)",
+                         f"{n_} = tl.min(tl.where({n_}_hit, {n_}_idx, 1 << 62), axis=1)[:, None]"]
+                have.add(s.name)
+                emit_rows()
+                continue
             comb = {"sum": f"{s.name}_acc + {v}",
                     # NaN sticks (torch's amax/amin propagate it; tl.maximum on a GPU drops it)
                     "max": f"tl.where({s.name}_acc != {s.name}_acc, {s.name}_acc, tl.where(({v}) != ({v}), "

@@ -433,3 +433,39 @@ def test_a_pooling_with_ceil_mode_is_left_out_with_its_reason():
     _, f = _found(Pooled(nn.MaxPool2d(3, 2, ceil_mode=True)), torch.randn(1, 2, 8, 8))
     assert not [r for r in f.regions if "pool" in r.name]
     assert any("ceil_mode" in left.why for left in f.left), [(x.node.name, x.why) for x in f.left]
+
+
+class IndexOf(nn.Module):
+    def __init__(self, fn, **kw):
+        super().__init__()
+        self.fn, self.kw = fn, kw
+
+    def forward(self, x):
+        return self.fn(x, **self.kw)
+
+
+@pytest.mark.parametrize("fn, kw, shape", [
+    (torch.argmax, {"dim": 1}, (3, 40, 5)), (torch.argmin, {"dim": -1}, (4, 300)),
+    (torch.argmax, {}, (3, 7)), (torch.argmin, {"dim": 0, "keepdim": True}, (9, 4))],
+    ids=["argmax_middle_dim", "argmin_last_dim", "argmax_flat", "argmin_keepdim"])
+def test_argmax_and_argmin_are_regions_that_pass_all_five_stages_one_pass_and_looped(fn, kw, shape, tmp_path):
+    # KernelBench level 1's 51 and 52: an int64 index, the first of the max (or of a NaN, which
+    # torch ranks above everything), in one tile or chunk by chunk
+    _, f = _found(IndexOf(fn, **kw), torch.randn(*shape))
+    (r,) = f.regions
+    assert r.name == fn.__name__ and r.spec["out_dtype"] == "int64"
+    fam = kernels.get("region", r.spec)
+    assert "nan" in fam.adversarial
+    for variant in ("auto", "looped"):
+        src = fam.render(dict(fam.default, variant=variant, block=64))
+        for st in _five_stages(fam, r.shape, source=src, tmp=tmp_path):
+            assert st.status == "passed", (variant, st.stage, st.failed_case, st.detail)
+
+
+def test_an_index_of_a_computed_value_is_a_region_of_its_own():
+    # fp32 rounding of x * 3 + 1 inside one kernel could move the index off torch's (which
+    # rounds in x's dtype): the index reads the value the region before it wrote, as torch does
+    _, f = _found(IndexOf(lambda x: torch.argmax(x * 3.0 + 1.0, dim=1)), torch.randn(4, 8))
+    got = _by_name(f)
+    assert set(got) == {"mul+add", "argmax"}
+    assert got["argmax"].inputs == [got["mul+add"].output]
