@@ -847,7 +847,7 @@ def _inputs_for(spec, ranges, kinds):
     def make(shape, dtype, device, gen, kind="normal"):
         dtype = C.as_dtype(dtype)
         shape = tuple(int(s) for s in shape)
-        scale = 1.0 if kind in ("normal", "nan") else kinds.get(kind)
+        scale = 1.0 if kind in ("normal", "nan", "inf") else kinds.get(kind)
         if scale is None:
             raise ValueError(f"unknown input kind {kind!r} for region {spec['name']}; known: "
                              f"normal, {', '.join(kinds)}")
@@ -862,10 +862,23 @@ def _inputs_for(spec, ranges, kinds):
                 # a convolution's weights as models initialize them: sums of its taps stay O(1)
                 w = 1.0 / math.sqrt(_conv_taps(spec["conv"])) if inp.get("role") == "conv_w" else 1.0
                 t = ((lo + (hi - lo) * u) * (w if inp.get("role") == "conv_w" else scale)).to(dtype)
-                if kind == "nan" and s and inp.get("role") != "conv_w":
+                # NaN and Inf go into the activations (the inputs spanning the domain, a
+                # convolution's x), not into weights, biases or norm statistics: there where
+                # they land depends on how an implementation orders its arithmetic (torch's
+                # batch norm folds weight / sqrt(var) first), not on what it computes
+                act = inp.get("role") == "conv_x" or (
+                    inp.get("map") is not None and len(inp["map"]) == spec["rank"]
+                    and None not in inp["map"])
+                if kind == "nan" and s and act:
                     # about one element in 37 NaN: the output must hold NaN exactly where
                     # torch's ops propagate it (a max over a row with one, a pointwise result)
                     t = torch.where(C.rand(gen, *s) < 1 / 37, torch.full_like(t, float("nan")), t)
+                if kind == "inf" and s and act:
+                    # about one element in 37 +inf and one in 37 -inf: NaN and Inf exactly
+                    # where torch's ops give them (inf - inf, exp(-inf), gelu(-inf))
+                    u2 = C.rand(gen, *s)
+                    t = torch.where(u2 < 1 / 37, torch.full_like(t, float("inf")),
+                                    torch.where(u2 > 1 - 1 / 37, torch.full_like(t, -float("inf")), t))
             out[f"in{i}"] = t.to(device)
         return out
     return make
@@ -1052,15 +1065,17 @@ def _tanh(z):
 
 
 def _log1p(z):
-    # log(u) * z / (u - 1), u = 1 + z: accurate for tiny z (Goldberg's trick)
-    return (f"tl.where((1.0 + ({z})) == 1.0, ({z}), tl.log(1.0 + ({z})) * ({z}) / "
-            f"((1.0 + ({z})) - 1.0))")
+    # log(u) * z / (u - 1), u = 1 + z: accurate for tiny z (Goldberg's trick); +inf stays
+    # +inf (the trick's inf * inf / inf is NaN)
+    return (f"tl.where(({z}) == float('inf'), ({z}), tl.where((1.0 + ({z})) == 1.0, ({z}), "
+            f"tl.log(1.0 + ({z})) * ({z}) / ((1.0 + ({z})) - 1.0)))")
 
 
 def _expm1(z):
-    # (u - 1) * z / log(u), u = exp(z): accurate for tiny z (Kahan)
-    return (f"tl.where(tl.exp({z}) == 1.0, ({z}), tl.where(tl.exp({z}) - 1.0 == -1.0, -1.0, "
-            f"(tl.exp({z}) - 1.0) * ({z}) / tl.log(tl.exp({z}))))")
+    # (u - 1) * z / log(u), u = exp(z): accurate for tiny z (Kahan); exp's overflow to +inf
+    # stays +inf
+    return (f"tl.where(tl.exp({z}) == float('inf'), float('inf'), tl.where(tl.exp({z}) == 1.0, ({z}), "
+            f"tl.where(tl.exp({z}) - 1.0 == -1.0, -1.0, (tl.exp({z}) - 1.0) * ({z}) / tl.log(tl.exp({z})))))")
 
 
 def _where_clamp(x, lo, hi):
@@ -1342,7 +1357,8 @@ _LOWER = {
     "multiply": _bin("*"), "div": _div, "pow": _pow,
     "neg": _un(lambda x, a: f"-({x})"), "abs": _un(lambda x, a: f"tl.abs({x})"),
     "reciprocal": _un(lambda x, a: f"1.0 / ({x})"), "square": _un(lambda x, a: f"({x}) * ({x})"),
-    "sign": _un(lambda x, a: f"tl.where(({x}) > 0.0, 1.0, tl.where(({x}) < 0.0, -1.0, ({x}) * 0.0))"),
+    # torch.sign(NaN) is 0 (it computes (0 < x) - (x < 0))
+    "sign": _un(lambda x, a: f"tl.where(({x}) > 0.0, 1.0, tl.where(({x}) < 0.0, -1.0, 0.0))"),
     "floor": _un(lambda x, a: f"tl.floor({x})"), "ceil": _un(lambda x, a: f"tl.ceil({x})"),
     "maximum": _minmax("maximum"), "minimum": _minmax("minimum"),
     "exp": _un(lambda x, a: f"tl.exp({x})"), "exp2": _un(lambda x, a: f"tl.exp2({x})"),
@@ -1995,7 +2011,8 @@ def configure(spec: dict) -> Family:
         ranges = ["P" if i["dtype"] != "bool" else "N" for i in spec["inputs"]]
     kinds = _kinds(spec, ranges)
     if any(i["dtype"] != "bool" for i in spec["inputs"]):
-        kinds["nan"] = 1.0                      # NaN placement must match the reference's
+        kinds["nan"] = 1.0                      # NaN and Inf placement must match the reference's
+        kinds["inf"] = 1.0
     if spec.get("conv"):
         sweep, edge = _conv_sweeps(spec)
         real = sweep[0]

@@ -137,17 +137,21 @@ def test_domain_restricted_regions_get_inputs_where_every_op_is_defined():
     _, f = _found(Domains(), torch.rand(3, 6) + 3, torch.rand(3, 6))
     (r,) = [r for r in f.regions if "log" in r.name]
     fam = kernels.get("region", r.spec)
-    assert set(fam.adversarial) - {"nan"}                     # tiny / large where the ops hold
-    for kind in ("normal",) + tuple(k for k in fam.adversarial if k != "nan"):
+    assert set(fam.adversarial) - {"nan", "inf"}              # tiny / large where the ops hold
+    for kind in ("normal",) + tuple(k for k in fam.adversarial if k not in ("nan", "inf")):
         for dt in (torch.float32, torch.float16):
             x = fam.make_inputs((3, 6), dt, DEVICE, gen(1), kind)
             ref = fam.reference(**{k: v.double() for k, v in x.items()})
             assert torch.isfinite(ref).all(), (kind, dt)
-    # and NaN among otherwise in-domain inputs: the output has NaN exactly where they reach
-    x = fam.make_inputs((30, 60), torch.float32, DEVICE, gen(1), "nan")
-    ref = fam.reference(**{k: v.double() for k, v in x.items()})
-    assert all(bool(v.isnan().any()) for v in x.values())
-    assert bool(ref.isnan().any()) and not bool(ref.isnan().all())
+    # and NaN, or +-inf, among otherwise in-domain inputs: the output has NaN and Inf exactly
+    # where they reach (the judge compares their places)
+    for kind, bad in (("nan", torch.isnan), ("inf", torch.isinf)):
+        x = fam.make_inputs((30, 60), torch.float32, DEVICE, gen(1), kind)
+        ref = fam.reference(**{k: v.double() for k, v in x.items()})
+        full = [f"in{i}" for i, inp in enumerate(r.spec["inputs"]) if None not in inp["map"]]
+        assert full and all(bool(bad(x[k]).any()) for k in full), kind   # the activations
+        assert not any(bool(bad(v).any()) for k, v in x.items() if k not in full)
+        assert not bool(torch.isfinite(ref).all()) and bool(torch.isfinite(ref).any()), kind
 
 
 def _five_stages(fam, shape, source=None, tmp=None):
