@@ -191,9 +191,33 @@ def build(nodes: list, order: dict) -> Region:
         if o[1] is not n and o[1] not in inside:
             raise NotARegion("a tuple op outside its getitem")
         ops[n] = o
+    # flips at the region's edges: of an input (read with its index reversed) or of the output
+    # (written reversed); a flip between two computed values has no register form here
+    flip_in: dict = {}                           # flip node -> (its input, dims)
+    flip_out = None
+    for n in [n for n in nodes if n in ops and R.op_parts(ops[n][0])[0] == "flip"]:
+        x, dims = n.args[0], [int(d) % len(_shape(n)) for d in n.args[1]]
+        if isinstance(x, fx.Node) and x not in inside:
+            flip_in[n] = (x, dims)
+        elif n is out and isinstance(x, fx.Node) and x in ops:
+            flip_out = dims
+        else:
+            raise NotARegion("a flip between two values of the region")
+        del ops[n]
+    flip_node = out
+    if flip_out is not None:
+        out = out.args[0]
+        nodes = [n for n in nodes if n is not flip_node]
     values = [n for n in nodes if n in ops]
     if not values or values[-1] is not out:
         raise NotARegion("the output is not a value")
+    flipped_src = {}
+    for fn_, (x, dims) in flip_in.items():
+        if flipped_src.get(x, dims) != dims:
+            raise NotARegion("an input read flipped two ways")
+        flipped_src[x] = dims
+    if any(x in flipped_src for n in values for x in n.all_input_nodes if x not in flip_in):
+        raise NotARegion("an input read both flipped and not")
     # the domain: a reduction's (or scan's) input shape, else the output's
     reds = []
     for n in values:
@@ -262,7 +286,7 @@ def build(nodes: list, order: dict) -> Region:
         qual, src = ops[n]
         name = R.op_parts(qual)[0]
         kind = R.OPS[name][0]
-        targs = _tensor_args(qual, src)
+        targs = {k: (flip_in[v][0] if v in flip_in else v) for k, v in _tensor_args(qual, src).items()}
         k = len(_shape(n))
         internal = [a for a in targs.values() if isinstance(a, fx.Node) and a in pos]
         if kind == "conv" and name in R.POOLS:
@@ -415,6 +439,8 @@ def build(nodes: list, order: dict) -> Region:
     vidx = {n: j for j, n in enumerate(values)}
 
     def enc(v):
+        if isinstance(v, fx.Node) and v in flip_in:
+            v = flip_in[v][0]                  # the input itself: its spec entry says flipped
         if isinstance(v, fx.Node):
             if v in vidx:
                 return {"v": vidx[v]}
@@ -436,6 +462,8 @@ def build(nodes: list, order: dict) -> Region:
             spec_inputs.append({"map": None, "dtype": dt, "role": in_pos[a]})
         else:
             spec_inputs.append({"map": in_pos[a], "dtype": dt})
+            if a in flipped_src:
+                spec_inputs[-1]["flip"] = flipped_src[a]     # its own dims, read reversed
     if all(i["dtype"] == "bool" for i in spec_inputs):
         raise NotARegion("no floating input")
     spec_ops = []
@@ -453,9 +481,15 @@ def build(nodes: list, order: dict) -> Region:
         spec_ops.append(op)
     float_in = next(i["dtype"] for i in spec_inputs if i["dtype"] != "bool")
     out_dt = _dtype(out)
-    spec = {"name": R.region_name(spec_ops), "rank": rank, "split": split,
+    name = R.region_name(spec_ops)
+    name = ("flip+" if flipped_src else "") + name + ("+flip" if flip_out is not None else "")
+    spec = {"name": name, "rank": rank, "split": split,
             "red": red_dims or [], "inputs": spec_inputs, "ops": spec_ops,
             "out_dtype": None if out_dt == float_in else out_dt}
+    if flip_out is not None:
+        spec["out_flip"] = flip_out
+    if (flipped_src or flip_out is not None) and (split or conv is not None):
+        raise NotARegion("a flip beside a group norm or a convolution")
     shape = dom
     if conv is not None:
         conv.update(x=idx[next(a for a, r in roles.items() if r == "conv_x")],
@@ -467,7 +501,9 @@ def build(nodes: list, order: dict) -> Region:
         R.validate(spec)
     except ValueError as e:
         raise NotARegion(str(e)) from None
-    return Region(-1, nodes, out, inputs, spec, shape, float_in)
+    if flip_out is not None:
+        nodes, out = nodes + [flip_node], flip_node
+    return Region(-1, nodes + [n for n in flip_in if n not in nodes], out, inputs, spec, shape, float_in)
 
 
 def _reduced_here(n, ops, d, red_dims, split) -> bool:
@@ -508,6 +544,10 @@ def find(graph: cap.Graph, matches=()) -> Found:
                                               and any(p is n for p in partner.values())):
             continue
         members = {n} | ({partner[n]} if n in partner else set())
+        a = n.args[0] if n.args else None
+        if (op_of(n)[0].startswith("aten.flip.") and isinstance(a, fx.Node) and a in fusible
+                and a not in taken and a not in partner.values() and list(a.users) == [n]):
+            members.add(a)            # a flip of the output: a region with what it reverses
         try:
             reg = build(list(members), order)
         except NotARegion as e:

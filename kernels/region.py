@@ -112,6 +112,9 @@ OPS = {
     "layer_norm": ("red", ("input", "weight", "bias"), 7),
     "group_norm": ("red", ("input", "weight", "bias"), 7),
     "instance_norm": ("red", ("input", "weight", "bias"), 7),
+    # a flip of an input or of the output (engine/regions.py folds it into the spec's input
+    # "flip" / "out_flip": read or written with the index reversed)
+    "flip": ("pw", _PW1, 0),
     # the index of the max / min (the region's output, of one of its inputs: int64)
     "argmax": ("red", _PW1, 1), "argmin": ("red", _PW1, 1),
     # losses with reduction mean or sum (over every dim): a pointwise term, then the reduction
@@ -269,7 +272,23 @@ def decode(v, inputs: list, values: list):
 _DROP_KWARGS = {"device", "layout", "pin_memory", "memory_format", "non_blocking"}
 
 
-def _replay(spec: dict, inputs: list):
+def _replay(spec: dict, inputs: list, fp32_scans: bool = False):
+    inputs = [torch.flip(t, inp["flip"]) if inp.get("flip") else t
+              for t, inp in zip(inputs, spec["inputs"])]
+    out = _replay_ops(spec, inputs, fp32_scans)
+    return torch.flip(out, spec["out_flip"]) if spec.get("out_flip") else out
+
+
+def _seq_cumsum32(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """cumsum accumulated in float32, element after element (numpy's float32 cumsum): what a
+    float32 kernel's rounding costs at worst. torch's CPU cumsum of float32 accumulates in
+    float64, so eager's own error says nothing about a float32 scan."""
+    import numpy as np
+    a = x.detach().to("cpu", torch.float32).numpy()
+    return torch.from_numpy(np.cumsum(a, axis=dim, dtype=np.float32)).to(x.device)
+
+
+def _replay_ops(spec: dict, inputs: list, fp32_scans: bool = False):
     values = []
     for op in spec["ops"]:
         name, _ = op_parts(op["op"])
@@ -285,6 +304,10 @@ def _replay(spec: dict, inputs: list):
                     and torch.finfo(want).bits >= _bits(op.get("src_dtype"))):
                 values.append(src)
                 continue
+        if (fp32_scans and name == "cumsum" and isinstance(src, torch.Tensor)
+                and src.dtype == torch.float32 and kwargs.get("dtype") in (None, torch.float32)):
+            values.append(_seq_cumsum32(src, int(args[1]) % max(src.dim(), 1)))
+            continue
         out = aten_op(op["op"])(*args, **kwargs)
         if isinstance(out, (tuple, list)):          # max.dim, batch norm: the values
             out = out[0]
@@ -903,13 +926,14 @@ def _bound_for(spec):
     """The region in fp32 against fp64 on the same inputs: what rounding in fp32 costs this
     region (cancellation, long sums); a candidate may be _STOL times as far off."""
     ref = _reference_for(spec)
+    n = len(spec["inputs"])
 
     def bound(**kw):
         f32 = {k: (v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
                for k, v in kw.items()}
         with torch.no_grad():
             hi = ref(**kw).double()
-            lo = ref(**f32).double()
+            lo = _replay(spec, [f32[f"in{i}"] for i in range(n)], fp32_scans=True).double()
         b = (lo - hi).abs()
         b = torch.where(torch.isfinite(b), b, torch.zeros_like(b))
         # eager's own fp32 result can be right by luck at one element (a partial sum that
@@ -1528,6 +1552,11 @@ def render_for(spec):
             sig += strides_of("in", i)[0]
         sig += strides_of("out", 0)[0]
         sig += _conv_args(spec)
+        # flipped inputs / output: a base offset to the last element of each reversed dim
+        # (their strides come negated from the launcher)
+        flips = [f"in{i}" for i, inp in enumerate(spec["inputs"]) if inp.get("flip")]
+        flips += ["out"] if spec.get("out_flip") else []
+        sig += [f"o_{v}" for v in flips]
 
         def offsets(kind, i, dims_part, tag):
             names, dims = strides_of(kind, i)
@@ -1617,7 +1646,7 @@ def render_for(spec):
             ptr = f"out_ptr + ({ro})[:, None]" if ro != "0" else "out_ptr + zr[:, None]"
             return [f"tl.store({ptr}, {val}.to(out_ptr.dtype.element_ty), mask=rmask[:, None])"]
 
-        head = ["pid = tl.program_id(0)",
+        head = [f"{v}_ptr = {v}_ptr + o_{v}" for v in flips] + ["pid = tl.program_id(0)",
                 "rows = (pid * ROWS + tl.arange(0, ROWS)).to(tl.int64)      # [ROWS]",
                 "rmask = rows < n_rows",
                 "zr = rows * 0                                               # [ROWS] zeros (int64)"]
@@ -1943,8 +1972,9 @@ def _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2):
     lines.append("    if n_rows * n_cols == 0:")
     lines.append("        return out")
 
-    def strides(var, m, dims):
-        """Lines: the split-coordinate strides of ``var`` (map ``m``) as a list."""
+    def strides(var, m, dims, flip=()):
+        """Lines: the split-coordinate strides of ``var`` (map ``m``) as a list; a dim in
+        ``flip`` is read backwards (its stride negated, the base offset at its last index)."""
         vals = []
         for j, dm in enumerate(m):
             if dm is None:
@@ -1952,20 +1982,25 @@ def _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2):
             if split and dm == split[0]:
                 vals += [f"{var}.stride({j}) * (D{dm} // {split[1]})", f"{var}.stride({j})"]
             else:
-                vals.append(f"{var}.stride({j})")
+                vals.append(f"{'-' if j in flip else ''}{var}.stride({j})")
         return vals
+
+    def base(var, flip):
+        return " + ".join(f"({var}.shape[{j}] - 1) * {var}.stride({j})" for j in flip) or "0"
     call = [f"in{i}" for i in range(nin)] + ["out", "n_rows", "n_cols", "n_red"]
     call += [f"d{k}" for k in range(r2)]
     for i, inp in enumerate(spec["inputs"]):
         if inp.get("map") is not None:
-            call += strides(f"in{i}", inp["map"], in_dims[i])
-    call += strides("out", out_map, out_dims)
+            call += strides(f"in{i}", inp["map"], in_dims[i], inp.get("flip") or ())
+    call += strides("out", out_map, out_dims, spec.get("out_flip") or ())
     if cv:
         x, w, b = cv["x"], cv.get("w"), cv.get("b")
         call += [f"in{x}.stride({j})" for j in range(rank)]
         call += [f"in{w}.stride({j})" for j in range(rank)] if w is not None else []
         call += [f"in{b}.stride(0)"] if b is not None else []
         call += [f"in{x}.shape[{2 + s}]" for s in range(rank - 2)]
+    call += [base(f"in{i}", inp["flip"]) for i, inp in enumerate(spec["inputs"]) if inp.get("flip")]
+    call += [base("out", spec["out_flip"])] if spec.get("out_flip") else []
     lines += [
         "    width = triton.next_power_of_2(max(n_cols, 1))",
         "    if VARIANT == 'auto' and width <= MAX_BLOCK:",

@@ -62,6 +62,33 @@ class Norms(nn.Module):
         return F.relu(self.gn(x)), torch.sigmoid(self.bn(x))
 
 
+class Pooled(nn.Module):
+    def __init__(self, pool):
+        super().__init__()
+        self.pool = pool
+
+    def forward(self, x):
+        return torch.relu(self.pool(x))
+
+
+class IndexOf(nn.Module):
+    def __init__(self, fn, **kw):
+        super().__init__()
+        self.fn, self.kw = fn, kw
+
+    def forward(self, x):
+        return self.fn(x, **self.kw)
+
+
+class Flipped(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *xs):
+        return self.fn(*xs)
+
+
 def test_regions_found_in_models_written_several_ways():
     _, f = _found(Chain(), torch.randn(4, 8), torch.randn(8))
     chain = _by_name(f)["mul+add+leaky_relu+clamp"]
@@ -282,7 +309,9 @@ def _region_kernel(r, tmp):
     (GemmEpilogue(), (torch.randn(3, 16),)),
     (Reductions(), (torch.randn(2, 6, 5),)),
     (MaskedCumsum(), (torch.randn(3, 9), torch.rand(3, 9) > 0.5)),
-], ids=["pointwise", "gemm_epilogue", "reductions", "masked_scan"])
+    (IndexOf(torch.argmax, dim=1), (torch.randn(4, 37),)),
+    (Pooled(nn.MaxPool2d(3, 2, 1)), (torch.randn(2, 3, 9, 9),)),
+], ids=["pointwise", "gemm_epilogue", "reductions", "masked_scan", "argmax", "max_pool"])
 def test_region_kernels_are_placed_one_site_a_region(model, inputs, tmp_path):
     # Each region a kernel was verified for becomes one site_call in the rewritten graph; its
     # ops leave the graph, the rest (a GEMM with no kernel) stays, and the model agrees.
@@ -401,15 +430,6 @@ def test_losses_with_their_own_aten_op_are_one_region_that_passes_all_five_stage
         assert st.status == "passed", (which, st.stage, st.failed_case, st.detail)
 
 
-class Pooled(nn.Module):
-    def __init__(self, pool):
-        super().__init__()
-        self.pool = pool
-
-    def forward(self, x):
-        return torch.relu(self.pool(x))
-
-
 POOLS = {
     "max1d_padded": (lambda: nn.MaxPool1d(3, 2, 1), (2, 3, 16)),
     "max2d_dilated": (lambda: nn.MaxPool2d(3, 2, 1, dilation=2), (2, 3, 12, 12)),
@@ -439,15 +459,6 @@ def test_a_pooling_with_ceil_mode_is_left_out_with_its_reason():
     assert any("ceil_mode" in left.why for left in f.left), [(x.node.name, x.why) for x in f.left]
 
 
-class IndexOf(nn.Module):
-    def __init__(self, fn, **kw):
-        super().__init__()
-        self.fn, self.kw = fn, kw
-
-    def forward(self, x):
-        return self.fn(x, **self.kw)
-
-
 @pytest.mark.parametrize("fn, kw, shape", [
     (torch.argmax, {"dim": 1}, (3, 40, 5)), (torch.argmin, {"dim": -1}, (4, 300)),
     (torch.argmax, {}, (3, 7)), (torch.argmin, {"dim": 0, "keepdim": True}, (9, 4))],
@@ -473,3 +484,28 @@ def test_an_index_of_a_computed_value_is_a_region_of_its_own():
     got = _by_name(f)
     assert set(got) == {"mul+add", "argmax"}
     assert got["argmax"].inputs == [got["mul+add"].output]
+
+
+@pytest.mark.parametrize("fn, shapes, name, flips", [
+    (lambda x: torch.cumsum(x.flip(1), 1).flip(1), [(4, 37)], "flip+cumsum+flip", ([[1]], [1])),
+    (lambda x, y: torch.relu(x.flip(0) * 2.0 + y), [(5, 6), (5, 6)], "flip+mul+add+relu", ([[0], None], None)),
+], ids=["reversed_cumsum", "flipped_input"])
+def test_a_flip_of_an_input_or_the_output_is_read_or_written_reversed(fn, shapes, name, flips, tmp_path):
+    # KernelBench level 1's 91 (a reverse cumsum: flip, cumsum, flip) is one region: its
+    # flips cost no copy, the input is read and the output written with the index reversed
+    _, f = _found(Flipped(fn), *[torch.randn(*s) for s in shapes])
+    (r,) = f.regions
+    assert r.name == name
+    assert ([i.get("flip") for i in r.spec["inputs"]], r.spec.get("out_flip")) == flips
+    fam = kernels.get("region", r.spec)
+    for variant in ("auto", "looped"):
+        src = fam.render(dict(fam.default, variant=variant, block=64))
+        for st in _five_stages(fam, r.shape, source=src, tmp=tmp_path):
+            assert st.status == "passed", (variant, st.stage, st.failed_case, st.detail)
+
+
+def test_a_flip_between_two_values_splits_the_region():
+    _, f = _found(Flipped(lambda x: torch.relu(torch.relu(x).flip(1) + 1.0)), torch.randn(3, 8))
+    got = _by_name(f)
+    assert set(got) == {"relu", "flip+add+relu"}
+    assert got["flip+add+relu"].inputs == [got["relu"].output]
