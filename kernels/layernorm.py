@@ -106,10 +106,12 @@ SPACE = {
     "progs_per_sm": [1, 2, 4, 8],
     "cache_hints": [False, True],
     "split": ["auto", "never"],
+    "split_order": ["forward", "reverse"],
 }
 DEFAULT = {"variant": "one_pass", "stats": "two_pass", "rows_per_prog": 1, "num_warps": 4,
            "num_stages": 1, "block_d": 4096, "grid": "rows", "progs_per_sm": 4,
-           "cache_hints": False, "split": "auto"}
+           "cache_hints": False, "split": "auto",
+           "split_order": "forward"}
 
 _ARGS = ("x_ptr, w_ptr, b_ptr, y_ptr, N, D, stride_xn, eps, num_tiles,\n"
          "        HAS_W: tl.constexpr, HAS_B: tl.constexpr, ROWS: tl.constexpr")
@@ -221,8 +223,13 @@ for start in tl.range(0, D, BLOCK_D, num_stages=NUM_STAGES):
                           doc, "", body, p["grid"] == "persistent")
 
 
-def _split_kernels():
-    return '''
+def _split_kernels(p):
+    keep, stream = C.cache_hints(p["cache_hints"])
+    # the second pass walks the chunks in reverse: the last chunks the first pass read are the
+    # ones still in L2 (50 MB on an H200, of a 268 MB input)
+    pid = ("tl.num_programs(0) - 1 - tl.program_id(0)   # the chunks the first pass read last, first"
+           if p["split_order"] == "reverse" else "tl.program_id(0)")
+    return f'''
 
 @triton.jit
 def _layernorm_split_stats(x_ptr, part_ptr, D, stride_xn, S, CHUNK,
@@ -243,7 +250,7 @@ def _layernorm_split_stats(x_ptr, part_ptr, D, stride_xn, S, CHUNK,
     for start in tl.range(lo, hi, BLOCK_D, num_stages=NUM_STAGES):
         cols = start + tl.arange(0, BLOCK_D)
         mask = cols < hi
-        d = tl.where(mask, tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32) - shift, 0.0)
+        d = tl.where(mask, tl.load(x_row + cols, mask=mask, other=0.0{keep}).to(tl.float32) - shift, 0.0)
         cnt = tl.minimum(hi - start, BLOCK_D).to(tl.float32)
         c_mean = tl.sum(d, axis=0) / cnt
         dc = tl.where(mask, d - c_mean, 0.0)
@@ -264,7 +271,7 @@ def _layernorm_split_apply(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, D, stride_xn, S
     """Program (row, s): merge the row's S partials (n_i, mean_i, M2_i) into its mean and
     variance (mean = sum n_i mean_i / n; M2 = sum M2_i + sum n_i (mean_i - mean)^2), then
     normalize chunk s of the row and write it."""
-    pid = tl.program_id(0)
+    pid = {pid}
     row = (pid // S).to(tl.int64)
     s = pid % S
     idx = tl.arange(0, S_BLOCK)
@@ -286,7 +293,7 @@ def _layernorm_split_apply(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, D, stride_xn, S
     for start in tl.range(lo, hi, BLOCK_D, num_stages=NUM_STAGES):
         cols = start + tl.arange(0, BLOCK_D)
         mask = cols < hi
-        x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_row + cols, mask=mask, other=0.0{stream}).to(tl.float32)
         y = ((x - shift) - mean_d) * rstd
         if HAS_W:
             y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
@@ -384,7 +391,7 @@ SPLIT = "{p["split"]}"       # "auto": rows split over several programs when row
         parts.append(_one_pass_kernel(p) + "\n")
     parts.append(_chunked_kernel(p))
     if p["split"] == "auto":
-        parts.append(_split_kernels())
+        parts.append(_split_kernels(p))
     parts.append(_launcher(p))
     return C.tidy("\n".join(parts))
 

@@ -827,4 +827,10 @@ def test_layernorm_splits_few_long_rows_over_programs(tmp_path):
             ref = fam.reference(**{k: v.double() if torch.is_tensor(v) else v for k, v in x.items()})
             assert torch.allclose(y.double(), ref, atol=1e-3, rtol=1e-3), (shape, kind)
     assert len(seen) == 6 and all(gr[0] > shape[0] for gr, shape in zip(seen, [(3,)] * 3 + [(5,)] * 3))
+    # the second pass's chunk order (reversed: the chunks still in L2 first) and cache hints
+    src_rev = fam.render(dict(fam.default, split_order="reverse", cache_hints=True))
+    assert "tl.num_programs(0) - 1 - tl.program_id(0)" in src_rev and src_rev != src
+    rev = verify.load_candidate(src_rev, str(tmp_path))
+    x = fam.make_inputs((3, 4, 64, 160), "float32", "cpu", torch.Generator().manual_seed(4))
+    assert torch.equal(rev(**x), fn(**x))                  # the same arithmetic, in another order
     # (the family's five-stage starter tests take this path too: its sweep has [2, 100000])
