@@ -125,16 +125,9 @@ def _rewrite_one(g: fx.Graph, env: dict, m: match.Match, k: rt.Kernel, mode) -> 
             metas.append(_meta_tuple(node.meta.get("val")) if isinstance(node, fx.Node) else None)
         if any(isinstance(a, fx.Node) and a.meta.get("val") is None for a in args):
             return False, "no shape information for an argument of the kernel"
-        # what the kernel returns: the family's reference under this contract, on fake inputs
-        try:
-            with mode:
-                fake_out = fam.reference(**{n: _fake_of(a, mode) for n, a in zip(fam.arg_names, args)})
-        except Exception as e:
-            return False, f"the family reference does not run on these inputs: {type(e).__name__}"
-        site = rt.add_site(k, tuple(metas), (tuple(int(s) for s in fake_out.shape), fake_out.dtype))
-        y = g.call_function(rt.site_call, (site,) + tuple(args))
-        with mode:
-            y.meta["val"] = fake_out.contiguous()      # what site_call returns
+        y, site = _site_node(g, fam, k, args, metas, mode)
+        if y is None:
+            return False, site
         for op in m.fit.post:
             name, rest = op[0], op[1:]
             if name == "add":
@@ -183,16 +176,25 @@ def _rewrite_region(g: fx.Graph, env: dict, r, k: rt.Kernel, mode) -> tuple[bool
         return False, "no shape information for an input of the region"
     metas = [_meta_tuple(a.meta["val"]) for a in args]
     with g.inserting_before(out_orig):
-        try:
-            with mode:
-                fake_out = fam.reference(**{n: _fake_of(a, mode) for n, a in zip(fam.arg_names, args)})
-        except Exception as e:
-            return False, f"the region's reference does not run on these inputs: {type(e).__name__}"
-        site = rt.add_site(k, tuple(metas), (tuple(int(s) for s in fake_out.shape), fake_out.dtype))
-        y = g.call_function(rt.site_call, (site,) + tuple(args))
-        with mode:
-            y.meta["val"] = fake_out.contiguous()
+        y, site = _site_node(g, fam, k, args, metas, mode)
+    if y is None:
+        return False, site
     return _swap(g, env, r.output, r.nodes, y, site)
+
+
+def _site_node(g: fx.Graph, fam, k: rt.Kernel, args: list, metas: list, mode):
+    """(the site_call node, its site id), or (None, why not): what the kernel returns is the
+    family's reference under its contract on fake inputs."""
+    try:
+        with mode:
+            fake_out = fam.reference(**{n: _fake_of(a, mode) for n, a in zip(fam.arg_names, args)})
+    except Exception as e:
+        return None, f"the {fam.name} reference does not run on these inputs: {type(e).__name__}"
+    site = rt.add_site(k, tuple(metas), (tuple(int(s) for s in fake_out.shape), fake_out.dtype))
+    y = g.call_function(rt.site_call, (site,) + tuple(args))
+    with mode:
+        y.meta["val"] = fake_out.contiguous()      # what site_call returns
+    return y, site
 
 
 def _place_regions(graph: cap.Graph, g: fx.Graph, env: dict, ms: list, region_kernels: list,
