@@ -105,10 +105,10 @@ def judge_case(worker, fam, case: verify.Case, device: str, deadline: float,
         if reply.get("restart"):
             raise Rejected(worker.stage or "smoke", reply["error"], True)
         raise verify.CandidateError("", reply["error"])
-    metas = reply["outputs"]
+    metas = reply.get("outputs")
     try:
-        if not isinstance(metas, list) or not metas:
-            raise ValueError("no output")
+        if not isinstance(metas, list) or not metas or not all(isinstance(m, dict) for m in metas):
+            raise ValueError("no output descriptions")
         if not reply.get("shared") and len(payloads) != len(metas):
             raise ValueError(f"{len(payloads)} payloads for {len(metas)} outputs")
 
@@ -128,16 +128,17 @@ def judge_case(worker, fam, case: verify.Case, device: str, deadline: float,
             buf = read(rep + 1)
         except (ValueError, TypeError, KeyError, OSError) as e:
             raise Rejected(worker.stage or "smoke", f"unreadable outputs: {e}", True) from None
-        if m.get("dtype") != metas[0].get("dtype") or m.get("shape") != metas[0].get("shape") \
-                or buf != first_buf:
-            a, b = _decode(metas[0], first_buf, "cpu"), None
-            try:
-                b = _decode(m, buf, "cpu")
-                diff = int((a.double() != b.double()).sum()) if a.shape == b.shape else a.numel()
-            except (ValueError, TypeError, KeyError, RuntimeError):
-                diff = a.numel()
-            raise verify.CandidateError("", f"run {rep + 2} differs from run 1 in {diff} "
-                                            f"element(s): not bitwise deterministic")
+        if (m.get("dtype"), m.get("shape")) != (metas[0].get("dtype"), metas[0].get("shape")):
+            raise verify.CandidateError("", f"run {rep + 2} returned another shape or dtype than "
+                                            f"run 1: not deterministic")
+        if buf != first_buf:
+            if len(buf) != len(first_buf):
+                raise Rejected(worker.stage or "smoke", f"unreadable outputs: run {rep + 2} sent "
+                                                        f"{len(buf)} bytes, run 1 {len(first_buf)}", True)
+            a, b = _decode(metas[0], first_buf, "cpu"), _decode(metas[0], buf, "cpu")
+            raise verify.CandidateError("", f"run {rep + 2} differs from run 1 in "
+                                            f"{int((a.double() != b.double()).sum())} element(s): "
+                                            f"not bitwise deterministic")
         del buf
     big = first.numel() * first.element_size() >= BIG_CASE_BYTES
     del first, first_buf, exp
