@@ -68,6 +68,18 @@ class ProblemResult:
         return base / self.optimized_us
 
 
+def _number(name: str) -> int | None:
+    """A KernelBench problem's number ("23_Softmax.py": 23), None when it has none."""
+    head = name.split("_")[0]
+    return int(head) if head.isdigit() else None
+
+
+def _order(name: str) -> tuple:
+    """Problem order: by number (2 before 10), unnumbered last."""
+    n = _number(name)
+    return (n if n is not None else 1 << 30, name)
+
+
 def problem_files(folder: str, level: int, match: str = "*.py", every: int | None = None) -> list[Path]:
     root = Path(folder)
     if not root.is_dir():
@@ -78,10 +90,9 @@ def problem_files(folder: str, level: int, match: str = "*.py", every: int | Non
     # ("23_Softmax.py"): in problem order, 2 before 10
     picked = {p for g in match.split(",") if g.strip() for p in where.glob(g.strip())}
     files = sorted((p for p in picked if p.suffix == ".py" and not p.name.startswith("_")),
-                   key=lambda p: (int(p.name.split("_")[0]) if p.name.split("_")[0].isdigit() else 1 << 30,
-                                  p.name))
+                   key=lambda p: _order(p.name))
     if every:       # a fixed sample: the problems whose number is a multiple of ``every``
-        files = [p for p in files if p.name.split("_")[0].isdigit() and int(p.name.split("_")[0]) % every == 0]
+        files = [p for p in files if _number(p.name) is not None and _number(p.name) % every == 0]
     if not files:
         raise KernelBenchError(f"no problem files ({match}{f', every {every}' if every else ''}) in {where}")
     return files
@@ -278,7 +289,7 @@ def cmd_kernelbench(a, log=print) -> int:
     if getattr(a, "resume", False):
         if table is None:
             raise KernelBenchError("--resume needs --out (its .jsonl holds the problems done)")
-        done = {r.problem for r in _accumulate(table, [])} if table.exists() else set()
+        done = set(_read_table(table))
         files = [p for p in files if p.name not in done]
         log(f"resuming: {len(done)} problem(s) in {table.name} already, {len(files)} to run")
     try:
@@ -305,7 +316,7 @@ def cmd_kernelbench(a, log=print) -> int:
             # <out> is rewritten from all of them
             _write(a.out, _accumulate(table, [r]), a.level)
     if table is not None:
-        results = _accumulate(table, [])
+        results = sorted(_read_table(table).values(), key=lambda r: _order(r.problem))
     text = _write(a.out, results, a.level)
     print(text, end="")
     return 0
@@ -319,19 +330,26 @@ def _write(out: str | None, results: list, level: int) -> str:
     return text
 
 
-def _accumulate(path: Path, new: list[ProblemResult]) -> list[ProblemResult]:
+def _read_table(path: Path) -> dict:
+    """{problem: ProblemResult} of a table's .jsonl ({} when there is none yet)."""
     import json
-    from dataclasses import asdict
     rows = {}
     if path.exists():
         for line in path.read_text().splitlines():
             if line.strip():
                 d = json.loads(line)
                 rows[d["problem"]] = ProblemResult(**d)
+    return rows
+
+
+def _accumulate(path: Path, new: list[ProblemResult]) -> list[ProblemResult]:
+    """The table's rows with ``new`` replacing theirs, written back whole; in problem order."""
+    import json
+    from dataclasses import asdict
+    rows = _read_table(path)
     for r in new:
         rows[r.problem] = r
     tmp = path.with_name(path.name + ".tmp")        # never a half-written table
     tmp.write_text("".join(json.dumps(asdict(r)) + "\n" for r in rows.values()))
     tmp.replace(path)
-    return sorted(rows.values(), key=lambda r: (int(r.problem.split("_")[0]) if r.problem.split("_")[0].isdigit()
-                                                else 1 << 30, r.problem))
+    return sorted(rows.values(), key=lambda r: _order(r.problem))
