@@ -204,15 +204,15 @@ def build(nodes: list, order: dict) -> Region:
         else:
             raise NotARegion("a flip between two values of the region")
         del ops[n]
-    flip_node = out
+    every = nodes                                # the region's nodes, its flips included
     if flip_out is not None:
         out = out.args[0]
-        nodes = [n for n in nodes if n is not flip_node]
+        nodes = nodes[:-1]
     values = [n for n in nodes if n in ops]
     if not values or values[-1] is not out:
         raise NotARegion("the output is not a value")
-    flipped_src = {}
-    for fn_, (x, dims) in flip_in.items():
+    flipped_src = {}                             # an input -> the dims it is read reversed
+    for x, dims in flip_in.values():
         if flipped_src.get(x, dims) != dims:
             raise NotARegion("an input read flipped two ways")
         flipped_src[x] = dims
@@ -289,43 +289,38 @@ def build(nodes: list, order: dict) -> Region:
         targs = {k: (flip_in[v][0] if v in flip_in else v) for k, v in _tensor_args(qual, src).items()}
         k = len(_shape(n))
         internal = [a for a in targs.values() if isinstance(a, fx.Node) and a in pos]
-        if kind == "conv" and name in R.POOLS:
+        if kind == "conv":        # a convolution, or a pooling (one with no weights)
+            what = "pooling" if name in R.POOLS else "convolution"
             if internal or n is not values[0]:
-                raise NotARegion("a pooling of a value computed in the region")
+                raise NotARegion(f"a {what} of a value computed in the region")
             a = R.named_args(qual, list(src.args), dict(src.kwargs))
-            x = a["self"]
-            if not isinstance(x, fx.Node) or len(_shape(x)) != rank or rank < 3:
-                raise NotARegion("a pooling without its batch and channel dims")
-            try:
-                conv = R.pool_conv(name, a, _shape(x))
-            except ValueError as e:
-                raise NotARegion(str(e)) from None
-            roles[x] = "conv_x"
+            if name in R.POOLS:
+                x = a["self"]
+                if not isinstance(x, fx.Node) or len(_shape(x)) != rank or rank < 3:
+                    raise NotARegion("a pooling without its batch and channel dims")
+                try:
+                    conv = R.pool_conv(name, a, _shape(x))
+                except ValueError as e:
+                    raise NotARegion(str(e)) from None
+                roles[x] = "conv_x"
+            else:
+                x, w, b = a["input"], a["weight"], a.get("bias")
+                if not (isinstance(x, fx.Node) and isinstance(w, fx.Node)) or len(_shape(x)) != rank:
+                    raise NotARegion("a convolution without its batch dim")
+                if not all(isinstance(a.get(k), (list, tuple)) for k in ("stride", "padding", "dilation")):
+                    raise NotARegion("a convolution with padding given by name")
+                roles[x], roles[w] = "conv_x", "conv_w"
+                if isinstance(b, fx.Node):
+                    roles[b] = "conv_b"
+                conv = {"transposed": name.startswith("conv_transpose"),
+                        "stride": [int(v) for v in a["stride"]], "padding": [int(v) for v in a["padding"]],
+                        "dilation": [int(v) for v in a["dilation"]], "groups": int(a["groups"]),
+                        "output_padding": [int(v) for v in (a.get("output_padding") or [0] * (rank - 2))],
+                        "w_shape": list(_shape(w))}
+                if len(conv["stride"]) != rank - 2 or len(conv["padding"]) != rank - 2:
+                    raise NotARegion("a convolution's stride or padding for fewer dims")
             if R.conv_out(conv, _shape(x)) != dom:
-                raise NotARegion("a pooling whose output size the formula does not give")
-            pos[n] = list(range(rank))
-            continue
-        if kind == "conv":
-            if internal or n is not values[0]:
-                raise NotARegion("a convolution of a value computed in the region")
-            a = R.named_args(qual, list(src.args), dict(src.kwargs))
-            x, w, b = a["input"], a["weight"], a.get("bias")
-            if not (isinstance(x, fx.Node) and isinstance(w, fx.Node)) or len(_shape(x)) != rank:
-                raise NotARegion("a convolution without its batch dim")
-            if not all(isinstance(a.get(k), (list, tuple)) for k in ("stride", "padding", "dilation")):
-                raise NotARegion("a convolution with padding given by name")
-            roles[x], roles[w] = "conv_x", "conv_w"
-            if isinstance(b, fx.Node):
-                roles[b] = "conv_b"
-            conv = {"transposed": name.startswith("conv_transpose"),
-                    "stride": [int(v) for v in a["stride"]], "padding": [int(v) for v in a["padding"]],
-                    "dilation": [int(v) for v in a["dilation"]], "groups": int(a["groups"]),
-                    "output_padding": [int(v) for v in (a.get("output_padding") or [0] * (rank - 2))],
-                    "w_shape": list(_shape(w))}
-            if len(conv["stride"]) != rank - 2 or len(conv["padding"]) != rank - 2:
-                raise NotARegion("a convolution's stride or padding for fewer dims")
-            if R.conv_out(conv, _shape(x)) != dom:
-                raise NotARegion("a convolution whose output size the formula does not give")
+                raise NotARegion(f"a {what} whose output size the formula does not give")
             pos[n] = list(range(rank))
             continue
         if kind in ("red", "scan"):
@@ -501,9 +496,7 @@ def build(nodes: list, order: dict) -> Region:
         R.validate(spec)
     except ValueError as e:
         raise NotARegion(str(e)) from None
-    if flip_out is not None:
-        nodes, out = nodes + [flip_node], flip_node
-    return Region(-1, nodes + [n for n in flip_in if n not in nodes], out, inputs, spec, shape, float_in)
+    return Region(-1, every, every[-1], inputs, spec, shape, float_in)
 
 
 def _reduced_here(n, ops, d, red_dims, split) -> bool:
