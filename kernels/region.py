@@ -334,11 +334,9 @@ def reference_source(spec: dict) -> str:
             return f"float('{v}')"
         return repr(v)
     n = len(spec["inputs"])
-    shape = spec.get("shape")
     lines = [f"def reference({', '.join(f'in{i}' for i in range(n))}):"]
-    dom = f" of the domain {list(shape)}" if shape else " of the domain"
     for i, inp in enumerate(spec["inputs"]):
-        lines.append(f"    # in{i}: {inp['dtype']}, its dims are dims {inp['map']}{dom}")
+        lines.append(f"    # in{i}: {inp['dtype']}, its dims are dims {inp['map']} of the domain")
     for j, op in enumerate(spec["ops"]):
         args = [src(a) for a in op["args"]] + [f"{k}={src(v)}" for k, v in op["kwargs"].items()
                                               if k not in _DROP_KWARGS]
@@ -892,16 +890,15 @@ def _inputs_for(spec, ranges, kinds):
                 act = inp.get("role") == "conv_x" or (
                     inp.get("map") is not None and len(inp["map"]) == spec["rank"]
                     and None not in inp["map"])
-                if kind == "nan" and s and act:
-                    # about one element in 37 NaN: the output must hold NaN exactly where
-                    # torch's ops propagate it (a max over a row with one, a pointwise result)
-                    t = torch.where(C.rand(gen, *s) < 1 / 37, torch.full_like(t, float("nan")), t)
-                if kind == "inf" and s and act:
-                    # about one element in 37 +inf and one in 37 -inf: NaN and Inf exactly
-                    # where torch's ops give them (inf - inf, exp(-inf), gelu(-inf))
+                if kind in ("nan", "inf") and s and act:
+                    # about one element in 37 NaN ("nan"), or one in 37 +inf and one in 37 -inf
+                    # ("inf"): the output must hold NaN and Inf exactly where torch's ops give
+                    # them (a max over a row with a NaN, inf - inf, exp(-inf), gelu(-inf))
                     u2 = C.rand(gen, *s)
-                    t = torch.where(u2 < 1 / 37, torch.full_like(t, float("inf")),
-                                    torch.where(u2 > 1 - 1 / 37, torch.full_like(t, -float("inf")), t))
+                    hi_v, lo_v = (float("nan"), None) if kind == "nan" else (float("inf"), -float("inf"))
+                    t = torch.where(u2 < 1 / 37, torch.full_like(t, hi_v), t)
+                    if lo_v is not None:
+                        t = torch.where(u2 > 1 - 1 / 37, torch.full_like(t, lo_v), t)
             out[f"in{i}"] = t.to(device)
         return out
     return make
