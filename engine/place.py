@@ -59,6 +59,13 @@ class Placement:
     sites: list = field(default_factory=list)    # {"family", "spec", "shape", "kernel", "site", "pattern"}
     skipped: list = field(default_factory=list)  # {"family", "spec", "shape", "why", "pattern"}
 
+    def record(self, row: dict, k, ok: bool, why: str) -> None:
+        """A rewrite's outcome: a site (``why`` names it) or a skip with its reason."""
+        if ok:
+            self.sites.append(dict(row, kernel=k.name, site=why))
+        else:
+            self.skipped.append(dict(row, why=why))
+
     def families(self) -> dict:
         out: dict = {}
         for s in self.sites:
@@ -210,11 +217,7 @@ def _place_regions(graph: cap.Graph, g: fx.Graph, env: dict, ms: list, region_ke
         if k is None:
             out.skipped.append(dict(row, why="no kept kernel verified for this region"))
             continue
-        ok, why = _rewrite_region(g, env, r, k, mode)
-        if ok:
-            out.sites.append(dict(row, kernel=k.name, site=why))
-        else:
-            out.skipped.append(dict(row, why=why))
+        out.record(row, k, *_rewrite_region(g, env, r, k, mode))
 
 
 def _drop(g: fx.Graph, node: fx.Node) -> None:
@@ -308,11 +311,7 @@ def place(capture: cap.Capture, kernels: list, matches: dict | None = None,
             if mode is None:
                 out.skipped.append(dict(row, why="the graph carries no fake tensors to guard on"))
                 continue
-            ok, why = _rewrite_one(g, env, m, k, mode)
-            if ok:
-                out.sites.append(dict(row, kernel=k.name, site=why))
-            else:
-                out.skipped.append(dict(row, why=why))
+            out.record(row, k, *_rewrite_one(g, env, m, k, mode))
         # regions (kernels/region.py): found beside the family matches, placed the same way
         region_kernels = [k for k in kernels if k.family == "region"]
         if region_kernels and mode is not None:
