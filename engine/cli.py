@@ -151,6 +151,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="only the problems whose number is a multiple of this (a fixed sample)")
     kb.add_argument("--resume", action="store_true",
                     help="skip the problems --out's .jsonl already holds")
+    kb.add_argument("--stop-after-minutes", type=float, default=None,
+                    help="start no problem that would not end within this many minutes of the "
+                    "command's start (with --budget-minutes; the rest is left for --resume)")
     return p
 
 

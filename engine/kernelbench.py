@@ -301,7 +301,15 @@ def cmd_kernelbench(a, log=print) -> int:
                   seed=a.seed, patience=a.patience, worker_timeout_s=a.worker_timeout,
                   dtype=a.dtype, budget_minutes=getattr(a, "budget_minutes", None))
     results = []
-    for path in files:
+    stop = getattr(a, "stop_after_minutes", None)
+    t_start = time.monotonic()
+    # a problem takes its budget plus its setup (capture, the worker's start): about 15 s more
+    need_s = (a.budget_minutes * 60 + 15) if getattr(a, "budget_minutes", None) else 0.0
+    for n, path in enumerate(files):
+        if stop is not None and time.monotonic() - t_start + need_s > stop * 60:
+            log(f"stopping: {len(files) - n} problem(s) left would not end within "
+                f"--stop-after-minutes {stop:g} (--resume goes on with them)")
+            break
         log(f"problem {path.name} ...")
         r = score_problem(path, cfg_kw, a.trials, log)
         log(f"problem {path.name}: {r.status}, correct={r.correct}, kernels={r.kernels or 'none'}"

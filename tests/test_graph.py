@@ -601,5 +601,11 @@ def test_kernelbench_fixed_sample_and_resume_across_commands(tmp_path, capsys):
     table = out.read_text()      # the three rows at 2x, and the geomean line
     assert "3 problem(s)" in table and table.count("| 2x |") == 4
     assert not (tmp_path / "kb.jsonl.tmp").exists()
+    # --stop-after-minutes: a problem that would not end in time is not started
+    assert cli_main(["kernelbench", str(folder), "--level", "1", "--out", str(tmp_path / "kb2.md"),
+                     "--budget-minutes", "2", "--stop-after-minutes", "1",
+                     "--db", str(tmp_path / "kb.db")]) == 0
+    assert "stopping: 3 problem(s) left" in capsys.readouterr().out
+    assert not (tmp_path / "kb2.jsonl").exists()
     assert cli_main(["kernelbench", str(folder), "--level", "1", "--every", "0"]) == 2
     assert cli_main(["kernelbench", str(folder), "--level", "1", "--resume"]) == 2
