@@ -166,6 +166,12 @@ class Worker:
         cmd = sandbox.command(policy, [sys.executable, "-u", "-m", "engine.worker"])
         return cmd, clean_env(extra)
 
+    def reserve_shared(self, nbytes: int) -> None:
+        """Grow the output buffer to at least ``nbytes`` (from this side: the runner's sandbox
+        caps the size of files it writes; a runner never shrinks it below what it was given)."""
+        if self.shared_fd is not None and os.fstat(self.shared_fd).st_size < nbytes:
+            os.ftruncate(self.shared_fd, nbytes)
+
     def shared_read(self, offset: int, nbytes: int) -> bytearray:
         """``nbytes`` of the runner's output buffer from ``offset``, copied out. Read with
         pread, not a mapping: a runner that shrinks the buffer under the reader makes a short
@@ -513,6 +519,10 @@ def _tensor_bytes(t):
     return meta, flat.view(__import__("torch").uint8).numpy()
 
 
+class OutputTooLarge(Exception):
+    """A candidate's outputs do not fit the buffer and the buffer cannot grow to them."""
+
+
 class _Shared:
     """The runner's end of the output buffer the judge handed it (a memfd): outputs are copied
     straight from the device into it, with no pipe in between."""
@@ -528,8 +538,16 @@ class _Shared:
         if total > self.size:
             if self.map is not None:
                 self.map.close()
-            os.ftruncate(self.fd, total)
-            self.map, self.size = mmap.mmap(self.fd, total), total
+                self.map, self.size = None, 0
+            have = os.fstat(self.fd).st_size        # the judge sized it for the expected outputs
+            if total > have:
+                try:
+                    os.ftruncate(self.fd, total)
+                except OSError as e:                # past the sandbox's file-size limit
+                    raise OutputTooLarge(f"returned {total} bytes of outputs, more than the "
+                                         f"{have} the reference's outputs take ({e.strerror})") from None
+                have = total
+            self.map, self.size = mmap.mmap(self.fd, have), have
         metas, off = [], 0
         for o, f in zip(outs, flats):
             n = f.numel()
@@ -561,7 +579,11 @@ def _op_call(req, state, send, workdir):
         return send({"ok": False, "error": tampered, "restart": True})
     shared = state.get("shared")
     if shared is not None:
-        send({"ok": True, "outputs": shared.put(outs), "shared": True})
+        try:
+            metas = shared.put(outs)
+        except OutputTooLarge as e:                  # a wrong answer, told as one
+            return send({"ok": False, "error": str(e), "restart": False})
+        send({"ok": True, "outputs": metas, "shared": True})
         return
     metas, bufs = zip(*(_tensor_bytes(o) for o in outs))
     send({"ok": True, "outputs": list(metas)}, bufs)
