@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import atexit
 import copy
+import gc
 import json
 import math
 import os
@@ -335,8 +336,21 @@ def _nbytes(ts) -> int:
 
 
 def _free():
+    """Hand unused GPU blocks back. Collect first: captured graphs, their modules and closures
+    hold tensors in reference cycles that only the collector frees (the scoring of a 7.5 GB
+    problem found 128 of the GPU's 140 GB taken after its run)."""
+    gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def gpu_memory_line() -> str:
+    """'N GB allocated here, M GB free on the device' (empty without a GPU)."""
+    if not torch.cuda.is_available():
+        return ""
+    free, total = torch.cuda.mem_get_info()
+    return (f"GPU memory: {torch.cuda.memory_allocated() / 1e9:.1f} GB allocated here, "
+            f"{free / 1e9:.1f} of {total / 1e9:.0f} GB free")
 
 
 # ---- the end-to-end check ----------------------------------------------------------------------

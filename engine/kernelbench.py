@@ -157,6 +157,7 @@ def score_problem(path: Path, cfg_kw: dict, trials: int, log) -> ProblemResult:
         return res
     try:
         res.run_id = execute(cfg, log=lambda s: log(f"  [{path.name}] {s}"))
+        integrate._free()                  # the run's graphs and inputs, before the scoring
     except ConfigError as e:                       # the model failed to build or run
         res.status, res.detail = "invalid", str(e)
         return res
@@ -189,7 +190,9 @@ def score_problem(path: Path, cfg_kw: dict, trials: int, log) -> ProblemResult:
         else:
             res.correct, why = True, "nothing placed: the optimized model is the original"
             res.why_not = _why_nothing(store, res.run_id, left_out, check)
-        log(f"  [{path.name}] scored: correct={res.correct} ({time.monotonic() - t0:.0f} s in)")
+        integrate._free()
+        log(f"  [{path.name}] scored: correct={res.correct} ({time.monotonic() - t0:.0f} s in)"
+            + (f"; {integrate.gpu_memory_line()}" if integrate.gpu_memory_line() else ""))
         inputs = loaded.new_inputs(seed + 2000)
         ref = integrate._run(loaded.model, inputs)
         deadline = (t0 + budget * 60) if budget else None
