@@ -88,6 +88,12 @@ def _clean(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     for n in reversed(list(g.nodes)):       # unread items of tuple results (max's indices)
         if n.op == "call_function" and n.target is operator.getitem and not n.users:
             g.erase_node(n)
+    # export's own input guards (a module run under a dynamo context manager on every call, ~10
+    # us of host time): what runs this graph checks the call's signature and each placed site
+    # its tensors, and anything else runs the original model
+    for n in list(g.nodes):
+        if n.op == "call_module" and n.target == "_guards_fn" and not n.users:
+            g.erase_node(n)
     gm.recompile()
     return gm
 

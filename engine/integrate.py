@@ -619,7 +619,7 @@ def compile_modes(device: torch.device) -> tuple:
 def time_variants(model, inputs, kernels: list, timing_mode: str, do_compile: bool | None = None,
                   reps: int | None = None, warmup: int | None = None,
                   reference_out: list | None = None, road: Road | None = None,
-                  deadline: float | None = None) -> list[dict]:
+                  deadline: float | None = None, baseline_always: bool = False) -> list[dict]:
     """Time eager, the optimized model, torch.compile of the original and of the optimized model
     (each compiled one the best of the modes that fit before ``deadline``) on ``inputs``, one
     process, one after the other. Returns rows for Store.add_e2e_check; the fastest row's note
@@ -671,21 +671,23 @@ def time_variants(model, inputs, kernels: list, timing_mode: str, do_compile: bo
             continue
         rows.append(_best_compiled(variant, model, inputs, kernels, road, measure, timing_mode,
                                    label, reference_out, deadline,
-                                   interpreted=interp and variant == "compile_optimized"))
+                                   interpreted=interp and variant == "compile_optimized",
+                                   first_always=baseline_always and variant == "compile"))
     return _mark_shipped(rows)
 
 
 def _best_compiled(variant, model, inputs, kernels, road, measure, timing_mode, label,
-                   reference_out, deadline, interpreted=False) -> dict:
+                   reference_out, deadline, interpreted=False, first_always=False) -> dict:
     """One row: the fastest of the compile modes tried, each mode's figure in the note. A mode
-    whose compile the time left cannot hold (estimated from the modes before it) is skipped; the
-    first always runs, past the deadline too: a table without its baseline says nothing."""
+    whose compile the time left cannot hold (estimated from the modes before it) is skipped;
+    with ``first_always`` the first runs past the deadline too (a KernelBench table without its
+    baseline says nothing)."""
     device = _device(model, inputs)
     best, notes, last_compile = None, [], 0.0
     for n, mode in enumerate(compile_modes(device)):
         left = (deadline - time.monotonic()) if deadline is not None else math.inf
         need = 3.0 * last_compile if mode.startswith("max-autotune") else 1.5 * last_compile
-        if n and left < max(need, 5.0):
+        if not (first_always and n == 0) and left < max(need, 5.0):
             notes.append(f"{mode} skipped: {max(left, 0):.0f} s left in the budget")
             continue
         applied = None

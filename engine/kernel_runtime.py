@@ -974,6 +974,9 @@ def _leaves(x) -> list:
 
 
 def _signature(args, kwargs) -> tuple:
+    # called on every forward of an optimized model: tensors alone, the common call, skip pytree
+    if not kwargs and all(type(t) is torch.Tensor for t in args):
+        return tuple((tuple(t.shape), t.dtype, t.device.type) for t in args)
     return tuple((tuple(t.shape), t.dtype, t.device.type) if isinstance(t, torch.Tensor) else
                  ("value", t if isinstance(t, (int, float, bool, str, type(None))) else type(t))
                  for t in _leaves((args, kwargs)))
@@ -995,7 +998,11 @@ class Optimized(nn.Module):
         self.calls = {"placed": 0, "original": 0, "guard_miss": 0}
 
     def forward(self, *args, **kwargs):
-        if _signature(args, kwargs) == self.signature:
+        return self.call(_signature(args, kwargs), args, kwargs)
+
+    def call(self, sig, args, kwargs):
+        """forward with the call's signature already computed (Specializing has it)."""
+        if sig == self.signature:
             try:
                 out = self.run(*args, **kwargs)
                 self.calls["placed"] += 1

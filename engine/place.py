@@ -378,7 +378,7 @@ class Specializing(torch.nn.Module):
         if mod is None:
             self.unplaced_calls += 1
             return self.original(*args, **kwargs)
-        return mod(*args, **kwargs)
+        return mod.call(sig, args, kwargs)
 
     unplaced_calls = 0
 

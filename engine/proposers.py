@@ -1,8 +1,9 @@
 """Proposers only propose: they read a target's history and return a candidate with a hypothesis.
 
 They never time, verify or write to the database. ``search`` is the embedded default: a seeded local
-search over the family's space of variants, starting at the family's starter kernel and mutating the
-current best by one or two parameters at a time, never proposing the same source twice.
+search over the family's space of variants, starting at the family's starter kernel, then the
+family's openers (its structural choices worth trying first), then mutating the current best by one
+or two parameters at a time, never proposing the same source twice.
 """
 from __future__ import annotations
 
@@ -46,6 +47,16 @@ class SearchProposer:
         rng = random.Random(f"{self.seed}:{family.name}:{len(history)}")
         base = dict(best["params"]) if best and best.get("params") else dict(family.default)
         base = {k: base.get(k, family.default[k]) for k in family.space}
+        parent = best["id"] if best else None
+        for change in getattr(family, "openers", ()):
+            point = dict(base, **change)
+            if point == base:
+                continue
+            src = family.render(point)
+            if source_hash(src) not in tried:
+                what = ", ".join(f"{k} {base[k]}->{v}" for k, v in change.items() if base[k] != v)
+                return Proposal(src, f"{what} (opener, from {'#' + str(best['seq']) if best else 'starter'})",
+                                params=point, parent_id=parent)
         keys = [k for k, vals in family.space.items() if len(vals) > 1]
         for attempt in range(200):
             n_changes = 1 if rng.random() < 0.65 or attempt > 150 else 2
@@ -60,7 +71,6 @@ class SearchProposer:
                 changed = ["random restart"]
             src = family.render(point)
             if source_hash(src) not in tried:
-                parent = best["id"] if best else None
                 what = ", ".join(changed)
                 return Proposal(src, f"{what} (from {'#' + str(best['seq']) if best else 'starter'})",
                                 params=point, parent_id=parent)

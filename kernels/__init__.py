@@ -88,6 +88,10 @@ class Family:
     # on such a shape when the real one is over its size cap); false where dim 0 is tied to
     # other dims (a convolution region's generated layout).
     shrink_lead: bool = True
+    # Changes to the current best the built-in search tries first, after the starter, in this
+    # order: the structural choices an expert tries before tuning (matmul: fp32 operands on
+    # tensor cores)
+    openers: tuple = ()
 
     def starter(self) -> str:
         return self.render(dict(self.default))

@@ -222,9 +222,11 @@ SPACE = {
     "grid": ["tiles", "persistent"],
     "progs_per_sm": [1, 2, 4],
     "loads": ["pointers", "tma", "tma_ws"],
+    "fp32_dot": ["ieee", "tf32x3"],
 }
 DEFAULT = {"block_m": 128, "block_n": 128, "block_k": 32, "group_m": 8, "num_warps": 4,
-           "num_stages": 3, "split_k": 1, "grid": "tiles", "progs_per_sm": 1, "loads": "pointers"}
+           "num_stages": 3, "split_k": 1, "grid": "tiles", "progs_per_sm": 1, "loads": "pointers",
+           "fp32_dot": "ieee"}
 
 
 GEMM_HELPERS_SRC = '''
@@ -591,7 +593,24 @@ CONFIG = (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, NUM_WARPS, NUM_STAGES, PR
     if tma:
         parts += ["\n\n", TMA_SRC if p["loads"] == "tma" else TMA_SRC.replace(_K_LOOP, _K_LOOP_WS)]
     parts.append(_kernel_fn(tma))
-    return C.tidy("\n".join(parts))
+    src = C.tidy("\n".join(parts))
+    if p["fp32_dot"] != "ieee":       # fp32 operands only: bf16/fp16 tiles never take this branch
+        src = src.replace("fp32 operands multiply in full fp32 (input_precision=\"ieee\", no TF32).",
+                          FP32_DOT_DOC[p["fp32_dot"]])
+        src = src.replace('input_precision="ieee"', f'input_precision="{p["fp32_dot"]}"')
+    return src
+
+
+# fp32 operands on tensor cores: "tf32x3" splits each operand into a TF32 high part and a TF32
+# remainder and sums three TF32 products (hi*hi + hi*lo + lo*hi): 22 significant bits a
+# product against fp32's 24, within the fp32 error bound above (fp32 accumulation dominates
+# it). Three TF32 products run at a third of the TF32 rate, on Hopper still about twice the
+# fp32 FMA rate (datasheet: ~495 dense TF32 against ~67 fp32 TFLOP/s). The verifier decides on
+# the GPU (the interpreter ignores input_precision and multiplies in numpy fp32).
+FP32_DOT_DOC = {
+    "tf32x3": "fp32 operands multiply on tensor cores as three TF32 products (input_precision=\"tf32x3\": "
+              "hi*hi + hi*lo + lo*hi, 22 significant bits a product; fp32 accumulation).",
+}
 
 
 FAMILY = Family(
@@ -615,6 +634,7 @@ FAMILY = Family(
     error_bound=error_bound,
     bound_tol=BOUND_TOL,
     from_profile=from_profile,
+    openers=({"fp32_dot": "tf32x3"},),
 )
 
 

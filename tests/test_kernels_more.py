@@ -784,7 +784,8 @@ def test_a_real_shape_over_the_cap_is_checked_on_fewer_rows(tmp_path):
     assert stab and all(c.shape[1:] == real[1:] or c.shape in fam.sweep_shapes for c in stab)
     assert all(v.size(c.shape) <= v.numel_cap for c in stab)
     assert (v.numel_cap // real[1], real[1]) in {c.shape for c in stab}
-    assert real in {c.shape for c in v.cases("shape_sweep")}
+    # the real shape in the run's dtype alone (its kernel is placed for that dtype only)
+    assert [c.dtype for c in v.cases("shape_sweep") if c.shape == real] == ["float32"]
     assert real in {c.shape for c in v.cases("determinism")}
     assert all(v.size(c.shape) <= v.numel_cap for c in v.cases("smoke") + v.cases("edge_cases"))
     # and the value checks pass on such a shape, through the interpreter at a small cap
@@ -834,3 +835,29 @@ def test_layernorm_splits_few_long_rows_over_programs(tmp_path):
     x = fam.make_inputs((3, 4, 64, 160), "float32", "cpu", torch.Generator().manual_seed(4))
     assert torch.equal(rev(**x), fn(**x))                  # the same arithmetic, in another order
     # (the family's five-stage starter tests take this path too: its sweep has [2, 100000])
+
+
+def test_fp32_matmul_on_tensor_cores_is_the_searchs_first_move_after_the_starter(cand_dir):
+    # "tf32x3" (three TF32 products a multiply, 22 significant bits) is the structural point
+    # that can beat cuBLAS's fp32 GEMM; the search tries it first, from the current best, and
+    # then goes on with its mutations. Under the interpreter input_precision is ignored, so
+    # here the point is checked for being a complete candidate that passes the stages; its
+    # accuracy is the GPU verifier's call
+    from engine.proposers import SearchProposer
+    fam = FAMILIES["matmul"]
+    best = dict(fam.default, block_m=64)
+    hist = [{"params": dict(fam.default), "source_hash": verify.source_hash(fam.starter()), "state": "kept"},
+            {"params": best, "source_hash": verify.source_hash(fam.render(best)), "state": "kept"}]
+    p = SearchProposer(0).propose(fam, hist, {"params": best, "id": 2, "seq": 2})
+    assert p.params == dict(best, fp32_dot="tf32x3") and "opener" in p.hypothesis
+    assert 'input_precision="tf32x3"' in p.source and 'input_precision="ieee"' not in p.source
+    hist.append({"params": p.params, "source_hash": verify.source_hash(p.source), "state": "reverted"})
+    again = SearchProposer(0).propose(fam, hist, {"params": best, "id": 2, "seq": 2})
+    assert "opener" not in again.hypothesis
+    verify.install_launch_counter()
+    spec = {"dtype": "float32", "shapes": [{"shape": [48, 40, 24], "count": 1}], "seed": 3}
+    v = verify.Verifier(fam, spec, DEVICE, interpret=DEVICE == "cpu")
+    fn = load_candidate(p.source, cand_dir)
+    for stage in ("smoke", "shape_sweep"):
+        r = v.run_stage(fn, stage)
+        assert r.status == "passed", (stage, r.detail)
