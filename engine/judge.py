@@ -105,8 +105,8 @@ def judge_case(worker, fam, case: verify.Case, device: str, deadline: float,
     worker.send({"op": "call", "case": case.row(), "repeats": repeats})
     # a large case is judged in chunks of rows once its output is in (less memory); a small
     # one's reference is computed while the runner runs
-    whole = native.numel() <= verify.CHUNK_ELEMS or verify.row_slicer(fam, inputs, native) is None
-    exp = verify.expect(fam, case, device, inputs, native) if whole else None
+    take = verify.row_slicer(fam, inputs, native) if native.numel() > verify.CHUNK_ELEMS else None
+    exp = verify.expect(fam, case, device, inputs, native) if take is None else None
     reply, payloads = worker.receive(deadline)
     if "ok" not in reply:
         raise JudgeError(f"the worker rejected the request: {reply.get('error')}")
@@ -130,8 +130,8 @@ def judge_case(worker, fam, case: verify.Case, device: str, deadline: float,
     except (ValueError, TypeError, KeyError, RuntimeError, OSError) as e:
         raise Rejected(worker.stage or "smoke", f"unreadable outputs: {e}", True) from None
     worst = (verify.judge_outputs(exp, [first]) if exp is not None
-             else verify.judge_in_rows(fam, case, inputs, native, first))
-    del inputs
+             else verify.judge_in_rows(fam, case, take, native, first))
+    del inputs, take
     # repeats (determinism) are compared with the first bitwise, from their bytes in host
     # memory: three 6.4 GB outputs on the judge's GPU as well as the runner's ran it out of memory
     for rep, m in enumerate(metas[1:]):

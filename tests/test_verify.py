@@ -237,3 +237,19 @@ def test_a_large_case_is_judged_in_chunks_of_rows(worker, monkeypatch):
     ins = {"x": torch.randn(8, 4, 3, 2), "weight": None, "eps": 1e-6}
     take = verify.row_slicer(fam, ins, verify.reference_meta(fam, ins))
     assert take is not None and take(2, 5)["x"].shape == (3, 4, 3, 2)
+    # rows tied together by the op itself keep the case whole: a cumsum over dim 0 has the
+    # same shapes row by row, but not the same values
+    import torch.nn as nn
+    from engine import capture, regions
+
+    class Scan0(nn.Module):
+        def forward(self, x):
+            return torch.cumsum(x * 2.0, dim=0)
+    cap = capture.capture(Scan0(), [torch.randn(8, 16)])
+    found = regions.find(cap.graphs[0]).regions
+    assert found, "no region found for a cumsum over dim 0"
+    fam = kernels.get("region", found[0].spec)
+    ins = verify.case_inputs(fam, verify.Case(tuple(found[0].shape), "float32", seed=1), "cpu")
+    nat = verify.reference_meta(fam, ins)
+    assert nat.shape[0] == ins[fam.arg_names[0]].shape[0]
+    assert verify.row_slicer(fam, ins, nat) is None
