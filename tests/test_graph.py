@@ -614,3 +614,26 @@ def test_kernelbench_fixed_sample_and_resume_across_commands(tmp_path, capsys):
     assert not (tmp_path / "kb2.jsonl").exists()
     assert cli_main(["kernelbench", str(folder), "--level", "1", "--every", "0"]) == 2
     assert cli_main(["kernelbench", str(folder), "--level", "1", "--resume"]) == 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_cuda_graph_replay_serves_the_static_call_and_nothing_else():
+    # the optimized model replayed from a CUDA graph: same answer, the call's tensors copied
+    # in; another shape, keyword arguments or autograd run the model itself
+    from engine.kernel_runtime import Graphed
+    model = nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 8)).cuda().eval()
+    x = torch.randn(16, 64, device="cuda")
+    g = Graphed(model, (x,))
+    y = torch.randn(16, 64, device="cuda")
+    with torch.no_grad():
+        assert torch.equal(g(y).clone(), model(y))
+        assert g.calls == {"replayed": 1, "original": 0}
+        assert g(torch.randn(4, 64, device="cuda")).shape == (4, 8)
+    assert g(y).requires_grad                      # autograd on, trainable weights: the model
+    assert g.calls == {"replayed": 1, "original": 2}
+
+
+def test_cuda_graph_wrapper_refuses_what_it_cannot_replay():
+    from engine.kernel_runtime import Graphed
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        Graphed(nn.Linear(4, 4), (torch.randn(2, 4),))
