@@ -176,7 +176,8 @@ def test_render_every_value(name):
 
 
 def test_fp32_dots_are_ieee_and_bf16_upcast_only_on_cpu():
-    """Every tl.dot of fp32 operands asks for full fp32 (no TF32 on the GPU); the interpreter
+    """Every tl.dot of fp32 operands asks for full fp32 (no plain TF32 on the GPU), or, at the
+    matmul point that says so, three TF32 products (tf32x3, fp32-grade); the interpreter
     workaround (bf16 tiles upcast before tl.dot) is tied to CPU tensors only."""
     for name in ("matmul", "attention", "fused_mlp"):
         fam = FAMILIES[name]
@@ -184,7 +185,8 @@ def test_fp32_dots_are_ieee_and_bf16_upcast_only_on_cpu():
             src = fam.render(p)
             dots = [line.strip() for line in src.splitlines() if "tl.dot(" in line]
             assert dots
-            ieee = [d for d in dots if 'input_precision="ieee"' in d]
+            want = 'input_precision="{}"'.format(p.get("fp32_dot", "ieee"))
+            ieee = [d for d in dots if want in d]
             assert len(ieee) * 2 == len(dots), dots       # an ieee and a native form of each dot
             assert "allow_tf32" not in src
             assert 'device.type == "cpu"' in src and "dot_fp32 = " in src
