@@ -94,8 +94,9 @@ def _decode(meta: dict, buf, device: str):
 
 def judge_case(worker, fam, case: verify.Case, device: str, deadline: float,
                repeats: int = 1) -> float:
-    """One case: the runner runs it while the judge computes the expected output; the judge
-    compares. Returns the worst error; raises verify.CandidateError or Rejected."""
+    """One case: the judge builds its inputs (the output buffer is sized from them before the
+    runner starts), then computes the expected output while the runner runs, and compares.
+    Returns the worst error; raises verify.CandidateError or Rejected."""
     inputs = verify.case_inputs(fam, case, device)
     native = verify.reference_meta(fam, inputs)
     # the output buffer is sized here, for the reference's outputs: a runner may not grow a

@@ -196,8 +196,9 @@ def score_problem(path: Path, cfg_kw: dict, trials: int, log) -> ProblemResult:
             res.correct, why = True, "nothing placed: the optimized model is the original"
             res.why_not = _why_nothing(store, res.run_id, left_out, check)
         integrate._free()
+        mem = integrate.gpu_memory_line()
         log(f"  [{path.name}] scored: correct={res.correct} ({time.monotonic() - t0:.0f} s in)"
-            + (f"; {integrate.gpu_memory_line()}" if integrate.gpu_memory_line() else ""))
+            + (f"; {mem}" if mem else ""))
         inputs = loaded.new_inputs(seed + 2000)
         ref = integrate._run(loaded.model, inputs)
         deadline = (t0 + budget * 60) if budget else None
@@ -312,9 +313,11 @@ def cmd_kernelbench(a, log=print) -> int:
     results = []
     stop = getattr(a, "stop_after_minutes", None)
     t_start = time.monotonic()
-    # a problem takes its budget plus its setup (capture, the worker's start): about 15 s more
+    # a problem takes its budget plus its setup (capture, the worker's start: ~15 s), or as
+    # long as the longest one so far took (a starter verified at a 7.5 GB shape ran 85 s over)
     need_s = (a.budget_minutes * 60 + 15) if getattr(a, "budget_minutes", None) else 0.0
     for n, path in enumerate(files):
+        need_s = max([need_s] + [r.seconds for r in results])
         if stop is not None and time.monotonic() - t_start + need_s > stop * 60:
             log(f"stopping: {len(files) - n} problem(s) left would not end within "
                 f"--stop-after-minutes {stop:g} (--resume goes on with them)")

@@ -569,7 +569,7 @@ def render(params) -> str:
     doc = f'''"""Matmul candidate ({p["block_m"]}x{p["block_n"]}x{p["block_k"]} tiles, {p["grid"]} grid, split_k={p["split_k"]}{", TMA loads" if tma else ""}{" (warp-specialized)" if tma and p["loads"] == "tma_ws" else ""}): c = a @ b.
 
 a [M, K] or [Bt, M, K], b [K, N] or [Bt, K, N], any strides; c contiguous in a's dtype. fp32
-accumulation; fp32 operands multiply in full fp32 (input_precision="ieee", no TF32).
+accumulation; {FP32_DOT_DOC[p["fp32_dot"]]}
 Bytes the op must move: (M*K + K*N + M*N)*itemsize per batch; flops 2*M*N*K per batch.
 Each tile re-reads its rows of a and columns of b from L2/HBM; {traffic}.
 Point: {C.point_line(SPACE, p)}
@@ -594,11 +594,8 @@ CONFIG = (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, NUM_WARPS, NUM_STAGES, PR
         parts += ["\n\n", TMA_SRC if p["loads"] == "tma" else TMA_SRC.replace(_K_LOOP, _K_LOOP_WS)]
     parts.append(_kernel_fn(tma))
     src = C.tidy("\n".join(parts))
-    if p["fp32_dot"] != "ieee":       # fp32 operands only: bf16/fp16 tiles never take this branch
-        src = src.replace("fp32 operands multiply in full fp32 (input_precision=\"ieee\", no TF32).",
-                          FP32_DOT_DOC[p["fp32_dot"]])
-        src = src.replace('input_precision="ieee"', f'input_precision="{p["fp32_dot"]}"')
-    return src
+    # the templates' fp32 dots say "ieee"; bf16/fp16 tiles never take that branch
+    return src.replace('input_precision="ieee"', f'input_precision="{p["fp32_dot"]}"')
 
 
 # fp32 operands on tensor cores: "tf32x3" splits each operand into a TF32 high part and a TF32
@@ -608,6 +605,7 @@ CONFIG = (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, NUM_WARPS, NUM_STAGES, PR
 # fp32 FMA rate (datasheet: ~495 dense TF32 against ~67 fp32 TFLOP/s). The verifier decides on
 # the GPU (the interpreter ignores input_precision and multiplies in numpy fp32).
 FP32_DOT_DOC = {
+    "ieee": "fp32 operands multiply in full fp32 (input_precision=\"ieee\", no TF32).",
     "tf32x3": "fp32 operands multiply on tensor cores as three TF32 products (input_precision=\"tf32x3\": "
               "hi*hi + hi*lo + lo*hi, 22 significant bits a product; fp32 accumulation).",
 }
