@@ -475,9 +475,12 @@ def test_a_negative_budget_is_an_error_and_starts_nothing(app, browser):
         box.press("Tab")
         page.wait_for_timeout(400)
         page.get_by_role("button", name="Start").click()
-        err = page.locator("[data-testid='stAlertContentError']")
+        # the previous click's alert may still be on the page until the rerun ends: wait for
+        # this box's own error rather than for any alert
+        err = page.locator("[data-testid='stAlertContentError']").filter(has_text=expect)
         err.first.wait_for(timeout=60_000)
-        texts = [e.inner_text() for e in err.all()]
+        texts = [e.inner_text() for e in
+                 page.locator("[data-testid='stAlertContentError']").all()]
         assert any(t.startswith(expect) for t in texts), texts
         assert box.input_value() == typed
         assert page.get_by_role("heading", name="New run", level=1).count() == 1
