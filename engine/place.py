@@ -204,16 +204,27 @@ def _site_node(g: fx.Graph, fam, k: rt.Kernel, args: list, metas: list, mode):
     return y, site
 
 
-def _place_regions(graph: cap.Graph, g: fx.Graph, env: dict, ms: list, region_kernels: list,
-                   mode, out: "Placement") -> None:
-    """Each region of ``graph`` (outside the family matches) a region kernel was verified for
-    becomes one site; the others keep their ops."""
+def _region_plan(graph: cap.Graph, ms: list, region_kernels: list) -> tuple[list, set]:
+    """([(region, its kernel or None)], ids of the family matches to leave out): the regions of
+    ``graph`` beside the matches ``ms``; a match a GEMM region absorbed (engine/regions.py) is
+    left out where that region has a kernel, and placed by its family's kernel where not."""
     from engine import regions
-    for r in regions.find(graph, ms).regions:
-        row = {"family": "region", "spec": r.spec, "pattern": r.name, "shape": list(r.shape)}
+    found = regions.find(graph, ms)
+    plan = []
+    for r in found.regions:
         meta = cap.tensor_meta(r.inputs[0]) if r.inputs else None
         device_type = meta["device"] if meta else "cpu"
-        k = next((x for x in region_kernels if x.serves(r.spec, r.shape, r.dtype, device_type)), None)
+        plan.append((r, next((x for x in region_kernels
+                              if x.serves(r.spec, r.shape, r.dtype, device_type)), None)))
+    placed = {n for r, k in plan if k is not None for n in r.nodes}
+    return plan, {id(m) for m in found.absorbed if set(m.nodes) & placed}
+
+
+def _place_regions(g: fx.Graph, env: dict, plan: list, mode, out: "Placement") -> None:
+    """Each region a region kernel was verified for becomes one site; the others keep their ops
+    (a GEMM among them that its family's kernel replaced is no region any more)."""
+    for r, k in plan:
+        row = {"family": "region", "spec": r.spec, "pattern": r.name, "shape": list(r.shape)}
         if k is None:
             out.skipped.append(dict(row, why="no kept kernel verified for this region"))
             continue
@@ -292,9 +303,15 @@ def place(capture: cap.Capture, kernels: list, matches: dict | None = None,
         g.output(ret)
         g._codegen = gm.graph._codegen
         mode = _fake_mode(gm)
+        # regions (kernels/region.py): found beside the family matches, placed the same way
+        region_kernels = [k for k in kernels if k.family == "region"]
+        plan, absorbed = (_region_plan(graph, ms, region_kernels) if region_kernels
+                          and mode is not None else ([], set()))
         for m in ms:
             row = {"family": m.family, "spec": (m.fit.spec if m.fit else {}), "pattern": m.pattern,
                    "shape": list(m.fit.shape) if m.fit else []}
+            if id(m) in absorbed:
+                continue                  # its GEMM runs inside a region's kernel (below)
             if not m.placeable:
                 out.skipped.append(dict(row, why=m.why_not or "no contract"))
                 continue
@@ -312,10 +329,7 @@ def place(capture: cap.Capture, kernels: list, matches: dict | None = None,
                 out.skipped.append(dict(row, why="the graph carries no fake tensors to guard on"))
                 continue
             out.record(row, k, *_rewrite_one(g, env, m, k, mode))
-        # regions (kernels/region.py): found beside the family matches, placed the same way
-        region_kernels = [k for k in kernels if k.family == "region"]
-        if region_kernels and mode is not None:
-            _place_regions(graph, g, env, ms, region_kernels, mode, out)
+        _place_regions(g, env, plan, mode, out)
         _repropagate(g, mode)
         g.lint()
         new = fx.GraphModule(gm, g)

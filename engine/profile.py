@@ -702,10 +702,11 @@ def profile_graph(cap, matches: dict, warmup: int = 1, iters: int = 3,
         torch._dynamo.reset()
     raw = _graph_attribute(prof.events(), on_gpu)
     if regions:
-        # a match no contract serves (softmax over dim 1) whose nodes a region took is served
-        # by the region: its time is the region's, counted once
+        # a match whose nodes a region took is served by the region: one no contract serves
+        # (softmax over dim 1), or a lone GEMM the region fuses with its epilogue
+        # (engine/regions.py); its time is the region's, counted once
         taken = {(gi, n) for gi, rs in regions.items() for r in rs for n in r.nodes}
-        matches = {gi: [m for m in ms if m.placeable or not any((gi, n) in taken for n in m.nodes)]
+        matches = {gi: [m for m in ms if not any((gi, n) in taken for n in m.nodes)]
                    for gi, ms in matches.items()}
     node_us = {k: v / iters for k, v in raw["node_us"].items()}
     total = raw["total"] / iters

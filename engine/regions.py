@@ -8,10 +8,12 @@ placeable match claimed and grows regions of the ops kernels/region.py's table h
   layer / group / instance norm) with their pointwise prologue and epilogue, several
   reductions in one region when they reduce the same dims (x - x.mean(1) / x.std(1));
 - scans (cumsum, cumprod) along one dim, with prologue (a mask) and epilogue;
-- after a matmul (the matmul family's target, or any GEMM no family claimed), its pointwise
-  epilogue (bias, scale, activation, residual, clamp) and any following row reduction as a
-  region of its own, read from the GEMM's output: one extra read and write of [M, N] that a
-  fused GEMM epilogue would save (not fused yet: docs/regions.md).
+- a GEMM (linear, mm, addmm, bmm, matmul) with its pointwise epilogue (bias, scale,
+  activation, residual, clamp) and a following reduction over the output's last dim where one
+  tile holds the row: one kernel, the epilogue applied to the accumulator in registers. A
+  matmul family match of a lone GEMM op is absorbed when an epilogue follows it (``Found.
+  absorbed``: the region's target replaces the family's; its space holds the same GEMM
+  choices); a GEMM with nothing after it stays the family's target.
 
 A region grows backwards from its output (the latest fusible node not yet taken): a producer
 joins when it is fusible, no match claimed it, every one of its users is already inside (so
@@ -60,6 +62,12 @@ class Region:
         return self.spec["name"]
 
 
+# a reduction after a GEMM is fused only where one tile holds the whole row (its N columns):
+# the fp32 accumulator of [BLOCK_M >= 16, N] stays within a program's registers
+GEMM_ROW_MAX = 1024
+GEMM_OPS = ("linear", "mm", "addmm", "bmm", "matmul")
+
+
 @dataclass
 class Left:
     """A node no match and no region holds, and why (for coverage reports)."""
@@ -71,6 +79,7 @@ class Left:
 class Found:
     regions: list = field(default_factory=list)
     left: list = field(default_factory=list)
+    absorbed: list = field(default_factory=list)   # family matches a GEMM region took over
 
 
 # ---- which nodes regions may hold ------------------------------------------------------------
@@ -169,6 +178,46 @@ def _tensor_args(qual: str, src: fx.Node) -> dict:
     return {k: a.get(k) for k in R.OPS[name][1]}
 
 
+def _gemm_parts(name: str, a: dict) -> tuple:
+    """(a, b, the added term or None, {"layout", "batch", "k", "n"}) of a GEMM op's named
+    arguments: a [*lead, M, K] @ b, with b [K, N] shared by every leading row ("kn"), a
+    linear layer's weight [N, K] ("nk"), or a batched [*lead, K, N] with a's leading dims
+    ("batch" of them); raises NotARegion for what the generator does not take."""
+    layout = "kn"
+    if name == "linear":
+        x, w, add, layout = a["input"], a["weight"], a.get("bias"), "nk"
+    elif name == "addmm":
+        x, w, add = a["mat1"], a["mat2"], a["self"]
+    elif name == "matmul":
+        x, w, add = a["self"], a["other"], None
+    else:                                        # mm, bmm
+        x, w, add = a["self"], a["mat2"], None
+    if not (isinstance(x, fx.Node) and isinstance(w, fx.Node)):
+        raise NotARegion("a GEMM of a constant")
+    if x is w:
+        raise NotARegion("a GEMM of a tensor with itself")
+    xs, ws = _shape(x), _shape(w)
+    if len(xs) < 2 or len(ws) < 2:
+        raise NotARegion("a GEMM of a vector")
+    if _dtype(x) != _dtype(w) or _dtype(x) not in ("float32", "float16", "bfloat16"):
+        raise NotARegion(f"a GEMM of {_dtype(x)} and {_dtype(w)}")
+    if layout == "nk":
+        if len(ws) != 2:
+            raise NotARegion("a linear layer's weight that is not a matrix")
+        k, n, batch = ws[1], ws[0], 0
+    else:
+        if len(ws) == 2:
+            batch = 0
+        elif len(ws) == len(xs) and xs[:-2] == ws[:-2]:
+            batch = len(xs) - 2
+        else:
+            raise NotARegion("a GEMM whose batch dims broadcast")
+        k, n = ws[-2], ws[-1]
+    if xs[-1] != k:
+        raise NotARegion("a GEMM's inner dims differ")
+    return x, w, add, {"layout": layout, "batch": batch, "k": int(k), "n": int(n)}
+
+
 def build(nodes: list, order: dict) -> Region:
     """The Region the node set ``nodes`` is (the last in graph order its output), or raises
     NotARegion with why the generator cannot serve it."""
@@ -227,10 +276,15 @@ def build(nodes: list, order: dict) -> Region:
             reds.append(n)
     split = None
     convs = [n for n in values if R.OPS[R.op_parts(ops[n][0])[0]][0] == "conv"]
+    gemms = [n for n in values if R.OPS[R.op_parts(ops[n][0])[0]][0] == "gemm"]
     if len(convs) > 1:
         raise NotARegion("two convolutions")
+    if len(gemms) > 1 or (gemms and convs):
+        raise NotARegion("two GEMMs" if len(gemms) > 1 else "a GEMM beside a convolution")
     if convs:
         dom = _shape(convs[0])
+    elif gemms:
+        dom = _shape(gemms[0])
     elif reds:
         first_q, first_src = ops[reds[0]]
         x = _tensor_args(first_q, first_src)
@@ -244,6 +298,7 @@ def build(nodes: list, order: dict) -> Region:
     in_pos: dict = {}                            # external node -> its map (spec form)
     roles: dict = {}                             # a convolution's x, w, b -> their role
     conv: dict | None = None
+    gemm: dict | None = None
     red_dims = None
 
     def ext_map(a, p):
@@ -289,6 +344,15 @@ def build(nodes: list, order: dict) -> Region:
         targs = {k: (flip_in[v][0] if v in flip_in else v) for k, v in _tensor_args(qual, src).items()}
         k = len(_shape(n))
         internal = [a for a in targs.values() if isinstance(a, fx.Node) and a in pos]
+        if kind == "gemm":
+            if internal or n is not values[0]:
+                raise NotARegion("a GEMM of a value computed in the region")
+            x, w, add, gemm = _gemm_parts(name, R.named_args(qual, list(src.args), dict(src.kwargs)))
+            roles[x], roles[w] = "gemm_a", "gemm_b"
+            if isinstance(add, fx.Node):          # a linear layer's bias, addmm's added term
+                use_input(add, aligned(len(_shape(add)), None))
+            pos[n] = list(range(rank))
+            continue
         if kind == "conv":        # a convolution, or a pooling (one with no weights)
             what = "pooling" if name in R.POOLS else "convolution"
             if internal or n is not values[0]:
@@ -426,8 +490,16 @@ def build(nodes: list, order: dict) -> Region:
             raise NotARegion("a convolution with a reduction over other dims than its channels")
         if set(roles) & set(in_pos):
             raise NotARegion("a convolution's input read by its epilogue too")
-        for a, role in roles.items():
-            in_pos[a] = role
+    if gemm is not None:
+        if red_dims not in (None, [rank - 1]) or split:
+            raise NotARegion("a GEMM with a reduction over other dims than its output's last")
+        if red_dims and dom[-1] > GEMM_ROW_MAX:
+            raise NotARegion(f"a reduction over {dom[-1]} GEMM columns: wider than one tile "
+                             f"(at most {GEMM_ROW_MAX})")
+        if set(roles) & set(in_pos):
+            raise NotARegion("a GEMM's operand read by its epilogue too")
+    for a, role in roles.items():
+        in_pos[a] = role
     # the spec
     inputs = sorted(in_pos, key=lambda a: order.get(a, -1))
     idx = {a: i for i, a in enumerate(inputs)}
@@ -483,8 +555,8 @@ def build(nodes: list, order: dict) -> Region:
             "out_dtype": None if out_dt == float_in else out_dt}
     if flip_out is not None:
         spec["out_flip"] = flip_out
-    if (flipped_src or flip_out is not None) and (split or conv is not None):
-        raise NotARegion("a flip beside a group norm or a convolution")
+    if (flipped_src or flip_out is not None) and (split or conv is not None or gemm is not None):
+        raise NotARegion("a flip beside a group norm, a convolution or a GEMM")
     shape = dom
     if conv is not None:
         conv.update(x=idx[next(a for a, r in roles.items() if r == "conv_x")],
@@ -492,6 +564,11 @@ def build(nodes: list, order: dict) -> Region:
                     b=next((idx[a] for a, r in roles.items() if r == "conv_b"), None))
         spec["conv"] = conv
         shape = _shape(next(a for a, r in roles.items() if r == "conv_x"))   # the family shape
+    if gemm is not None:
+        gemm.update(a=idx[next(a for a, r in roles.items() if r == "gemm_a")],
+                    b=idx[next(a for a, r in roles.items() if r == "gemm_b")])
+        spec["gemm"] = gemm
+        shape = tuple(dom[:-1]) + (gemm["k"], gemm["n"])     # the family shape: (*lead, M, K, N)
     try:
         R.validate(spec)
     except ValueError as e:
@@ -520,9 +597,13 @@ def find(graph: cap.Graph, matches=()) -> Found:
     """The regions of ``graph`` outside the placeable ``matches``, and the nodes left out."""
     order = {n: i for i, n in enumerate(graph.gm.graph.nodes)}
     claimed = set()
+    absorbable = {}          # a lone GEMM node a matmul match holds -> the match
     for m in matches:
         if m.placeable:
-            claimed |= set(m.nodes)
+            if m.family == "matmul" and len(m.nodes) == 1 and _is_gemm(m.nodes[0]):
+                absorbable[m.nodes[0]] = m
+            else:
+                claimed |= set(m.nodes)
     taken: set = set()
     found = Found()
     fusible = {n for n in graph.gm.graph.nodes if n not in claimed and op_of(n) is not None}
@@ -565,14 +646,22 @@ def find(graph: cap.Graph, matches=()) -> Found:
                     grown = True
         if R._depth(reg.spec) == 0:
             continue                    # copies and casts alone: nothing to compute
+        if reg.spec.get("gemm") and R._depth(reg.spec) == 1 and members & set(absorbable):
+            continue                    # a GEMM with no epilogue: the matmul family's target
         reg.graph = graph.index
         taken |= members
         found.regions.append(reg)
+    found.absorbed = [m for n, m in absorbable.items() if n in taken]
     for n in graph.gm.graph.nodes:
         if n.op == "call_function" and n not in claimed and n not in taken and n not in fusible:
             found.left.append(Left(n, _why_left(n)))
     found.regions.sort(key=lambda r: order[r.output])
     return found
+
+
+def _is_gemm(n: fx.Node) -> bool:
+    o = op_of(n)
+    return o is not None and R.OPS[R.op_parts(o[0])[0]][0] == "gemm"
 
 
 def _why_left(n: fx.Node) -> str:

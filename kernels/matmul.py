@@ -235,18 +235,22 @@ MAX_ACC_PER_THREAD = 128   # fp32 accumulator registers per thread: BLOCK_M*BLOC
 
 ''' + C.SMEM_BUDGET_SRC + '''
 
-def _fit_gemm(bm, bn, bk, stages, warps, M, N, K, itemsize, budget, operands=2):
+def _fit_gemm(bm, bn, bk, stages, warps, M, N, K, itemsize, budget, operands=2, keep_n=False):
     """Clamp a tile [bm, bn] with K step bk and its pipeline depth to the problem and the device:
     no block larger than its dimension (min 16, the smallest tl.dot), the fp32 accumulator(s)
     within MAX_ACC_PER_THREAD registers per thread, and ``stages`` buffered copies of the
     ``operands`` input tiles ([bm, bk] and (operands - 1) x [bk, bn]) within ``budget`` bytes
-    of shared memory (stages drop first, then bk halves)."""
+    of shared memory (stages drop first, then bk halves). ``keep_n``: bn is the whole row a
+    fused reduction needs; only bm shrinks (to 16 at least)."""
     bm = min(bm, max(16, triton.next_power_of_2(M)))
-    bn = min(bn, max(16, triton.next_power_of_2(N)))
+    if not keep_n:
+        bn = min(bn, max(16, triton.next_power_of_2(N)))
     bk = min(bk, max(16, triton.next_power_of_2(K)))
     max_acc = MAX_ACC_PER_THREAD * 32 * warps // max(1, operands - 1)
     while bm * bn > max_acc and max(bm, bn) > 16:
-        if bm >= bn:
+        if keep_n and bm <= 16:
+            break
+        if bm >= bn or keep_n:
             bm //= 2
         else:
             bn //= 2

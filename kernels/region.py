@@ -52,6 +52,7 @@ import torch
 
 from kernels import Family
 from kernels import _common as C
+from kernels import matmul as _mm
 
 NAME = "region"
 
@@ -129,6 +130,11 @@ OPS = {
     "conv_transpose1d": ("conv", ("input", "weight", "bias"), 2),
     "conv_transpose2d": ("conv", ("input", "weight", "bias"), 2),
     "conv_transpose3d": ("conv", ("input", "weight", "bias"), 2),
+    # GEMMs: the region's first op, its epilogue applied to the fp32 accumulator (flops per
+    # output element and K step)
+    "linear": ("gemm", ("input", "weight", "bias"), 2), "mm": ("gemm", ("self", "mat2"), 2),
+    "addmm": ("gemm", ("self", "mat1", "mat2"), 2), "bmm": ("gemm", ("self", "mat2"), 2),
+    "matmul": ("gemm", ("self", "other"), 2),
     # pooling: a depthwise window over the input, as a convolution with no weights (max or mean
     # of the taps instead of their weighted sum)
     "max_pool1d": ("conv", ("self",), 1), "max_pool2d": ("conv", ("self",), 1),
@@ -173,7 +179,8 @@ IN_PLACE = {"relu_": "relu", "add_": "add", "mul_": "mul", "sub_": "sub", "div_"
 SHORT = {"_to_copy": "to", "conv1d": "conv", "conv2d": "conv", "conv3d": "conv",
          "conv_transpose1d": "conv_t", "conv_transpose2d": "conv_t", "conv_transpose3d": "conv_t", "_softmax": "softmax", "_log_softmax": "log_softmax",
          "linalg_vector_norm": "norm", "_native_batch_norm_legit_no_training": "batch_norm",
-         "multiply": "mul", "amax": "max", "amin": "min"}
+         "multiply": "mul", "amax": "max", "amin": "min", "linear": "gemm", "mm": "gemm",
+         "addmm": "gemm", "bmm": "gemm", "matmul": "gemm"}
 _NOOPS = {"_to_copy", "to", "clone", "contiguous", "alias", "detach", "lift_fresh_copy",
           "dropout", "type_as"}
 
@@ -336,7 +343,10 @@ def reference_source(spec: dict) -> str:
     n = len(spec["inputs"])
     lines = [f"def reference({', '.join(f'in{i}' for i in range(n))}):"]
     for i, inp in enumerate(spec["inputs"]):
-        lines.append(f"    # in{i}: {inp['dtype']}, its dims are dims {inp['map']} of the domain")
+        if inp.get("role"):
+            lines.append(f"    # in{i}: {inp['dtype']}, the {inp['role'].replace('_', ' ')} operand")
+        else:
+            lines.append(f"    # in{i}: {inp['dtype']}, its dims are dims {inp['map']} of the domain")
     for j, op in enumerate(spec["ops"]):
         args = [src(a) for a in op["args"]] + [f"{k}={src(v)}" for k, v in op["kwargs"].items()
                                               if k not in _DROP_KWARGS]
@@ -552,6 +562,17 @@ def _interval(name: str, a: dict, t: list) -> tuple:
     if name.startswith("conv"):
         m = max(abs(x[0]), abs(x[1])) * max(abs(o[0]), abs(o[1])) * _BIG_N
         return (-m, m)
+    if name in GEMMS:
+        # make_inputs divides b by K: every output is a mean of K products, inside the
+        # interval of one product whatever K
+        if name == "addmm":
+            alpha, beta = float(a.get("alpha", 1) or 0), float(a.get("beta", 1) or 0)
+            prod = _mul_iv(_mul_iv(t[1], t[2]), (alpha, alpha))
+            add = _mul_iv(t[0], (beta, beta)) if beta else (0.0, 0.0)
+        else:
+            prod = _mul_iv(x, o)
+            add = t[2] if name == "linear" and a.get("bias") is not None else (0.0, 0.0)
+        return (prod[0] + add[0], prod[1] + add[1])
     if name in _LOSSES:
         d = (x[0] - o[1], x[1] - o[0])
         m = _abs_iv(d)[1]
@@ -748,8 +769,28 @@ def conv_out(cv: dict, xshape) -> tuple:
 
 
 def domain_of(spec, shape) -> tuple:
-    """The domain of a family shape: the shape itself, or a convolution's output."""
-    return conv_out(spec["conv"], shape) if spec.get("conv") else tuple(int(v) for v in shape)
+    """The domain of a family shape: the shape itself, a convolution's output, or a GEMM's
+    output [*lead, M, N] of its family shape (*lead, M, K, N)."""
+    if spec.get("conv"):
+        return conv_out(spec["conv"], shape)
+    shape = tuple(int(v) for v in shape)
+    return shape[:-2] + shape[-1:] if spec.get("gemm") else shape
+
+
+# ---- GEMMs: the family shape is (*lead, M, K, N), the domain the output [*lead, M, N] -----------
+GEMMS = ("linear", "mm", "addmm", "bmm", "matmul")
+
+
+def gemm_operand_shape(spec, role, shape) -> tuple:
+    """a [*lead, M, K]; b [K, N], a linear layer's weight [N, K], or batched [*lead, K, N]."""
+    g = spec["gemm"]
+    shape = tuple(int(v) for v in shape)
+    if role == "gemm_a":
+        return shape[:-1]
+    k, n = shape[-2], shape[-1]
+    if g["layout"] == "nk":
+        return (n, k)
+    return shape[:g["batch"]] + (k, n)
 
 
 def _conv_taps(cv) -> int:
@@ -763,6 +804,8 @@ def _role_shape(spec, inp, shape) -> tuple:
     """An input's shape at family shape ``shape``: a convolution's input, weight, bias, or the
     domain through its map."""
     role = inp.get("role")
+    if role in ("gemm_a", "gemm_b"):
+        return gemm_operand_shape(spec, role, shape)
     if role == "conv_x":
         return tuple(int(v) for v in shape)
     if role == "conv_w":
@@ -849,6 +892,19 @@ def _conv_sweeps(spec) -> tuple[tuple, tuple]:
     return tuple(sweep), tuple(edge)
 
 
+def _gemm_sweeps(spec) -> tuple[tuple, tuple]:
+    """Family shapes (*lead, M, K, N) of a GEMM region: K and N tails of every size against
+    the tiles (1, primes, just past a power of two), a long K, tall and wide outputs; the
+    last ones are for GPUs (the interpreter keeps M*K*N <= 2^15)."""
+    lead = spec["rank"] - 2
+    sweep = [(1, 1, 1), (2, 3, 5), (16, 16, 16), (17, 33, 9), (31, 64, 15), (64, 8, 64),
+             (1, 300, 100), (4, 1000, 8), (128, 4096, 128), (1, 4096, 1000), (512, 512, 512)]
+    edge = [(1, 17, 1), (13, 1, 7), (97, 127, 2), (1, 2049, 3), (4099, 7, 1), (2, 1, 1000)]
+    sweep = [(2,) * lead + s for s in sweep] + [(1,) * lead + (3, 7, 5)] if lead else sweep
+    edge = [(3,) * lead + s for s in edge] + [(1,) * lead + (1, 1, 1)] if lead else edge
+    return tuple(sweep), tuple(edge)
+
+
 def _red_domain(spec) -> list:
     """The reduced dims in domain (unsplit) coordinates."""
     if not spec.get("split"):
@@ -880,9 +936,17 @@ def _inputs_for(spec, ranges, kinds):
             else:
                 lo, hi = RANGES[rname]
                 u = C.rand(gen, *s) if s else C.rand(gen, 1)[0]
-                # a convolution's weights as models initialize them: sums of its taps stay O(1)
-                w = 1.0 / math.sqrt(_conv_taps(spec["conv"])) if inp.get("role") == "conv_w" else 1.0
-                t = ((lo + (hi - lo) * u) * (w if inp.get("role") == "conv_w" else scale)).to(dtype)
+                # a convolution's weights as models initialize them: sums of its taps stay O(1);
+                # a GEMM's b divided by K: each output a mean of K products, in the interval of
+                # one (what the ranges were chosen on)
+                role = inp.get("role")
+                if role == "conv_w":
+                    w = 1.0 / math.sqrt(_conv_taps(spec["conv"]))
+                elif role == "gemm_b":
+                    w = scale / max(1, shape[-2])
+                else:
+                    w = scale
+                t = ((lo + (hi - lo) * u) * w).to(dtype)
                 # NaN and Inf go into the activations (the inputs spanning the domain, a
                 # convolution's x), not into weights, biases or norm statistics: there where
                 # they land depends on how an implementation orders its arithmetic (torch's
@@ -890,6 +954,9 @@ def _inputs_for(spec, ranges, kinds):
                 act = inp.get("role") == "conv_x" or (
                     inp.get("map") is not None and len(inp["map"]) == spec["rank"]
                     and None not in inp["map"])
+                # a GEMM's a takes NaN but not Inf: fp32 on tensor cores (tf32x3) splits x
+                # into a TF32 part and x minus it, which is NaN for x = inf
+                act = act or (role == "gemm_a" and kind == "nan")
                 if kind in ("nan", "inf") and s and act:
                     # about one element in 37 NaN ("nan"), or one in 37 +inf and one in 37 -inf
                     # ("inf"): the output must hold NaN and Inf exactly where torch's ops give
@@ -958,6 +1025,8 @@ def _cost_for(spec):
             numel = math.prod(shape) if kind != "pw" else math.prod(input_shape(shape, op["map"]))
             if kind == "conv":
                 numel *= _conv_taps(spec["conv"])
+            if kind == "gemm":
+                numel *= fshape[-2]                  # K products an output element
             flops += f * numel
         return nbytes, flops
     return cost
@@ -980,7 +1049,7 @@ def region_name(spec_ops: list) -> str:
 @dataclasses.dataclass
 class Step:
     name: str
-    kind: str            # "pw" | "red" | "scan" | "in"
+    kind: str            # "pw" | "red" | "scan" | "in" | "conv" | "gemm"
     expr: str = ""       # pw: the fp32 expression; red/scan: the argument's name
     op: str = ""         # red: sum | max | min | prod; scan: cumsum | cumprod
     deps: tuple = ()
@@ -1371,7 +1440,29 @@ def _conv(L, a, op):
                        deps=tuple(d for d in args if isinstance(d, str)), level="dom"))
 
 
+def _gemm(L, a, op):
+    """The GEMM's accumulator tile (a "gemm" step: its lines are the K loop), then what the op
+    adds to it in the epilogue: a linear layer's bias, addmm's beta * self (alpha scales the
+    product first, as torch computes beta * self + alpha * (mat1 @ mat2))."""
+    name = op_parts(op["op"])[0]
+    x, w, add = {"linear": ("input", "weight", "bias"), "addmm": ("mat1", "mat2", "self"),
+                 "matmul": ("self", "other", None)}.get(name, ("self", "mat2", None))
+    g = L._add(Step(L.fresh(), "gemm", "", name, deps=(a[x], a[w]), level="dom"))
+    extra = a.get(add) if add else None
+    if name == "addmm":
+        alpha, beta = float(a.get("alpha", 1)), float(a.get("beta", 1))
+        if alpha != 1.0:
+            g = L.pw(f"{g} * {_lit(alpha)}", (g,))
+        if beta == 0.0:                        # torch ignores self then (NaN in it included)
+            return g
+        extra = extra if beta == 1.0 else L.pw(f"{L.f(extra)} * {_lit(beta)}", (extra,))
+    if isinstance(extra, str):
+        return L.pw(f"{g} + {L.f(extra)}", (g, extra))
+    return g
+
+
 _LOWER = {
+    **{name: _gemm for name in GEMMS},
     "conv1d": _conv, "conv2d": _conv, "conv3d": _conv, "conv_transpose1d": _conv,
     "conv_transpose2d": _conv, "conv_transpose3d": _conv, **{name: _conv for name in POOLS},
     "add": _bin("+"), "sub": _bin("-"), "rsub": _bin("rsub"), "mul": _bin("*"),
@@ -1472,12 +1563,19 @@ SPACE = {
 }
 DEFAULT = {"variant": "auto", "max_block": 4096, "block": 512, "rows_cap": 64, "max_tile": 8192,
            "col_dims": 1, "num_warps": 4}
+# A GEMM region's space: the matmul family's tile, order, pipeline and fp32-dot choices (one
+# output tile a program, the epilogue on its accumulator; no split-K: the epilogue is not linear)
+GEMM_SPACE = {k: list(_mm.SPACE[k]) for k in ("block_m", "block_n", "block_k", "group_m",
+                                              "num_warps", "num_stages", "fp32_dot")}
+GEMM_DEFAULT = {k: _mm.DEFAULT[k] for k in GEMM_SPACE}
 
 
 def _plan_dims(spec, p) -> tuple[list, list]:
     """(row dims, col dims) in split coordinates."""
     r = spec["rank"] + (1 if spec.get("split") else 0)
-    if spec.get("conv"):
+    if spec.get("gemm"):
+        cols = [r - 1]                   # the GEMM's N along the tile; rows: *lead, M
+    elif spec.get("conv"):
         cols = [1]                       # output channels along the tile; rows: (n, spatial)
     elif spec["red"]:
         cols = list(spec["red"])
@@ -1516,8 +1614,11 @@ def render_for(spec):
     out_dims = _split_dims(out_map, split)
     r2 = spec["rank"] + (1 if split else 0)
 
+    gemm = spec.get("gemm")
+
     def render(params):
-        p = C.resolve(NAME, SPACE, DEFAULT, params)
+        p = (C.resolve(NAME, GEMM_SPACE, GEMM_DEFAULT, params) if gemm
+             else C.resolve(NAME, SPACE, DEFAULT, params))
         rows_d, cols_d = _plan_dims(spec, p)
         colset = set(cols_d)
         lvl_in = ["dom" if set(in_dims[i]) & colset else "row" for i in range(nin)]
@@ -1528,7 +1629,7 @@ def render_for(spec):
                 level[s.name] = lvl_in[int(s.name[2:])]
             elif s.kind == "red":
                 level[s.name] = "row"
-            elif s.kind in ("scan", "conv"):
+            elif s.kind in ("scan", "conv", "gemm"):
                 level[s.name] = "dom"
             else:
                 level[s.name] = "dom" if any(level[d] == "dom" for d in s.deps) else "row"
@@ -1548,7 +1649,7 @@ def render_for(spec):
         for i in range(nin):
             sig += strides_of("in", i)[0]
         sig += strides_of("out", 0)[0]
-        sig += _conv_args(spec)
+        sig += _conv_args(spec) + _gemm_args(spec, rows_d)
         # flipped inputs / output: a base offset to the last element of each reversed dim
         # (their strides come negated from the launcher)
         flips = [f"in{i}" for i, inp in enumerate(spec["inputs"]) if inp.get("flip")]
@@ -1568,6 +1669,13 @@ def render_for(spec):
 
         def load(i, tile: bool):
             ro, co = row_off("in", i), col_off("in", i)
+            if tile and gemm and ro == "0":
+                # one row of values for every row of the tile (a bias [N]): loaded once, as
+                # [1, BLOCK], broadcast where it is used
+                ptr = f"in{i}_ptr + ({co})[None, :]"
+                if spec["inputs"][i]["dtype"] == "bool":
+                    return f"in{i} = tl.load({ptr}, mask=cmask[None, :], other=0) != 0"
+                return f"in{i} = tl.load({ptr}, mask=cmask[None, :], other=0.0).to(tl.float32)"
             if tile:
                 ptr = f"in{i}_ptr + ({ro})[:, None] + ({co})[None, :]" if co != "0" else \
                     f"in{i}_ptr + ({ro})[:, None] + zc[None, :]"
@@ -1584,6 +1692,9 @@ def render_for(spec):
         def emit(names, have: set, lines: list, tile: bool, carries: dict):
             """Lines computing ``names`` (and what they need) not in ``have``, in order."""
             need = [s for s in steps if s.name in _ancestors(by, names) and s.name not in have]
+            # a GEMM's K loop first (it reads only its operands): nothing of the epilogue is
+            # live in registers beside the accumulator while it runs
+            need.sort(key=lambda s: s.kind != "gemm")
             for s in need:
                 if s.kind == "in" and int(s.name[2:]) in roles:
                     pass                                  # the convolution reads it itself
@@ -1591,6 +1702,8 @@ def render_for(spec):
                     lines.append(load(int(s.name[2:]), tile and level[s.name] == "dom"))
                 elif s.kind == "conv":
                     lines.extend(_conv_lines(spec, s))
+                elif s.kind == "gemm":
+                    lines.extend(_gemm_lines(spec, s, rows_d))
                 elif s.kind == "pw":
                     lines.append(f"{s.name} = {s.expr}")
                 elif s.kind == "red":
@@ -1658,8 +1771,8 @@ def render_for(spec):
 
         reds = [s for s in steps if s.kind == "red" and s.name in used]
 
-        # ---- one pass: whole rows in one tile
-        one = list(head) + col_head("0")
+        # ---- one pass: whole rows in one tile (a GEMM region: its output tile, the K loop first)
+        one = _gemm_head(spec, rows_d, cols_d) if gemm else list(head) + col_head("0")
         have: set = set()
         for s in steps:
             if s.name not in used or s.name in have:
@@ -1671,6 +1784,10 @@ def render_for(spec):
                 have.add(s.name)
         emit((out,), have, one, True, None)
         one += store_lines(out)
+        if gemm:
+            return _render_gemm(spec, p, sig, one, any(s.op in ("prod", "cumprod") for s in steps
+                                                        if s.name in used),
+                                _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2))
 
         # ---- looped: a pass per reduction, then a pass for a column-shaped output
         loop = list(head)
@@ -1928,6 +2045,128 @@ def _conv_lines(spec, st) -> list:
     return out
 
 
+def _gemm_args(spec, rows_d) -> list:
+    """Kernel arguments of the GEMM: rows per batch, K, a's K stride, b's K and N strides, a's
+    stride along each row dim, b's along each batch dim."""
+    g = spec.get("gemm")
+    if not g:
+        return []
+    return (["m_rows", "K", "stride_ak", "stride_bk", "stride_bn"] + [f"sa_{d}" for d in rows_d]
+            + [f"sb_{d}" for d in range(g["batch"])])
+
+
+def _gemm_head(spec, rows_d, cols_d) -> list:
+    """Kernel lines placing a program on its output tile [ROWS, BLOCK] (= [BLOCK_M, BLOCK_N])
+    of batch program_id(1), tiles in grouped order (GROUP_M row-tiles sweep the columns
+    together: the tiles running at once share rows of a and columns of b in L2); the row and
+    column indices i{d} every epilogue load and the store address through."""
+    lines = ["tile = tl.program_id(0)",
+             "pid_b = tl.program_id(1).to(tl.int64)        # batch: the product of b's batch dims",
+             "num_pid_m = tl.cdiv(m_rows, ROWS)",
+             "num_pid_n = tl.cdiv(n_cols, BLOCK)",
+             "num_pid_in_group = GROUP_M * num_pid_n"]
+    lines += _mm.GROUP_ORDER_SRC.strip("\n").split("\n")
+    lines += ["m = (pid_m * ROWS + tl.arange(0, ROWS)).to(tl.int64)      # [ROWS] rows of the batch",
+              "rmask = m < m_rows",
+              "rows = pid_b * m_rows + m                          # [ROWS] flat over the lead dims",
+              "zr = rows * 0"]
+    lines += _decompose("rows", rows_d, "r")
+    lines += ["cols = (pid_n * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)   # [BLOCK] columns (N)",
+              "cmask = cols < n_cols", "zc = cols * 0",
+              "mask = rmask[:, None] & cmask[None, :]                     # [ROWS, BLOCK]",
+              "zt = tl.zeros([ROWS, BLOCK], dtype=tl.float32)"]
+    return lines + _decompose("cols", cols_d, "c")
+
+
+def _gemm_lines(spec, st, rows_d) -> list:
+    """Kernel lines of the GEMM's fp32 accumulator tile: a [*lead, M, K] rows times b's
+    columns, K steps of BLOCK_K (the matmul family's pipelined loop). Rows and columns past the
+    edge re-read valid ones (index modulo m_rows and N; never stored): no M/N masks inside the
+    loop, the K tail masked unless EVEN_K."""
+    g = spec["gemm"]
+    n = st.name
+    out = ["ga = pid_b * m_rows + (m % m_rows)                       # [ROWS] a's rows, in range"]
+    # the row dims' indices of those rows (ga_i{d}), as _decompose gives the tile's i{d}
+    rem = "ga"
+    for j, d in enumerate(reversed(rows_d)):
+        if j == len(rows_d) - 1:
+            out.append(f"ga_i{d} = {rem}")
+        else:
+            out.append(f"ga_i{d} = {rem} % d{d}")
+            out.append(f"ga_rem = {rem} // d{d}")
+            rem = "ga_rem"
+    out.append("a_row = " + " + ".join(f"ga_i{d} * sa_{d}" for d in rows_d))
+    b_base = f"in{g['b']}_ptr"
+    if g["batch"]:
+        rem = "pid_b"
+        for j, d in enumerate(reversed(range(g["batch"]))):
+            if j == g["batch"] - 1:
+                out.append(f"bb{d} = {rem}")
+            else:
+                out.append(f"bb{d} = {rem} % d{d}")
+                out.append(f"bb_rem = {rem} // d{d}")
+                rem = "bb_rem"
+        b_base += " + " + " + ".join(f"bb{d} * sb_{d}" for d in range(g["batch"]))
+    out += ["gb_n = cols % n_cols                                   # [BLOCK] b's columns, in range",
+            "rk = tl.arange(0, BLOCK_K)",
+            "k_len = K",
+            f"a_ptrs = in{g['a']}_ptr + a_row[:, None] + rk[None, :] * stride_ak      # [ROWS, BLOCK_K]",
+            f"b_ptrs = {b_base} + rk[:, None] * stride_bk + gb_n[None, :] * stride_bn   # [BLOCK_K, BLOCK]",
+            f"{n}_acc = tl.zeros((ROWS, BLOCK), dtype=tl.float32)"]
+    out += _mm.k_loop([(f"{n}_acc", "b_ptrs", "b_tile", "stride_bk")]).split("\n")
+    out.append(f"{n} = {n}_acc")
+    return out
+
+
+_MUL_SRC = '''@triton.jit
+def _mul(a, b):
+    return a * b
+
+
+'''
+
+
+def _render_gemm(spec, p, sig, body, uses_mul, launcher) -> str:
+    """The GEMM region's candidate source: one kernel (the K loop, then the epilogue on the
+    accumulator, then the store) and its launcher."""
+    g = spec["gemm"]
+    args_sig = (", ".join(sig) + ",\n        ROWS: tl.constexpr, BLOCK: tl.constexpr, "
+                "BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,\n        EVEN_K: tl.constexpr, "
+                "IEEE: tl.constexpr, DOT_FP32: tl.constexpr")
+    kern = (f"@triton.jit\ndef _region_gemm({args_sig}):\n"
+            '    """Output tile [ROWS, BLOCK] = [BLOCK_M, BLOCK_N]: the GEMM accumulated in fp32 over K,\n'
+            '    the epilogue applied to it in registers, stored once."""\n'
+            + "\n".join("    " + x for x in body) + "\n")
+    b_desc = {"kn": f"b [*lead[:{g['batch']}], K, N]" if g["batch"] else "b [K, N]",
+              "nk": "a linear layer's weight [N, K] (read as its transpose)"}[g["layout"]]
+    red = " and the reduction over each row" if spec["red"] else ""
+    whole = " (the whole row: BLOCK_N >= N)" if spec["red"] else ""
+    doc = "\n".join([
+        f'"""Region candidate: {spec["name"]} (generated from its ops; no hand-written code).',
+        "",
+        f"GEMM a [*lead, M, K] @ {b_desc} -> [*lead, M, N] with its epilogue{red} fused: one",
+        f"program per [BLOCK_M, BLOCK_N] output tile{whole}, fp32 accumulation;",
+        _mm.FP32_DOT_DOC[p["fp32_dot"]],
+        "Bytes the op must move: a, b and the epilogue's inputs once, the output once; flops",
+        "2*M*N*K per batch plus the epilogue's. Each tile re-reads its rows of a and columns of b",
+        "from L2/HBM.",
+        f"Point: {C.point_line(GEMM_SPACE, p)}",
+        '"""',
+        C.IMPORTS_SRC,
+        f"BLOCK_M = {p['block_m']}         # output tile rows (clamped at launch)",
+        f"BLOCK_N = {p['block_n']}         # output tile columns"
+        + (" (a reduction's row: the power of two >= N)" if spec["red"] else ""),
+        f"BLOCK_K = {p['block_k']}          # K step",
+        f"GROUP_M = {p['group_m']}           # row-tiles per group of the swizzled tile order",
+        f"NUM_WARPS = {p['num_warps']}",
+        f"NUM_STAGES = {p['num_stages']}        # software-pipelining depth of the K loop",
+        ""])
+    src = C.tidy(doc + _mm.GEMM_HELPERS_SRC + "\n\n" + (_MUL_SRC if uses_mul else "") + kern
+                 + "\n\n" + launcher)
+    # the K loop's fp32 dots say "ieee"; bf16/fp16 tiles never take that branch
+    return src.replace('input_precision="ieee"', f'input_precision="{p["fp32_dot"]}"')
+
+
 def _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2):
     split = spec.get("split")
     nin = len(spec["inputs"])
@@ -1937,9 +2176,23 @@ def _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2):
              f'    """{spec["name"]}: the region\'s output from its {nin} input(s); any strides."""']
     # domain sizes from the inputs that reach each dim (a convolution's: from its formula)
     cv = spec.get("conv")
+    gs = spec.get("gemm")
+    if gs:
+        ka, kb = f"in{gs['a']}", f"in{gs['b']}"
+        b_k, b_n = ("1", "0") if gs["layout"] == "nk" else ("-2", "-1")
+        lines += [f"    a, b = {ka}, {kb}",
+                  f"    if a.dim() != {rank} or b.dim() != {2 if not gs['batch'] else rank}:",
+                  f"        raise ValueError(f'the GEMM takes a {rank}-D a and a "
+                  f"{2 if not gs['batch'] else rank}-D b, got {{a.dim()}}-D and {{b.dim()}}-D')",
+                  f"    if a.shape[-1] != b.shape[{b_k}]"
+                  + "".join(f" or a.shape[{j}] != b.shape[{j}]" for j in range(gs["batch"])) + ":",
+                  "        raise ValueError(f'GEMM operands {list(a.shape)} and {list(b.shape)} do not fit')"]
     for d in range(rank):
         if cv:
             lines.append(f"    D{d} = " + _conv_dim_src(cv, d))
+            continue
+        if gs:
+            lines.append(f"    D{d} = " + (f"a.shape[{d}]" if d < rank - 1 else f"b.shape[{b_n}]"))
             continue
         src = next(((i, j) for i, inp in enumerate(spec["inputs"]) if inp.get("map") is not None
                     for j, m in enumerate(inp["map"]) if m == d), None)
@@ -1998,6 +2251,27 @@ def _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2):
         call += [f"in{x}.shape[{2 + s}]" for s in range(rank - 2)]
     call += [base(f"in{i}", inp["flip"]) for i, inp in enumerate(spec["inputs"]) if inp.get("flip")]
     call += [base("out", spec["out_flip"])] if spec.get("out_flip") else []
+    if gs:
+        call += ["m_rows", "K", "a.stride(-1)", f"b.stride({b_k})", f"b.stride({b_n})"]
+        call += [f"a.stride({d})" for d in rows_d] + [f"b.stride({d})" for d in range(gs["batch"])]
+        lines += [
+            f"    m_rows = {'d' + str(rank - 2) if gs['batch'] else 'n_rows'}          # rows of one batch",
+            "    K = a.shape[-1]",
+            "    # the interpreter's tl.dot cannot multiply bf16 tiles (numpy has none): upcast them there",
+            "    dot_fp32 = a.dtype == torch.bfloat16 and a.device.type == 'cpu'",
+            "    ieee = a.dtype == torch.float32 or dot_fp32",
+            "    keep_n = " + ("True                # the reduction needs the whole row in one tile"
+                               if spec["red"] else "False"),
+            "    bn = max(16, triton.next_power_of_2(n_cols)) if keep_n else BLOCK_N",
+            "    bm, bn, bk, stages = _fit_gemm(BLOCK_M, bn, BLOCK_K, NUM_STAGES, NUM_WARPS, m_rows, n_cols,",
+            "                                   K, a.element_size(), _smem_budget(a.device), keep_n=keep_n)",
+            "    grid = (triton.cdiv(m_rows, bm) * triton.cdiv(n_cols, bn), n_rows // m_rows)",
+            "    _region_gemm[grid](" + ", ".join(call) + ",",
+            "                       ROWS=bm, BLOCK=bn, BLOCK_K=bk, GROUP_M=GROUP_M, EVEN_K=K % bk == 0,",
+            "                       IEEE=ieee, DOT_FP32=dot_fp32, num_warps=NUM_WARPS, num_stages=stages)",
+            "    return out",
+        ]
+        return "\n".join(lines) + "\n"
     lines += [
         "    width = triton.next_power_of_2(max(n_cols, 1))",
         "    if VARIANT == 'auto' and width <= MAX_BLOCK:",
@@ -2048,6 +2322,9 @@ def configure(spec: dict) -> Family:
     if spec.get("conv"):
         sweep, edge = _conv_sweeps(spec)
         real = sweep[0]
+    elif spec.get("gemm"):
+        sweep, edge = _gemm_sweeps(spec)
+        real = tuple(spec.get("shape") or sweep[2])
     else:
         real = tuple(spec.get("shape") or [8] * spec["rank"])
         sweep, edge = _sweeps(spec, real)
@@ -2066,9 +2343,11 @@ def configure(spec: dict) -> Family:
         sweep_shapes=sweep,
         edge_shapes=edge,
         adversarial=tuple(kinds),
-        space=dict(SPACE),
-        default=dict(DEFAULT),
+        space=dict(GEMM_SPACE if spec.get("gemm") else SPACE),
+        default=dict(GEMM_DEFAULT if spec.get("gemm") else DEFAULT),
         render=render_for(spec),
+        # a GEMM region: fp32 operands on tensor cores first, as the matmul family tries them
+        openers=_mm.FAMILY.openers if spec.get("gemm") else (),
         dtypes=dtypes,
         description=f"region {spec['name']}: {len(spec['ops'])} aten op(s) fused, fp32 inside",
         notes={"ranges": ranges, "kinds": kinds, "depth": _depth(spec),

@@ -95,8 +95,11 @@ def test_regions_found_in_models_written_several_ways():
     assert chain.spec["red"] == [] and [i["map"] for i in chain.spec["inputs"]] == [[0, 1], [1]]
 
     ms, f = _found(GemmEpilogue(), torch.randn(3, 16))
-    assert [m.family for m in ms] == ["matmul"]                 # the GEMM: the matmul family's
-    assert list(_by_name(f)) == ["mul+gelu"]                    # its epilogue: a region after it
+    assert [m.family for m in ms] == ["matmul"]                 # the GEMM: a matmul match ...
+    assert list(_by_name(f)) == ["gemm+mul+gelu"]               # ... fused with its epilogue
+    assert f.absorbed == ms                                     # the region's target, not the family's
+    g = _by_name(f)["gemm+mul+gelu"]
+    assert g.spec["gemm"]["layout"] == "nk" and g.shape == (3, 16, 24)   # (M, K, N): x @ W^T
 
     ms, f = _found(Reductions(), torch.randn(2, 6, 5))
     got = _by_name(f)
@@ -191,7 +194,7 @@ def _five_stages(fam, shape, source=None, tmp=None):
 
 @pytest.mark.parametrize("model,inputs,name", [
     (Chain(), (torch.randn(4, 8), torch.randn(8)), "mul+add+leaky_relu+clamp"),
-    (GemmEpilogue(), (torch.randn(3, 16),), "mul+gelu"),
+    (GemmEpilogue(), (torch.randn(3, 16),), "gemm+mul+gelu"),
     (Reductions(), (torch.randn(2, 6, 5),), "max"),
     (MaskedCumsum(), (torch.randn(3, 9), torch.rand(3, 9) > 0.5), "mul+cumsum+mul"),
 ], ids=["pointwise", "gemm_epilogue", "reduce_outer_dims", "masked_scan"])
@@ -242,11 +245,15 @@ def test_graph_profile_gives_regions_their_time_and_targets_named_by_their_ops()
     regs = {g.index: regions.find(g, ms[g.index]).regions for g in cap.graphs}
     gp = profiler.profile_graph(cap, ms, regions=regs)
     rows = {r.family: r for r in gp.result.families}
-    assert "mul+gelu" in rows and rows["mul+gelu"].has_kernel
+    assert "gemm+mul+gelu" in rows and rows["gemm+mul+gelu"].has_kernel
+    assert "matmul" not in rows                   # the GEMM's time is the region's, counted once
     assert abs(sum(r.time_us for r in gp.result.families) - gp.result.total_us) < 1e-6 * gp.result.total_us + 1e-9
-    t = next(t for t in gp.targets if t.family == "region")
-    assert t.label == "mul+gelu" and t.shapes == [{"shape": [32, 24], "count": 1}]
-    assert kernels.get("region", t.spec).cost((32, 24), "float32")[0] == 2 * 32 * 24 * 4
+    (t,) = gp.targets
+    assert t.family == "region" and t.label == "gemm+mul+gelu"
+    assert t.shapes == [{"shape": [32, 16, 24], "count": 1}]          # (M, K, N)
+    nbytes, flops = kernels.get("region", t.spec).cost((32, 16, 24), "float32")
+    assert nbytes == (32 * 16 + 24 * 16 + 24 + 32 * 24) * 4           # x, W, bias, out
+    assert flops >= 2 * 32 * 16 * 24
 
 
 class ConvBnRelu(nn.Module):        # ResNet's block head: one region, the convolution's epilogue fused
