@@ -80,7 +80,7 @@ class IndexOf(nn.Module):
         return self.fn(x, **self.kw)
 
 
-class Flipped(nn.Module):
+class Flipped(nn.Module):           # any function of the inputs
     def __init__(self, fn):
         super().__init__()
         self.fn = fn
@@ -302,10 +302,14 @@ def _region_kernel(r, tmp):
     """The region's generated starter, loaded as a runtime kernel verified for its shape."""
     import os
     from engine import kernel_runtime as rt
+    import hashlib
     fam = kernels.get("region", r.spec)
-    path = os.path.join(str(tmp), f"region_{abs(hash(r.name))}.py")
+    src = fam.starter()
+    # a file per source: Triton reads a kernel's source from its file when it first compiles
+    # it, so two regions of one name must not share a path
+    path = os.path.join(str(tmp), f"region_{hashlib.sha256(src.encode()).hexdigest()[:16]}.py")
     with open(path, "w") as f:
-        f.write(fam.starter())
+        f.write(src)
     return rt.load_kernel_file(path, "region", r.dtype, "cpu", [list(r.shape)],
                                fam.tolerance[getattr(torch, r.dtype)], f"region#{r.name}",
                                r.spec, fam.op_schema)
@@ -516,3 +520,131 @@ def test_a_flip_between_two_values_splits_the_region():
     got = _by_name(f)
     assert set(got) == {"relu", "flip+add+relu"}
     assert got["flip+add+relu"].inputs == [got["relu"].output]
+
+
+# ---- a GEMM and its epilogue: one region, one kernel --------------------------------------------
+
+class Bmm(nn.Module):               # batched, b [B, K, N]
+    def forward(self, a, b):
+        return torch.relu(torch.bmm(a, b)) - 1.0
+
+
+class Addmm(nn.Module):             # beta * c + alpha * (a @ b): no matmul spelling takes it
+    def forward(self, c, a, b):
+        return torch.sigmoid(torch.addmm(c, a, b, beta=0.5, alpha=2.0))
+
+
+class WeightT(nn.Module):           # x @ W^T written out: b is a transposed view
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(10, 14))
+
+    def forward(self, x):
+        return torch.tanh(x @ self.w.t())
+
+
+class Scores(nn.Module):            # q @ k^T over two batch dims, scaled and shifted
+    def forward(self, q, k):
+        return (q @ k.transpose(-1, -2)) * 0.125 + 1.0
+
+
+class LinearResidual3d(nn.Module):  # a linear layer on [B, S, K] with its bias and a residual
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(12, 20)
+
+    def forward(self, x, r):
+        return F.silu(self.lin(x) + r)
+
+
+class GemmLogsumexp(nn.Module):     # KernelBench's Gemm_Sigmoid_LogSumExp: a row reduction after
+    def __init__(self, n):
+        super().__init__()
+        self.lin = nn.Linear(12, n)
+
+    def forward(self, x):
+        return torch.logsumexp(torch.sigmoid(self.lin(x)), dim=1, keepdim=True)
+
+
+@pytest.mark.parametrize("model,inputs,name,layout,batch", [
+    (GemmEpilogue(), (torch.randn(3, 16),), "gemm+mul+gelu", "nk", 0),
+    (Bmm(), (torch.randn(3, 6, 9), torch.randn(3, 9, 7)), "gemm+relu+sub", "kn", 1),
+    (Addmm(), (torch.randn(7), torch.randn(5, 8), torch.randn(8, 7)), "gemm+sigmoid", "kn", 0),
+    (WeightT(), (torch.randn(6, 14),), "gemm+tanh", "kn", 0),
+    (Scores(), (torch.randn(2, 3, 5, 8), torch.randn(2, 3, 6, 8)), "gemm+mul+add", "kn", 2),
+    (LinearResidual3d(), (torch.randn(2, 5, 12), torch.randn(2, 5, 20)), "gemm+add+silu", "nk", 0),
+    (GemmLogsumexp(20), (torch.randn(5, 12),), "gemm+sigmoid+logsumexp", "nk", 0),
+], ids=["linear", "bmm", "addmm", "weight_t", "scores_4d", "linear_3d_residual", "row_logsumexp"])
+def test_a_gemm_and_its_epilogue_are_one_region_that_passes_all_five_stages(model, inputs, name,
+                                                                              layout, batch, tmp_path):
+    ms, f = _found(model, *inputs)
+    r = _by_name(f)[name]
+    assert r.spec["gemm"]["layout"] == layout and r.spec["gemm"]["batch"] == batch
+    assert not [m for m in ms if m.family == "matmul" and m not in f.absorbed]
+    fam = kernels.get("region", r.spec)
+    src = fam.starter()
+    assert "_region_gemm" in src and "tl.dot" in src
+    for dt in ("float32", "bfloat16"):
+        fn = load_candidate(src, tmp_path)
+        v = verify.Verifier(fam, {"dtype": dt, "shapes": [{"shape": list(r.shape)}]}, DEVICE, True)
+        for stage in verify.STAGES:
+            st = v.run_stage(fn, stage)
+            assert st.status == "passed", (dt, st.stage, st.failed_case, st.detail)
+    # the fp32 dot on tensor cores is a point of its space (tried first after the starter)
+    assert fam.openers == ({"fp32_dot": "tf32x3"},)
+    assert 'input_precision="tf32x3"' in fam.render({"fp32_dot": "tf32x3"})
+
+
+def test_a_reduction_wider_than_one_tile_after_a_gemm_stays_apart_and_the_gemm_the_familys():
+    ms, f = _found(GemmLogsumexp(2000), torch.randn(5, 12))
+    assert list(_by_name(f)) == ["sigmoid+logsumexp"] and not f.absorbed
+    assert [m.family for m in ms] == ["matmul"]
+    # a GEMM with nothing after it is the matmul family's target too
+    ms, f = _found(Flipped(lambda x, w: x @ w), torch.randn(4, 8), torch.randn(8, 6))
+    assert not f.regions and not f.absorbed and [m.family for m in ms] == ["matmul"]
+
+
+def test_a_gemm_region_generated_wrong_is_rejected(tmp_path):
+    _, f = _found(GemmEpilogue(), torch.randn(3, 16))
+    r = _by_name(f)["gemm+mul+gelu"]
+    fam = kernels.get("region", r.spec)
+    # the epilogue's last op missing: the GEMM region without its GELU, judged as the region
+    short = dict(r.spec, ops=r.spec["ops"][:-1], name="gemm+mul")
+    stages = _five_stages(fam, r.shape, kernels.get("region", short).starter(), tmp_path)
+    assert stages[0].status == "failed" and "wrong result" in stages[0].detail
+    # the K tail dropped: only whole BLOCK_K steps are summed
+    src = fam.starter().replace("range(0, tl.cdiv(k_len, BLOCK_K))", "range(0, k_len // BLOCK_K)")
+    assert src != fam.starter()
+    bad = [s for s in _five_stages(fam, r.shape, src, tmp_path) if s.status != "passed"]
+    assert bad and "wrong result" in bad[0].detail, bad
+
+
+def test_an_absorbed_gemm_is_placed_by_its_familys_kernel_when_its_region_has_none(tmp_path):
+    import os
+    from engine import integrate, kernel_runtime as rt, place
+    model = GemmEpilogue().eval()
+    x = torch.randn(3, 16)
+    cap = capture.capture(model, (x,))
+    g = cap.graphs[0]
+    ms = match.find(g)
+    mm = kernels.get("matmul")
+    path = os.path.join(str(tmp_path), "mm.py")
+    with open(path, "w") as fh:
+        fh.write(mm.starter())
+    k_mm = rt.load_kernel_file(path, "matmul", "float32", "cpu", [[3, 16, 24]],
+                               mm.tolerance[torch.float32], "matmul#0", {}, mm.op_schema)
+    (r,) = regions.find(g, ms).regions
+    other = json.loads(json.dumps(r.spec))          # the same ops, another scale: another region
+    assert other["ops"][1]["op"] == "aten.mul.Tensor" and other["ops"][1]["args"][1] == 0.5
+    other["ops"][1]["args"][1] = 0.25
+    for ks, sites in (([k_mm], ["matmul/linear"]),                          # no region kernel
+                      ([k_mm, _region_kernel(r, tmp_path)], ["gemm+mul+gelu"]),
+                      ([k_mm, _region_kernel(regions.Region(0, [], None, [], other, r.shape,
+                                                            "float32"), tmp_path)],
+                       ["matmul/linear"])):                                  # one for another region
+        pl = place.place(cap, ks, {g.index: ms})
+        assert [s["pattern"] for s in pl.sites] == sites, pl.skipped
+        opt = place.optimized(cap, pl)
+        with torch.no_grad():
+            err, where = integrate.compare(integrate.flatten(opt(x)), integrate.flatten(model(x)))
+        assert err <= 1e-5, where
