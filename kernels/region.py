@@ -2,8 +2,9 @@
 
 A region (engine/regions.py finds them) is a small DAG of aten ops with one output: pointwise
 chains, reductions over any set of dims with their pointwise prologue and epilogue (softmax,
-logsumexp, var, norms, group norm written as one aten op or by hand), and scans (cumsum,
-cumprod). Nothing of a region is written by hand: ``configure(spec)`` builds its whole contract
+logsumexp, var, norms, group norm written as one aten op or by hand), scans (cumsum,
+cumprod), and a convolution, pooling or GEMM as its first op with its epilogue fused (a GEMM
+region's kernel is the matmul family's tile loop, the epilogue applied to its accumulator). Nothing of a region is written by hand: ``configure(spec)`` builds its whole contract
 from the spec the graph fixed:
 
 - ``reference``: the region's own ops replayed eagerly (``torch.ops.aten.<op>``), as the model
