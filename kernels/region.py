@@ -955,9 +955,12 @@ def _inputs_for(spec, ranges, kinds):
                 act = inp.get("role") == "conv_x" or (
                     inp.get("map") is not None and len(inp["map"]) == spec["rank"]
                     and None not in inp["map"])
-                # a GEMM's a takes NaN but not Inf: fp32 on tensor cores (tf32x3) splits x
-                # into a TF32 part and x minus it, which is NaN for x = inf
+                # a GEMM's a (and the input of a convolution that runs as one) takes NaN but
+                # not Inf: fp32 on tensor cores (tf32x3) splits x into a TF32 part and x minus
+                # it, which is NaN for x = inf
                 act = act or (role == "gemm_a" and kind == "nan")
+                if role == "conv_x" and kind == "inf" and conv_dot_ok(spec):
+                    act = False
                 if kind in ("nan", "inf") and s and act:
                     # about one element in 37 NaN ("nan"), or one in 37 +inf and one in 37 -inf
                     # ("inf"): the output must hold NaN and Inf exactly where torch's ops give
@@ -1571,6 +1574,19 @@ GEMM_SPACE = {k: list(_mm.SPACE[k]) for k in ("block_m", "block_n", "block_k", "
 GEMM_DEFAULT = {k: _mm.DEFAULT[k] for k in GEMM_SPACE}
 
 
+def space_of(spec) -> tuple[dict, dict]:
+    """(space, default) of a region: a GEMM's tile space; a convolution with weights and one
+    group: the region space plus the implicit GEMM ("conv_loop": "dot", its tile axes; the
+    starter) beside the tap loop ("taps"); any other region: the region space."""
+    if spec.get("gemm"):
+        return GEMM_SPACE, GEMM_DEFAULT
+    if conv_dot_ok(spec):
+        extra = {k: v for k, v in GEMM_SPACE.items() if k != "num_warps"}
+        return ({"conv_loop": ["dot", "taps"], **SPACE, **extra},
+                {"conv_loop": "dot", **DEFAULT, **GEMM_DEFAULT, "num_warps": DEFAULT["num_warps"]})
+    return SPACE, DEFAULT
+
+
 def _plan_dims(spec, p) -> tuple[list, list]:
     """(row dims, col dims) in split coordinates."""
     r = spec["rank"] + (1 if spec.get("split") else 0)
@@ -1616,10 +1632,11 @@ def render_for(spec):
     r2 = spec["rank"] + (1 if split else 0)
 
     gemm = spec.get("gemm")
+    space, default = space_of(spec)
 
     def render(params):
-        p = (C.resolve(NAME, GEMM_SPACE, GEMM_DEFAULT, params) if gemm
-             else C.resolve(NAME, SPACE, DEFAULT, params))
+        p = C.resolve(NAME, space, default, params)
+        conv_dot = bool(spec.get("conv")) and p.get("conv_loop") == "dot"
         rows_d, cols_d = _plan_dims(spec, p)
         colset = set(cols_d)
         lvl_in = ["dom" if set(in_dims[i]) & colset else "row" for i in range(nin)]
@@ -1650,7 +1667,7 @@ def render_for(spec):
         for i in range(nin):
             sig += strides_of("in", i)[0]
         sig += strides_of("out", 0)[0]
-        sig += _conv_args(spec) + _gemm_args(spec, rows_d)
+        sig += _conv_args(spec) + _gemm_args(spec, rows_d, conv_dot)
         # flipped inputs / output: a base offset to the last element of each reversed dim
         # (their strides come negated from the launcher)
         flips = [f"in{i}" for i, inp in enumerate(spec["inputs"]) if inp.get("flip")]
@@ -1670,7 +1687,7 @@ def render_for(spec):
 
         def load(i, tile: bool):
             ro, co = row_off("in", i), col_off("in", i)
-            if tile and gemm and ro == "0":
+            if tile and (gemm or conv_dot) and ro == "0":
                 # one row of values for every row of the tile (a bias [N]): loaded once, as
                 # [1, BLOCK], broadcast where it is used
                 ptr = f"in{i}_ptr + ({co})[None, :]"
@@ -1695,14 +1712,14 @@ def render_for(spec):
             need = [s for s in steps if s.name in _ancestors(by, names) and s.name not in have]
             # a GEMM's K loop first (it reads only its operands): nothing of the epilogue is
             # live in registers beside the accumulator while it runs
-            need.sort(key=lambda s: s.kind != "gemm")
+            need.sort(key=lambda s: s.kind not in ("gemm", "conv"))
             for s in need:
                 if s.kind == "in" and int(s.name[2:]) in roles:
                     pass                                  # the convolution reads it itself
                 elif s.kind == "in":
                     lines.append(load(int(s.name[2:]), tile and level[s.name] == "dom"))
                 elif s.kind == "conv":
-                    lines.extend(_conv_lines(spec, s))
+                    lines.extend(_conv_dot_lines(spec, s, rows_d) if conv_dot else _conv_lines(spec, s))
                 elif s.kind == "gemm":
                     lines.extend(_gemm_lines(spec, s, rows_d))
                 elif s.kind == "pw":
@@ -1773,7 +1790,7 @@ def render_for(spec):
         reds = [s for s in steps if s.kind == "red" and s.name in used]
 
         # ---- one pass: whole rows in one tile (a GEMM region: its output tile, the K loop first)
-        one = _gemm_head(spec, rows_d, cols_d) if gemm else list(head) + col_head("0")
+        one = _gemm_head(spec, rows_d, cols_d) if gemm or conv_dot else list(head) + col_head("0")
         have: set = set()
         for s in steps:
             if s.name not in used or s.name in have:
@@ -1785,10 +1802,11 @@ def render_for(spec):
                 have.add(s.name)
         emit((out,), have, one, True, None)
         one += store_lines(out)
-        if gemm:
-            return _render_gemm(spec, p, sig, one, any(s.op in ("prod", "cumprod") for s in steps
-                                                        if s.name in used),
-                                _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2))
+        if gemm or conv_dot:
+            return _render_gemm(spec, p, space, sig, one,
+                                any(s.op in ("prod", "cumprod") for s in steps if s.name in used),
+                                _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2,
+                                          conv_dot))
 
         # ---- looped: a pass per reduction, then a pass for a column-shaped output
         loop = list(head)
@@ -1953,14 +1971,14 @@ def _pool_lines(spec, st) -> list:
     out.append(f"for {n}_kk in range(0, {kp}):        # the window's taps")
     body = [f"k_rem = {n}_kk"]
     for s in reversed(range(S)):
-        body.append(f"k{s} = k_rem % {k[s]}")
+        body.append(f"kq{s} = k_rem % {k[s]}")
         body.append(f"k_rem = k_rem // {k[s]}")
     valid = []
     for s in range(S):
-        body.append(f"p{s} = i{2 + s} * {cv['stride'][s]} - {cv['padding'][s]} + k{s} * {cv['dilation'][s]}")
-        valid.append(f"(p{s} >= 0) & (p{s} < xi{s})")
+        body.append(f"pq{s} = i{2 + s} * {cv['stride'][s]} - {cv['padding'][s]} + kq{s} * {cv['dilation'][s]}")
+        valid.append(f"(pq{s} >= 0) & (pq{s} < xi{s})")
     body.append("ok = rmask" + "".join(f" & {v}" for v in valid) + "            # [ROWS]")
-    xoff = "i0 * cx_s0" + "".join(f" + p{s} * cx_s{2 + s}" for s in range(S))
+    xoff = "i0 * cx_s0" + "".join(f" + pq{s} * cx_s{2 + s}" for s in range(S))
     body.append(f"xv = tl.load(in{cv['x']}_ptr + ({xoff})[:, None] + (i1 * cx_s1)[None, :], "
                 f"mask=ok[:, None] & cmask[None, :], other={neutral}).to(tl.float32)")
     if mx:
@@ -2006,20 +2024,20 @@ def _conv_lines(spec, st) -> list:
     out.append(f"for {n}_kk in range(0, {taps}):        # taps: Ci/groups x kernel volume")
     body = [f"ci_l = {n}_kk // {kp}", f"k_rem = {n}_kk % {kp}"]
     for s in reversed(range(S)):
-        body.append(f"k{s} = k_rem % {k[s]}")
+        body.append(f"kq{s} = k_rem % {k[s]}")
         body.append(f"k_rem = k_rem // {k[s]}")
     valid = []
     for s in range(S):
         stv, pd, dl = cv["stride"][s], cv["padding"][s], cv["dilation"][s]
         if cv["transposed"]:
-            body.append(f"t{s} = i{2 + s} + {pd} - k{s} * {dl}")
-            body.append(f"p{s} = t{s} // {stv}")
-            valid.append(f"(t{s} >= 0) & (p{s} * {stv} == t{s}) & (p{s} < xi{s})")
+            body.append(f"tq{s} = i{2 + s} + {pd} - kq{s} * {dl}")
+            body.append(f"pq{s} = tq{s} // {stv}")
+            valid.append(f"(tq{s} >= 0) & (pq{s} * {stv} == tq{s}) & (pq{s} < xi{s})")
         else:
-            body.append(f"p{s} = i{2 + s} * {stv} - {pd} + k{s} * {dl}")
-            valid.append(f"(p{s} >= 0) & (p{s} < xi{s})")
+            body.append(f"pq{s} = i{2 + s} * {stv} - {pd} + kq{s} * {dl}")
+            valid.append(f"(pq{s} >= 0) & (pq{s} < xi{s})")
     body.append("ok = rmask" + "".join(f" & {v}" for v in valid) + "            # [ROWS]")
-    xoff = "i0 * cx_s0" + "".join(f" + p{s} * cx_s{2 + s}" for s in range(S))
+    xoff = "i0 * cx_s0" + "".join(f" + pq{s} * cx_s{2 + s}" for s in range(S))
     body.append(f"xoff = {xoff}")
     if grouped:
         body.append(f"ci = {n}_g * {cig} + ci_l                  # [BLOCK]")
@@ -2029,7 +2047,7 @@ def _conv_lines(spec, st) -> list:
         body.append("ci = ci_l")
         body.append(f"xv = tl.load(in{cv['x']}_ptr + (xoff + ci * cx_s1)[:, None], mask=ok[:, None], "
                     f"other=0.0).to(tl.float32)")
-    ks = "".join(f" + k{s} * cw_s{2 + s}" for s in range(S))
+    ks = "".join(f" + kq{s} * cw_s{2 + s}" for s in range(S))
     if cv["transposed"]:
         local = f"(i1 - {n}_g * {cog})" if grouped else "i1"
         body.append(f"woff = ci * cw_s0 + {local} * cw_s1{ks}")
@@ -2046,12 +2064,91 @@ def _conv_lines(spec, st) -> list:
     return out
 
 
-def _gemm_args(spec, rows_d) -> list:
+def conv_dot_ok(spec) -> bool:
+    """Can the region's convolution run as an implicit GEMM (tl.dot over BLOCK_K taps a step)?
+    A convolution with weights and one group; pooling and grouped convolutions keep the tap
+    loop (their columns would read different taps)."""
+    cv = spec.get("conv")
+    return bool(cv) and not cv.get("pool") and cv.get("w") is not None and cv["groups"] == 1
+
+
+def _conv_dot_lines(spec, st, rows_d) -> list:
+    """Kernel lines of the convolution's fp32 accumulator tile [ROWS, BLOCK] as an implicit
+    GEMM: rows are (n, output positions), columns output channels, and K the Ci x kernel-volume
+    taps, BLOCK_K of them a step: the input tile [ROWS, BLOCK_K] gathered from x (zero outside
+    it, and for a transposed convolution where the stride skips a position), the weight tile
+    [BLOCK_K, BLOCK] read from w, one tl.dot. Rows and channels past the edge re-read valid
+    ones (never stored)."""
+    cv = spec["conv"]
+    r = spec["rank"]
+    S = r - 2
+    w = cv["w_shape"]
+    k = w[2:]
+    kp = math.prod(k)
+    taps = _conv_taps(cv)
+    n = st.name
+    out = ["cr = m % m_rows                                         # [ROWS] rows in range"]
+    rem = "cr"
+    for j, d in enumerate(reversed(rows_d)):
+        if j == len(rows_d) - 1:
+            out.append(f"cr_i{d} = {rem}")
+        else:
+            out.append(f"cr_i{d} = {rem} % d{d}")
+            out.append(f"cr_rem = {rem} // d{d}")
+            rem = "cr_rem"
+    out += ["co = cols % n_cols                                      # [BLOCK] channels in range",
+            "rk = tl.arange(0, BLOCK_K)",
+            f"{n}_acc = tl.zeros((ROWS, BLOCK), dtype=tl.float32)",
+            f"for kb in range(0, {taps}, BLOCK_K):             # taps: Ci x kernel volume"]
+    body = ["kk = kb + rk                                        # [BLOCK_K]",
+            f"kmask = kk < {taps}",
+            f"ci = kk // {kp}", f"k_rem = kk % {kp}"]
+    for s in reversed(range(S)):
+        body.append(f"kq{s} = k_rem % {k[s]}")
+        body.append(f"k_rem = k_rem // {k[s]}")
+    ok = ["kmask[None, :]"]
+    for s in range(S):
+        stv, pd, dl = cv["stride"][s], cv["padding"][s], cv["dilation"][s]
+        o = f"cr_i{2 + s}[:, None]"
+        if cv["transposed"]:
+            body.append(f"tq{s} = {o} + {pd} - kq{s}[None, :] * {dl}        # [ROWS, BLOCK_K]")
+            body.append(f"pq{s} = tq{s} // {stv}")
+            ok.append(f"(tq{s} >= 0) & (pq{s} * {stv} == tq{s}) & (pq{s} < xi{s})")
+        else:
+            body.append(f"pq{s} = {o} * {stv} - {pd} + kq{s}[None, :] * {dl}        # [ROWS, BLOCK_K]")
+            ok.append(f"(pq{s} >= 0) & (pq{s} < xi{s})")
+    body.append("ok = " + " & ".join(ok))
+    xoff = "cr_i0[:, None] * cx_s0 + ci[None, :] * cx_s1" + "".join(f" + pq{s} * cx_s{2 + s}" for s in range(S))
+    body.append(f"xt = tl.load(in{cv['x']}_ptr + {xoff}, mask=ok, other=0.0)")
+    ks = "".join(f" + kq{s}[:, None] * cw_s{2 + s}" for s in range(S))
+    if cv["transposed"]:
+        woff = f"ci[:, None] * cw_s0 + co[None, :] * cw_s1{ks}"
+    else:
+        woff = f"co[None, :] * cw_s0 + ci[:, None] * cw_s1{ks}"
+    body.append(f"wt = tl.load(in{cv['w']}_ptr + {woff}, mask=kmask[:, None], other=0.0)")
+    body += ["if DOT_FP32:                       # interpreter: its tl.dot cannot multiply bf16",
+             "    xt = xt.to(tl.float32)",
+             "    wt = wt.to(tl.float32)",
+             "if IEEE:                           # fp32 operands: full fp32, no TF32",
+             f"    {n}_acc = tl.dot(xt, wt, {n}_acc, input_precision=\"ieee\")",
+             "else:",
+             f"    {n}_acc = tl.dot(xt, wt, {n}_acc)"]
+    out += ["    " + b for b in body]
+    if cv["b"] is not None:
+        out.append(f"{n} = {n}_acc + tl.load(in{cv['b']}_ptr + i1 * cb_s0, mask=cmask, "
+                   f"other=0.0).to(tl.float32)[None, :]")
+    else:
+        out.append(f"{n} = {n}_acc")
+    return out
+
+
+def _gemm_args(spec, rows_d, conv_dot=False) -> list:
     """Kernel arguments of the GEMM: rows per batch, K, a's K stride, b's K and N strides, a's
-    stride along each row dim, b's along each batch dim."""
+    stride along each row dim, b's along each batch dim (an implicit-GEMM convolution: the
+    rows only; the rest are the convolution's own)."""
     g = spec.get("gemm")
     if not g:
-        return []
+        return ["m_rows"] if conv_dot else []
     return (["m_rows", "K", "stride_ak", "stride_bk", "stride_bn"] + [f"sa_{d}" for d in rows_d]
             + [f"sb_{d}" for d in range(g["batch"])])
 
@@ -2127,10 +2224,11 @@ def _mul(a, b):
 '''
 
 
-def _render_gemm(spec, p, sig, body, uses_mul, launcher) -> str:
-    """The GEMM region's candidate source: one kernel (the K loop, then the epilogue on the
-    accumulator, then the store) and its launcher."""
-    g = spec["gemm"]
+def _render_gemm(spec, p, space, sig, body, uses_mul, launcher) -> str:
+    """The candidate source of a GEMM region, or of a convolution region as an implicit GEMM:
+    one kernel (the K loop, then the epilogue on the accumulator, then the store) and its
+    launcher. The point line names the axes this kernel reads."""
+    g = spec.get("gemm")
     args_sig = (", ".join(sig) + ",\n        ROWS: tl.constexpr, BLOCK: tl.constexpr, "
                 "BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,\n        EVEN_K: tl.constexpr, "
                 "IEEE: tl.constexpr, DOT_FP32: tl.constexpr")
@@ -2138,20 +2236,29 @@ def _render_gemm(spec, p, sig, body, uses_mul, launcher) -> str:
             '    """Output tile [ROWS, BLOCK] = [BLOCK_M, BLOCK_N]: the GEMM accumulated in fp32 over K,\n'
             '    the epilogue applied to it in registers, stored once."""\n'
             + "\n".join("    " + x for x in body) + "\n")
-    b_desc = {"kn": f"b [*lead[:{g['batch']}], K, N]" if g["batch"] else "b [K, N]",
-              "nk": "a linear layer's weight [N, K] (read as its transpose)"}[g["layout"]]
     red = " and the reduction over each row" if spec["red"] else ""
     whole = " (the whole row: BLOCK_N >= N)" if spec["red"] else ""
+    if g:
+        b_desc = {"kn": f"b [*lead[:{g['batch']}], K, N]" if g["batch"] else "b [K, N]",
+                  "nk": "a linear layer's weight [N, K] (read as its transpose)"}[g["layout"]]
+        what = [f"GEMM a [*lead, M, K] @ {b_desc} -> [*lead, M, N] with its epilogue{red} fused: one",
+                f"program per [BLOCK_M, BLOCK_N] output tile{whole}, fp32 accumulation;"]
+        moves = ["Bytes the op must move: a, b and the epilogue's inputs once, the output once; flops",
+                 "2*M*N*K per batch plus the epilogue's. Each tile re-reads its rows of a and columns of b",
+                 "from L2/HBM."]
+    else:
+        cv = spec["conv"]
+        what = [f"{'Transposed c' if cv['transposed'] else 'C'}onvolution as an implicit GEMM with its epilogue{red} fused: rows are",
+                "(n, output positions), columns output channels, K the Ci x kernel-volume taps; one",
+                f"program per [BLOCK_M, BLOCK_N] output tile{whole}, the input tile gathered from x, fp32",
+                "accumulation;"]
+        moves = ["Bytes the op must move: x, the weights and the epilogue's inputs once, the output once;",
+                 "flops 2 per output element and tap. Each tile re-reads its input window from L2/HBM."]
+    axes = {k: v for k, v in space.items() if k in GEMM_SPACE or k in ("conv_loop", "num_warps")}
     doc = "\n".join([
         f'"""Region candidate: {spec["name"]} (generated from its ops; no hand-written code).',
-        "",
-        f"GEMM a [*lead, M, K] @ {b_desc} -> [*lead, M, N] with its epilogue{red} fused: one",
-        f"program per [BLOCK_M, BLOCK_N] output tile{whole}, fp32 accumulation;",
-        _mm.FP32_DOT_DOC[p["fp32_dot"]],
-        "Bytes the op must move: a, b and the epilogue's inputs once, the output once; flops",
-        "2*M*N*K per batch plus the epilogue's. Each tile re-reads its rows of a and columns of b",
-        "from L2/HBM.",
-        f"Point: {C.point_line(GEMM_SPACE, p)}",
+        ""] + what + [_mm.FP32_DOT_DOC[p["fp32_dot"]]] + moves + [
+        f"Point: {C.point_line(axes, p)}",
         '"""',
         C.IMPORTS_SRC,
         f"BLOCK_M = {p['block_m']}         # output tile rows (clamped at launch)",
@@ -2168,7 +2275,7 @@ def _render_gemm(spec, p, sig, body, uses_mul, launcher) -> str:
     return src.replace('input_precision="ieee"', f'input_precision="{p["fp32_dot"]}"')
 
 
-def _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2):
+def _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2, conv_dot=False):
     split = spec.get("split")
     nin = len(spec["inputs"])
     rank = spec["rank"]
@@ -2273,6 +2380,25 @@ def _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2):
             "    return out",
         ]
         return "\n".join(lines) + "\n"
+    if conv_dot:
+        x = f"in{cv['x']}"
+        lines += [
+            "    m_rows = n_rows                   # (n, output positions)",
+            f"    dot_fp32 = {x}.dtype == torch.bfloat16 and {x}.device.type == 'cpu'",
+            f"    ieee = {x}.dtype == torch.float32 or dot_fp32",
+            "    keep_n = " + ("True                # the reduction needs every channel in one tile"
+                               if spec["red"] else "False"),
+            "    bn = max(16, triton.next_power_of_2(n_cols)) if keep_n else BLOCK_N",
+            "    bm, bn, bk, stages = _fit_gemm(BLOCK_M, bn, BLOCK_K, NUM_STAGES, NUM_WARPS, m_rows, n_cols,",
+            f"                                   {_conv_taps(cv)}, {x}.element_size(), _smem_budget({x}.device),",
+            "                                   keep_n=keep_n)",
+            "    grid = (triton.cdiv(m_rows, bm) * triton.cdiv(n_cols, bn), 1)",
+            "    _region_gemm[grid](" + ", ".join(call + ["m_rows"]) + ",",
+            "                       ROWS=bm, BLOCK=bn, BLOCK_K=bk, GROUP_M=GROUP_M, EVEN_K=True,",
+            "                       IEEE=ieee, DOT_FP32=dot_fp32, num_warps=NUM_WARPS, num_stages=stages)",
+            "    return out",
+        ]
+        return "\n".join(lines) + "\n"
     lines += [
         "    width = triton.next_power_of_2(max(n_cols, 1))",
         "    if VARIANT == 'auto' and width <= MAX_BLOCK:",
@@ -2344,11 +2470,11 @@ def configure(spec: dict) -> Family:
         sweep_shapes=sweep,
         edge_shapes=edge,
         adversarial=tuple(kinds),
-        space=dict(GEMM_SPACE if spec.get("gemm") else SPACE),
-        default=dict(GEMM_DEFAULT if spec.get("gemm") else DEFAULT),
+        space=dict(space_of(spec)[0]),
+        default=dict(space_of(spec)[1]),
         render=render_for(spec),
         # a GEMM region: fp32 operands on tensor cores first, as the matmul family tries them
-        openers=_mm.FAMILY.openers if spec.get("gemm") else (),
+        openers=_mm.FAMILY.openers if "fp32_dot" in space_of(spec)[0] else (),
         dtypes=dtypes,
         description=f"region {spec['name']}: {len(spec['ops'])} aten op(s) fused, fp32 inside",
         notes={"ranges": ranges, "kinds": kinds, "depth": _depth(spec),
