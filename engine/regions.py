@@ -13,7 +13,9 @@ placeable match claimed and grows regions of the ops kernels/region.py's table h
   tile holds the row: one kernel, the epilogue applied to the accumulator in registers. A
   matmul family match of a lone GEMM op is absorbed when an epilogue follows it (``Found.
   absorbed``: the region's target replaces the family's; its space holds the same GEMM
-  choices); a GEMM with nothing after it stays the family's target.
+  choices), and so is a reduce or softmax family match of a lone op inside such a region (a
+  row sum after a GEMM: computed on the accumulator, not written and read back); a GEMM with
+  nothing after it, and a reduction with no GEMM before it, stay their family's targets.
 
 A region grows backwards from its output (the latest fusible node not yet taken): a producer
 joins when it is fusible, no match claimed it, every one of its users is already inside (so
@@ -593,17 +595,25 @@ def _reduced_here(n, ops, d, red_dims, split) -> bool:
 
 # ---- growing regions ---------------------------------------------------------------------------
 
+# family matches a GEMM region may take over (a lone op each): the GEMM itself, and a reduction
+# or softmax over its output's rows, which the region then computes on the accumulator
+ABSORBED = ("matmul", "reduce", "softmax")
+
+
 def find(graph: cap.Graph, matches=()) -> Found:
     """The regions of ``graph`` outside the placeable ``matches``, and the nodes left out."""
     order = {n: i for i, n in enumerate(graph.gm.graph.nodes)}
     claimed = set()
-    absorbable = {}          # a lone GEMM node a matmul match holds -> the match
+    absorbable = {}          # node of a lone-op match a GEMM region may take -> the match
     for m in matches:
         if m.placeable:
-            if m.family == "matmul" and len(m.nodes) == 1 and _is_gemm(m.nodes[0]):
+            if (m.family in ABSORBED and len(m.nodes) == 1 and op_of(m.nodes[0]) is not None
+                    and (m.family != "matmul" or _is_gemm(m.nodes[0]))):
                 absorbable[m.nodes[0]] = m
             else:
                 claimed |= set(m.nodes)
+    # a reduction or softmax a family's match holds joins only a region with a GEMM in it
+    after = {n for n, m in absorbable.items() if m.family != "matmul"}
     taken: set = set()
     found = Found()
     fusible = {n for n in graph.gm.graph.nodes if n not in claimed and op_of(n) is not None}
@@ -613,6 +623,28 @@ def find(graph: cap.Graph, matches=()) -> Found:
         o = op_of(n)
         if o[1] is not n:
             partner[n] = o[1]
+
+    def grow(members: set, reg: Region, skip: set) -> tuple[set, Region]:
+        """The region grown backwards from ``members`` (see the module doc), ``skip`` left out."""
+        grown = True
+        while grown and len(members) < MAX_OPS:
+            grown = False
+            for m in sorted(members, key=order.get, reverse=True):
+                for a in m.all_input_nodes:
+                    if a in members or a not in fusible or a in taken or a in skip:
+                        continue
+                    extra = {a} | ({partner[a]} if a in partner else set())
+                    if not all(u in members or u in extra for x in extra for u in x.users):
+                        continue
+                    try:
+                        reg2 = build(list(members | extra), order)
+                    except NotARegion:
+                        continue
+                    members |= extra
+                    reg = reg2
+                    grown = True
+        return members, reg
+
     for n in reversed(list(graph.gm.graph.nodes)):
         if n not in fusible or n in taken or (n.target is not operator.getitem
                                               and any(p is n for p in partner.values())):
@@ -627,23 +659,12 @@ def find(graph: cap.Graph, matches=()) -> Found:
         except NotARegion as e:
             found.left.append(Left(n, str(e)))
             continue
-        grown = True
-        while grown and len(members) < MAX_OPS:
-            grown = False
-            for m in sorted(members, key=order.get, reverse=True):
-                for a in m.all_input_nodes:
-                    if a in members or a not in fusible or a in taken:
-                        continue
-                    extra = {a} | ({partner[a]} if a in partner else set())
-                    if not all(u in members or u in extra for x in extra for u in x.users):
-                        continue
-                    try:
-                        reg2 = build(list(members | extra), order)
-                    except NotARegion:
-                        continue
-                    members |= extra
-                    reg = reg2
-                    grown = True
+        start = (set(members), reg)
+        members, reg = grow(set(members), reg, set())
+        if members & after and not reg.spec.get("gemm"):
+            if start[0] & after:
+                continue                # the family's own reduction, with no GEMM before it
+            members, reg = grow(*start, after)
         if R._depth(reg.spec) == 0:
             continue                    # copies and casts alone: nothing to compute
         if reg.spec.get("gemm") and R._depth(reg.spec) == 1 and members & set(absorbable):
@@ -653,7 +674,7 @@ def find(graph: cap.Graph, matches=()) -> Found:
         found.regions.append(reg)
     found.absorbed = [m for n, m in absorbable.items() if n in taken]
     for n in graph.gm.graph.nodes:
-        if n.op == "call_function" and n not in claimed and n not in taken and n not in fusible:
+        if (n.op == "call_function" and n not in claimed and n not in taken and n not in fusible):
             found.left.append(Left(n, _why_left(n)))
     found.regions.sort(key=lambda r: order[r.output])
     return found

@@ -699,3 +699,29 @@ def test_an_implicit_gemm_convolution_generated_wrong_is_rejected(tmp_path):
     assert src != fam.starter()
     bad = [s for s in _five_stages(fam, r.shape, src, tmp_path) if s.status != "passed"]
     assert bad and "wrong result" in bad[0].detail, bad
+
+
+class GemmSigmoidSum(nn.Module):    # KernelBench's Matmul_Sigmoid_Sum: a family's sum after a GEMM
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(12, 20)
+
+    def forward(self, x):
+        return torch.sigmoid(self.lin(x)).sum(dim=1, keepdim=True)
+
+
+def test_a_familys_lone_reduction_joins_a_gemm_region_and_no_other(tmp_path):
+    ms, f = _found(GemmSigmoidSum(), torch.randn(6, 12))
+    assert sorted(m.family for m in ms) == ["matmul", "reduce"]
+    assert list(_by_name(f)) == ["gemm+sigmoid+sum"]            # the sum on the accumulator
+    assert sorted(m.family for m in f.absorbed) == ["matmul", "reduce"]
+    r = _by_name(f)["gemm+sigmoid+sum"]
+    for st in _five_stages(kernels.get("region", r.spec), r.shape, tmp=tmp_path):
+        assert st.status == "passed", (st.stage, st.failed_case, st.detail)
+    # with no GEMM before them, the families keep their matches: the softmax family's softmax
+    # and the region of what follows it
+    ms, f = _found(Flipped(lambda x: torch.softmax(x, -1) * 2.0), torch.randn(4, 8))
+    assert [m.family for m in ms] == ["softmax"] and not f.absorbed
+    assert list(_by_name(f)) == ["mul"]
+    ms, f = _found(Flipped(lambda x: torch.softmax(x, -1)), torch.randn(4, 8))
+    assert not f.regions and not f.absorbed
