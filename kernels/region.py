@@ -1571,7 +1571,10 @@ DEFAULT = {"variant": "auto", "max_block": 4096, "block": 512, "rows_cap": 64, "
 # output tile a program, the epilogue on its accumulator; no split-K: the epilogue is not linear)
 GEMM_SPACE = {k: list(_mm.SPACE[k]) for k in ("block_m", "block_n", "block_k", "group_m",
                                               "num_warps", "num_stages", "fp32_dot")}
-GEMM_DEFAULT = {k: _mm.DEFAULT[k] for k in GEMM_SPACE}
+# 8 warps: a 128 x 128 fp32 accumulator in 4 warps (one warpgroup) is 128 registers a thread
+# before the operands; compiled for sm_90 (ptxas -v, no GPU needed), the 4-warp GEMM region
+# spilled 2-3 KB a thread at 128 x 128 x 32 in bf16 and the 8-warp one nothing
+GEMM_DEFAULT = {**{k: _mm.DEFAULT[k] for k in GEMM_SPACE}, "num_warps": 8}
 
 
 def space_of(spec) -> tuple[dict, dict]:
@@ -1583,7 +1586,7 @@ def space_of(spec) -> tuple[dict, dict]:
     if conv_dot_ok(spec):
         extra = {k: v for k, v in GEMM_SPACE.items() if k != "num_warps"}
         return ({"conv_loop": ["dot", "taps"], **SPACE, **extra},
-                {"conv_loop": "dot", **DEFAULT, **GEMM_DEFAULT, "num_warps": DEFAULT["num_warps"]})
+                {"conv_loop": "dot", **DEFAULT, **GEMM_DEFAULT})
     return SPACE, DEFAULT
 
 
@@ -2078,7 +2081,10 @@ def _conv_dot_lines(spec, st, rows_d) -> list:
     taps, BLOCK_K of them a step: the input tile [ROWS, BLOCK_K] gathered from x (zero outside
     it, and for a transposed convolution where the stride skips a position), the weight tile
     [BLOCK_K, BLOCK] read from w, one tl.dot. Rows and channels past the edge re-read valid
-    ones (never stored)."""
+    ones (never stored). What depends on the row alone (its batch offset, each spatial dim's
+    window origin) is worked out once, before the K loop; inside it the [ROWS, BLOCK_K]
+    index tiles are int32 (IDX64: int64, for a tensor of 2^31 elements or more): at
+    BLOCK_M x BLOCK_K = 128 x 32 int64 tiles of positions the loop spilled registers."""
     cv = spec["conv"]
     r = spec["rank"]
     S = r - 2
@@ -2086,8 +2092,9 @@ def _conv_dot_lines(spec, st, rows_d) -> list:
     k = w[2:]
     kp = math.prod(k)
     taps = _conv_taps(cv)
+    tr = cv["transposed"]
     n = st.name
-    out = ["cr = m % m_rows                                         # [ROWS] rows in range"]
+    out = ["cr = (m % m_rows).to(IDX)                               # [ROWS] rows in range"]
     rem = "cr"
     for j, d in enumerate(reversed(rows_d)):
         if j == len(rows_d) - 1:
@@ -2096,32 +2103,46 @@ def _conv_dot_lines(spec, st, rows_d) -> list:
             out.append(f"cr_i{d} = {rem} % d{d}")
             out.append(f"cr_rem = {rem} // d{d}")
             rem = "cr_rem"
-    out += ["co = cols % n_cols                                      # [BLOCK] channels in range",
+    xrow = "cr_i0.to(tl.int64) * cx_s0"
+    for s in range(S):
+        stv, pd = cv["stride"][s], cv["padding"][s]
+        if tr:      # the input position is (o + pad - k * dil) / stride, where it divides
+            out.append(f"ob{s} = (cr_i{2 + s} + {pd}).to(IDX)                 # [ROWS]")
+        else:       # the window's origin: o * stride - pad, and tap k at origin + k * dil
+            out.append(f"ob{s} = (cr_i{2 + s} * {stv} - {pd}).to(IDX)          # [ROWS]")
+            xrow += f" + ob{s} * cx_s{2 + s}"
+    out += [f"xrow = {xrow}                  # [ROWS] int64: n's offset"
+            + ("" if tr else " and the window origin's"),
+            "co = (cols % n_cols).to(IDX)                            # [BLOCK] channels in range",
             "rk = tl.arange(0, BLOCK_K)",
             f"{n}_acc = tl.zeros((ROWS, BLOCK), dtype=tl.float32)",
             f"for kb in range(0, {taps}, BLOCK_K):             # taps: Ci x kernel volume"]
-    body = ["kk = kb + rk                                        # [BLOCK_K]",
+    body = ["kk = (kb + rk).to(IDX)                              # [BLOCK_K]",
             f"kmask = kk < {taps}",
             f"ci = kk // {kp}", f"k_rem = kk % {kp}"]
     for s in reversed(range(S)):
         body.append(f"kq{s} = k_rem % {k[s]}")
         body.append(f"k_rem = k_rem // {k[s]}")
     ok = ["kmask[None, :]"]
+    xtap = "ci * cx_s1"
+    x2d = []
     for s in range(S):
-        stv, pd, dl = cv["stride"][s], cv["padding"][s], cv["dilation"][s]
-        o = f"cr_i{2 + s}[:, None]"
-        if cv["transposed"]:
-            body.append(f"tq{s} = {o} + {pd} - kq{s}[None, :] * {dl}        # [ROWS, BLOCK_K]")
+        stv, dl = cv["stride"][s], cv["dilation"][s]
+        if tr:
+            body.append(f"tq{s} = ob{s}[:, None] - (kq{s} * {dl})[None, :]    # [ROWS, BLOCK_K]")
             body.append(f"pq{s} = tq{s} // {stv}")
             ok.append(f"(tq{s} >= 0) & (pq{s} * {stv} == tq{s}) & (pq{s} < xi{s})")
+            x2d.append(f"pq{s} * cx_s{2 + s}")
         else:
-            body.append(f"pq{s} = {o} * {stv} - {pd} + kq{s}[None, :] * {dl}        # [ROWS, BLOCK_K]")
+            body.append(f"pq{s} = ob{s}[:, None] + (kq{s} * {dl})[None, :]    # [ROWS, BLOCK_K]")
             ok.append(f"(pq{s} >= 0) & (pq{s} < xi{s})")
+            xtap += f" + kq{s} * {dl} * cx_s{2 + s}"
     body.append("ok = " + " & ".join(ok))
-    xoff = "cr_i0[:, None] * cx_s0 + ci[None, :] * cx_s1" + "".join(f" + pq{s} * cx_s{2 + s}" for s in range(S))
+    body.append(f"xtap = {xtap}                              # [BLOCK_K]")
+    xoff = "xrow[:, None] + xtap[None, :]" + "".join(f" + {t}" for t in x2d)
     body.append(f"xt = tl.load(in{cv['x']}_ptr + {xoff}, mask=ok, other=0.0)")
     ks = "".join(f" + kq{s}[:, None] * cw_s{2 + s}" for s in range(S))
-    if cv["transposed"]:
+    if tr:
         woff = f"ci[:, None] * cw_s0 + co[None, :] * cw_s1{ks}"
     else:
         woff = f"co[None, :] * cw_s0 + ci[:, None] * cw_s1{ks}"
@@ -2139,7 +2160,7 @@ def _conv_dot_lines(spec, st, rows_d) -> list:
                    f"other=0.0).to(tl.float32)[None, :]")
     else:
         out.append(f"{n} = {n}_acc")
-    return out
+    return out + _decompose("rows.to(IDX)", rows_d, "r")
 
 
 def _gemm_args(spec, rows_d, conv_dot=False) -> list:
@@ -2160,6 +2181,9 @@ def _gemm_head(spec, rows_d, cols_d) -> list:
     column indices i{d} every epilogue load and the store address through."""
     lines = ["tile = tl.program_id(0)",
              "pid_b = tl.program_id(1).to(tl.int64)        # batch: the product of b's batch dims",
+             "# index arithmetic in int32 unless an offset may reach 2^31 (IDX64): an int64 division",
+             "# is a subroutine call, and the rows' index vectors spilled the accumulator",
+             "if IDX64:", "    IDX = tl.int64", "else:", "    IDX = tl.int32",
              "num_pid_m = tl.cdiv(m_rows, ROWS)",
              "num_pid_n = tl.cdiv(n_cols, BLOCK)",
              "num_pid_in_group = GROUP_M * num_pid_n"]
@@ -2168,7 +2192,8 @@ def _gemm_head(spec, rows_d, cols_d) -> list:
               "rmask = m < m_rows",
               "rows = pid_b * m_rows + m                          # [ROWS] flat over the lead dims",
               "zr = rows * 0"]
-    lines += _decompose("rows", rows_d, "r")
+    # the rows' indices i{d} come after the K loop (_row_indices): held across it, a 4-D
+    # convolution's three int64 index vectors spilled the accumulator
     lines += ["cols = (pid_n * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)   # [BLOCK] columns (N)",
               "cmask = cols < n_cols", "zc = cols * 0",
               "mask = rmask[:, None] & cmask[None, :]                     # [ROWS, BLOCK]",
@@ -2183,7 +2208,7 @@ def _gemm_lines(spec, st, rows_d) -> list:
     loop, the K tail masked unless EVEN_K."""
     g = spec["gemm"]
     n = st.name
-    out = ["ga = pid_b * m_rows + (m % m_rows)                       # [ROWS] a's rows, in range"]
+    out = ["ga = (pid_b * m_rows + (m % m_rows)).to(IDX)             # [ROWS] a's rows, in range"]
     # the row dims' indices of those rows (ga_i{d}), as _decompose gives the tile's i{d}
     rem = "ga"
     for j, d in enumerate(reversed(rows_d)):
@@ -2213,7 +2238,20 @@ def _gemm_lines(spec, st, rows_d) -> list:
             f"{n}_acc = tl.zeros((ROWS, BLOCK), dtype=tl.float32)"]
     out += _mm.k_loop([(f"{n}_acc", "b_ptrs", "b_tile", "stride_bk")]).split("\n")
     out.append(f"{n} = {n}_acc")
-    return out
+    return out + _decompose("rows.to(IDX)", rows_d, "r")
+
+
+_FAR_SRC = '''def _far(*ts):
+    """Whether an element offset of one of these tensors (its storage included: a view may start
+    far into it) may reach 2^31, beyond int32 index arithmetic."""
+    for t in ts:
+        span = t.storage_offset() + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()) if s)
+        if span >= 2**31 - 1 or t.numel() >= 2**31 - 1:
+            return True
+    return False
+
+
+'''
 
 
 _MUL_SRC = '''@triton.jit
@@ -2231,7 +2269,8 @@ def _render_gemm(spec, p, space, sig, body, uses_mul, launcher) -> str:
     g = spec.get("gemm")
     args_sig = (", ".join(sig) + ",\n        ROWS: tl.constexpr, BLOCK: tl.constexpr, "
                 "BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,\n        EVEN_K: tl.constexpr, "
-                "IEEE: tl.constexpr, DOT_FP32: tl.constexpr")
+                "IEEE: tl.constexpr, DOT_FP32: tl.constexpr"
+                + ", IDX64: tl.constexpr")
     kern = (f"@triton.jit\ndef _region_gemm({args_sig}):\n"
             '    """Output tile [ROWS, BLOCK] = [BLOCK_M, BLOCK_N]: the GEMM accumulated in fp32 over K,\n'
             '    the epilogue applied to it in registers, stored once."""\n'
@@ -2269,7 +2308,7 @@ def _render_gemm(spec, p, space, sig, body, uses_mul, launcher) -> str:
         f"NUM_WARPS = {p['num_warps']}",
         f"NUM_STAGES = {p['num_stages']}        # software-pipelining depth of the K loop",
         ""])
-    src = C.tidy(doc + _mm.GEMM_HELPERS_SRC + "\n\n" + (_MUL_SRC if uses_mul else "") + kern
+    src = C.tidy(doc + _mm.GEMM_HELPERS_SRC + "\n\n" + _FAR_SRC + (_MUL_SRC if uses_mul else "") + kern
                  + "\n\n" + launcher)
     # the K loop's fp32 dots say "ieee"; bf16/fp16 tiles never take that branch
     return src.replace('input_precision="ieee"', f'input_precision="{p["fp32_dot"]}"')
@@ -2374,9 +2413,11 @@ def _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2, conv_dot=Fal
             "    bm, bn, bk, stages = _fit_gemm(BLOCK_M, bn, BLOCK_K, NUM_STAGES, NUM_WARPS, m_rows, n_cols,",
             "                                   K, a.element_size(), _smem_budget(a.device), keep_n=keep_n)",
             "    grid = (triton.cdiv(m_rows, bm) * triton.cdiv(n_cols, bn), n_rows // m_rows)",
+            f"    idx64 = _far({', '.join(f'in{i}' for i in range(nin))}, out)   # int32 indices unless 2^31 is in reach",
             "    _region_gemm[grid](" + ", ".join(call) + ",",
             "                       ROWS=bm, BLOCK=bn, BLOCK_K=bk, GROUP_M=GROUP_M, EVEN_K=K % bk == 0,",
-            "                       IEEE=ieee, DOT_FP32=dot_fp32, num_warps=NUM_WARPS, num_stages=stages)",
+            "                       IEEE=ieee, DOT_FP32=dot_fp32, IDX64=idx64, num_warps=NUM_WARPS,",
+            "                       num_stages=stages)",
             "    return out",
         ]
         return "\n".join(lines) + "\n"
@@ -2393,9 +2434,11 @@ def _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2, conv_dot=Fal
             f"                                   {_conv_taps(cv)}, {x}.element_size(), _smem_budget({x}.device),",
             "                                   keep_n=keep_n)",
             "    grid = (triton.cdiv(m_rows, bm) * triton.cdiv(n_cols, bn), 1)",
+            f"    idx64 = _far({', '.join(f'in{i}' for i in range(nin))}, out)   # int32 indices unless 2^31 is in reach",
             "    _region_gemm[grid](" + ", ".join(call + ["m_rows"]) + ",",
             "                       ROWS=bm, BLOCK=bn, BLOCK_K=bk, GROUP_M=GROUP_M, EVEN_K=True,",
-            "                       IEEE=ieee, DOT_FP32=dot_fp32, num_warps=NUM_WARPS, num_stages=stages)",
+            "                       IEEE=ieee, DOT_FP32=dot_fp32, IDX64=idx64, num_warps=NUM_WARPS,",
+            "                       num_stages=stages)",
             "    return out",
         ]
         return "\n".join(lines) + "\n"
