@@ -1606,8 +1606,8 @@ def _plan_dims(spec, p) -> tuple[list, list]:
     return rows, cols
 
 
-def _decompose(idx: str, dims: list, prefix: str) -> list:
-    """Lines: per-dim indices i{d} of a flat index over ``dims`` (last fastest)."""
+def _decompose(idx: str, dims: list, prefix: str, name: str = "i") -> list:
+    """Lines: per-dim indices {name}{d} of a flat index over ``dims`` (last fastest)."""
     lines = []
     if not dims:
         return lines
@@ -1615,9 +1615,9 @@ def _decompose(idx: str, dims: list, prefix: str) -> list:
     lines.append(f"{rem} = {idx}")
     for j, d in enumerate(reversed(dims)):
         if j == len(dims) - 1:
-            lines.append(f"i{d} = {rem}")
+            lines.append(f"{name}{d} = {rem}")
         else:
-            lines.append(f"i{d} = {rem} % d{d}")
+            lines.append(f"{name}{d} = {rem} % d{d}")
             lines.append(f"{rem} = {rem} // d{d}")
     return lines
 
@@ -2094,15 +2094,8 @@ def _conv_dot_lines(spec, st, rows_d) -> list:
     taps = _conv_taps(cv)
     tr = cv["transposed"]
     n = st.name
-    out = ["cr = (m % m_rows).to(IDX)                               # [ROWS] rows in range"]
-    rem = "cr"
-    for j, d in enumerate(reversed(rows_d)):
-        if j == len(rows_d) - 1:
-            out.append(f"cr_i{d} = {rem}")
-        else:
-            out.append(f"cr_i{d} = {rem} % d{d}")
-            out.append(f"cr_rem = {rem} // d{d}")
-            rem = "cr_rem"
+    # the rows' indices cr_i{d}, in range (rows past the edge re-read valid ones)
+    out = _decompose("(m % m_rows).to(IDX)", rows_d, "cr", "cr_i")
     xrow = "cr_i0.to(tl.int64) * cx_s0"
     for s in range(S):
         stv, pd = cv["stride"][s], cv["padding"][s]
@@ -2208,27 +2201,12 @@ def _gemm_lines(spec, st, rows_d) -> list:
     loop, the K tail masked unless EVEN_K."""
     g = spec["gemm"]
     n = st.name
-    out = ["ga = (pid_b * m_rows + (m % m_rows)).to(IDX)             # [ROWS] a's rows, in range"]
-    # the row dims' indices of those rows (ga_i{d}), as _decompose gives the tile's i{d}
-    rem = "ga"
-    for j, d in enumerate(reversed(rows_d)):
-        if j == len(rows_d) - 1:
-            out.append(f"ga_i{d} = {rem}")
-        else:
-            out.append(f"ga_i{d} = {rem} % d{d}")
-            out.append(f"ga_rem = {rem} // d{d}")
-            rem = "ga_rem"
+    # a's rows, in range (rows past the edge re-read valid ones): their indices ga_i{d}
+    out = _decompose("(pid_b * m_rows + (m % m_rows)).to(IDX)", rows_d, "ga", "ga_i")
     out.append("a_row = " + " + ".join(f"ga_i{d} * sa_{d}" for d in rows_d))
     b_base = f"in{g['b']}_ptr"
-    if g["batch"]:
-        rem = "pid_b"
-        for j, d in enumerate(reversed(range(g["batch"]))):
-            if j == g["batch"] - 1:
-                out.append(f"bb{d} = {rem}")
-            else:
-                out.append(f"bb{d} = {rem} % d{d}")
-                out.append(f"bb_rem = {rem} // d{d}")
-                rem = "bb_rem"
+    if g["batch"]:                  # the batch's index bb{d} along each of b's batch dims
+        out += _decompose("pid_b", list(range(g["batch"])), "bb", "bb")
         b_base += " + " + " + ".join(f"bb{d} * sb_{d}" for d in range(g["batch"]))
     out += ["gb_n = cols % n_cols                                   # [BLOCK] b's columns, in range",
             "rk = tl.arange(0, BLOCK_K)",
@@ -2312,6 +2290,30 @@ def _render_gemm(spec, p, space, sig, body, uses_mul, launcher) -> str:
                  + "\n\n" + launcher)
     # the K loop's fp32 dots say "ieee"; bf16/fp16 tiles never take that branch
     return src.replace('input_precision="ieee"', f'input_precision="{p["fp32_dot"]}"')
+
+
+def _tiled_launch(spec, nin, call, a, k, batches, even_k) -> list:
+    """Launcher lines of ``_region_gemm`` (a GEMM region, or a convolution as an implicit GEMM):
+    the tile fitted to the problem and the device (a reduction after it: BLOCK_N the whole row),
+    the grid over (tiles, ``batches``), K = ``k``; ``a`` names the operand whose dtype and
+    device decide the dot."""
+    return [
+        "    # the interpreter's tl.dot cannot multiply bf16 tiles (numpy has none): upcast them there",
+        f"    dot_fp32 = {a}.dtype == torch.bfloat16 and {a}.device.type == 'cpu'",
+        f"    ieee = {a}.dtype == torch.float32 or dot_fp32",
+        "    keep_n = " + ("True                # the reduction needs the whole row in one tile"
+                           if spec["red"] else "False"),
+        "    bn = max(16, triton.next_power_of_2(n_cols)) if keep_n else BLOCK_N",
+        "    bm, bn, bk, stages = _fit_gemm(BLOCK_M, bn, BLOCK_K, NUM_STAGES, NUM_WARPS, m_rows, n_cols,",
+        f"                                   {k}, {a}.element_size(), _smem_budget({a}.device), keep_n=keep_n)",
+        f"    grid = (triton.cdiv(m_rows, bm) * triton.cdiv(n_cols, bn), {batches})",
+        f"    idx64 = _far({', '.join(f'in{i}' for i in range(nin))}, out)   # int32 indices unless 2^31 is in reach",
+        "    _region_gemm[grid](" + ", ".join(call) + ",",
+        f"                       ROWS=bm, BLOCK=bn, BLOCK_K=bk, GROUP_M=GROUP_M, EVEN_K={even_k},",
+        "                       IEEE=ieee, DOT_FP32=dot_fp32, IDX64=idx64, num_warps=NUM_WARPS,",
+        "                       num_stages=stages)",
+        "    return out",
+    ]
 
 
 def _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2, conv_dot=False):
@@ -2401,46 +2403,14 @@ def _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2, conv_dot=Fal
     if gs:
         call += ["m_rows", "K", "a.stride(-1)", f"b.stride({b_k})", f"b.stride({b_n})"]
         call += [f"a.stride({d})" for d in rows_d] + [f"b.stride({d})" for d in range(gs["batch"])]
-        lines += [
-            f"    m_rows = {'d' + str(rank - 2) if gs['batch'] else 'n_rows'}          # rows of one batch",
-            "    K = a.shape[-1]",
-            "    # the interpreter's tl.dot cannot multiply bf16 tiles (numpy has none): upcast them there",
-            "    dot_fp32 = a.dtype == torch.bfloat16 and a.device.type == 'cpu'",
-            "    ieee = a.dtype == torch.float32 or dot_fp32",
-            "    keep_n = " + ("True                # the reduction needs the whole row in one tile"
-                               if spec["red"] else "False"),
-            "    bn = max(16, triton.next_power_of_2(n_cols)) if keep_n else BLOCK_N",
-            "    bm, bn, bk, stages = _fit_gemm(BLOCK_M, bn, BLOCK_K, NUM_STAGES, NUM_WARPS, m_rows, n_cols,",
-            "                                   K, a.element_size(), _smem_budget(a.device), keep_n=keep_n)",
-            "    grid = (triton.cdiv(m_rows, bm) * triton.cdiv(n_cols, bn), n_rows // m_rows)",
-            f"    idx64 = _far({', '.join(f'in{i}' for i in range(nin))}, out)   # int32 indices unless 2^31 is in reach",
-            "    _region_gemm[grid](" + ", ".join(call) + ",",
-            "                       ROWS=bm, BLOCK=bn, BLOCK_K=bk, GROUP_M=GROUP_M, EVEN_K=K % bk == 0,",
-            "                       IEEE=ieee, DOT_FP32=dot_fp32, IDX64=idx64, num_warps=NUM_WARPS,",
-            "                       num_stages=stages)",
-            "    return out",
-        ]
+        lines += [f"    m_rows = {'d' + str(rank - 2) if gs['batch'] else 'n_rows'}          # rows of one batch",
+                  "    K = a.shape[-1]"]
+        lines += _tiled_launch(spec, nin, call, "a", "K", "n_rows // m_rows", "K % bk == 0")
         return "\n".join(lines) + "\n"
     if conv_dot:
-        x = f"in{cv['x']}"
-        lines += [
-            "    m_rows = n_rows                   # (n, output positions)",
-            f"    dot_fp32 = {x}.dtype == torch.bfloat16 and {x}.device.type == 'cpu'",
-            f"    ieee = {x}.dtype == torch.float32 or dot_fp32",
-            "    keep_n = " + ("True                # the reduction needs every channel in one tile"
-                               if spec["red"] else "False"),
-            "    bn = max(16, triton.next_power_of_2(n_cols)) if keep_n else BLOCK_N",
-            "    bm, bn, bk, stages = _fit_gemm(BLOCK_M, bn, BLOCK_K, NUM_STAGES, NUM_WARPS, m_rows, n_cols,",
-            f"                                   {_conv_taps(cv)}, {x}.element_size(), _smem_budget({x}.device),",
-            "                                   keep_n=keep_n)",
-            "    grid = (triton.cdiv(m_rows, bm) * triton.cdiv(n_cols, bn), 1)",
-            f"    idx64 = _far({', '.join(f'in{i}' for i in range(nin))}, out)   # int32 indices unless 2^31 is in reach",
-            "    _region_gemm[grid](" + ", ".join(call + ["m_rows"]) + ",",
-            "                       ROWS=bm, BLOCK=bn, BLOCK_K=bk, GROUP_M=GROUP_M, EVEN_K=True,",
-            "                       IEEE=ieee, DOT_FP32=dot_fp32, IDX64=idx64, num_warps=NUM_WARPS,",
-            "                       num_stages=stages)",
-            "    return out",
-        ]
+        lines.append("    m_rows = n_rows                   # (n, output positions)")
+        lines += _tiled_launch(spec, nin, call + ["m_rows"], f"in{cv['x']}", str(_conv_taps(cv)),
+                               "1", "True")
         return "\n".join(lines) + "\n"
     lines += [
         "    width = triton.next_power_of_2(max(n_cols, 1))",
@@ -2501,6 +2471,7 @@ def configure(spec: dict) -> Family:
     nin = len(spec["inputs"])
     names = tuple(f"in{i}" for i in range(nin))
     dtypes = ("float32", "float16", "bfloat16")
+    space, default = space_of(spec)
     return Family(
         name=NAME,
         signature=f"kernel_fn({', '.join(names)}) -> {spec['name']}",
@@ -2513,11 +2484,11 @@ def configure(spec: dict) -> Family:
         sweep_shapes=sweep,
         edge_shapes=edge,
         adversarial=tuple(kinds),
-        space=dict(space_of(spec)[0]),
-        default=dict(space_of(spec)[1]),
+        space=dict(space),
+        default=dict(default),
         render=render_for(spec),
         # a GEMM region: fp32 operands on tensor cores first, as the matmul family tries them
-        openers=_mm.FAMILY.openers if "fp32_dot" in space_of(spec)[0] else (),
+        openers=_mm.FAMILY.openers if "fp32_dot" in space else (),
         dtypes=dtypes,
         description=f"region {spec['name']}: {len(spec['ops'])} aten op(s) fused, fp32 inside",
         notes={"ranges": ranges, "kinds": kinds, "depth": _depth(spec),
