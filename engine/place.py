@@ -311,7 +311,7 @@ def place(capture: cap.Capture, kernels: list, matches: dict | None = None,
             row = {"family": m.family, "spec": (m.fit.spec if m.fit else {}), "pattern": m.pattern,
                    "shape": list(m.fit.shape) if m.fit else []}
             if id(m) in absorbed:
-                continue                  # its GEMM runs inside a region's kernel (below)
+                continue                  # its op runs inside a region's kernel (below)
             if not m.placeable:
                 out.skipped.append(dict(row, why=m.why_not or "no contract"))
                 continue
