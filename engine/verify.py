@@ -353,7 +353,9 @@ def compare(out, expected, atol: float, rtol: float, extra=None) -> tuple[bool, 
     """(ok, worst absolute error, why-not) for out vs expected of the same shape; ``extra``, a
     tensor broadcastable to them, is added to the allowed error elementwise."""
     import torch
-    o, e = out.detach().to(torch.float64), expected.detach().to(torch.float64)
+    # determinism repeats come back in host memory; they are judged where the reference is
+    e = expected.detach().to(torch.float64)
+    o = out.detach().to(e.device, torch.float64)
     nan_o, nan_e = torch.isnan(o), torch.isnan(e)
     if not torch.equal(nan_o, nan_e):
         n = int((nan_o != nan_e).sum())
@@ -375,7 +377,7 @@ def compare(out, expected, atol: float, rtol: float, extra=None) -> tuple[bool, 
         atol = max(atol, torch.finfo(out.dtype).tiny)
     bound = atol + rtol * e[fin].abs()
     if extra is not None:
-        bound = bound + extra.detach().to(torch.float64).expand_as(e)[fin]
+        bound = bound + extra.detach().to(e.device, torch.float64).expand_as(e)[fin]
     worst = float(err.max())
     bad = err > bound
     if bool(bad.any()):
@@ -476,6 +478,9 @@ def run_case(fn, fam, case: Case, device: str, repeats: int = 1) -> list:
                 raise CandidateError("", f"modified its input {k!r}")
         if not isinstance(out, torch.Tensor):
             raise CandidateError("", f"returned {type(out).__name__}, not a tensor")
+        if tensors and out.device != next(iter(tensors.values())).device:
+            raise CandidateError("", f"returned a tensor on {out.device}; its inputs are on "
+                                     f"{next(iter(tensors.values())).device}")
         for k, v in tensors.items():
             if _overlaps(out, v):
                 raise CandidateError("", f"output aliases input {k!r}")

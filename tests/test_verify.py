@@ -253,3 +253,18 @@ def test_a_large_case_is_judged_in_chunks_of_rows(worker, monkeypatch):
     nat = verify.reference_meta(fam, ins)
     assert nat.shape[0] == ins[fam.arg_names[0]].shape[0]
     assert verify.row_slicer(fam, ins, nat) is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: device placement")
+def test_on_the_gpu_every_stage_runs_and_an_output_in_host_memory_is_rejected(tmp_path):
+    # determinism repeats are judged from host copies against a reference on the GPU; a
+    # candidate whose output lands in host memory is wrong for a model on the GPU
+    from tests.kernel_helpers import load_candidate
+    fam = kernels.get("softmax")
+    fn = load_candidate(fam.starter(), tmp_path)
+    v = verify.Verifier(fam, {"dtype": "float32", "shapes": SHAPES}, "cuda", False)
+    verify.install_launch_counter()
+    assert [v.run_stage(fn, st).status for st in verify.STAGES] == ["passed"] * 5
+    r = v.run_stage(lambda **kw: fn(**kw).to("cpu"), "smoke")
+    # the runtime guard sees the copy (aten._to_copy) or the judge sees the device
+    assert r.status == "failed" and ("on cpu" in r.detail or "_to_copy" in r.detail), r.detail
