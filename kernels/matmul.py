@@ -610,6 +610,8 @@ CONFIG = (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, NUM_WARPS, NUM_STAGES, PR
 # the GPU (the interpreter ignores input_precision and multiplies in numpy fp32).
 FP32_DOT_DOC = {
     "ieee": "fp32 operands multiply in full fp32 (input_precision=\"ieee\", no TF32).",
+    "tf32": "fp32 operands multiply on tensor cores in TF32 (input_precision=\"tf32\", 10-bit "
+            "mantissas: what cuDNN does for an fp32 convolution by default); fp32 accumulation.",
     "tf32x3": "fp32 operands multiply on tensor cores as three TF32 products (input_precision=\"tf32x3\": "
               "hi*hi + hi*lo + lo*hi, 22 significant bits a product; fp32 accumulation).",
 }
