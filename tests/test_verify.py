@@ -268,3 +268,17 @@ def test_on_the_gpu_every_stage_runs_and_an_output_in_host_memory_is_rejected(tm
     r = v.run_stage(lambda **kw: fn(**kw).to("cpu"), "smoke")
     # the runtime guard sees the copy (aten._to_copy) or the judge sees the device
     assert r.status == "failed" and ("on cpu" in r.detail or "_to_copy" in r.detail), r.detail
+
+
+def test_an_overflow_at_the_edge_of_fp16s_range_is_a_rounding_not_a_wrong_inf():
+    # a correct fp16 GEMM at K = 8192 rounded one output past 65504 where the float64 result
+    # was just below it; an Inf where the reference is far from the edge stays wrong
+    f16 = torch.float16
+    ok, _, _ = verify.compare(torch.tensor([float("inf"), 1.0], dtype=f16),
+                              torch.tensor([65500.0, 1.0], dtype=f16), 1e-4, 3.5e-3)
+    assert ok
+    for out, ref in (([float("inf")], [60000.0]), ([-float("inf")], [65500.0]),
+                     ([65500.0], [-float("inf")])):
+        ok, _, why = verify.compare(torch.tensor(out, dtype=f16), torch.tensor(ref, dtype=f16),
+                                    1e-4, 3.5e-3)
+        assert not ok and "differ in inf" in why.lower(), (out, ref, why)
