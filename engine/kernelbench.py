@@ -50,7 +50,7 @@ class ProblemResult:
     status: str = "ok"                   # ok | invalid | error
     correct: bool = False
     kernels: list = field(default_factory=list)     # kernel names placed
-    targets: list = field(default_factory=list)     # "family {spec}" of the run's targets
+    targets: list = field(default_factory=list)     # "family {spec}" or "region {ops}" of its targets
     eager_us: float | None = None
     optimized_us: float | None = None    # the faster of the rewritten model eager and compiled
     compile_us: float | None = None      # torch.compile of the original, best mode
@@ -174,7 +174,10 @@ def score_problem(path: Path, cfg_kw: dict, trials: int, log) -> ProblemResult:
         run = store.get_run(res.run_id)
         res.timing_mode = run["timing_mode"]
         interp = run["timing_mode"] == "interpreter"
-        res.targets = [t["family"] + (f" {t['spec']}" if t["spec"] else "") for t in store.targets(res.run_id)]
+        # a region reads as its ops ("region gemm+mul+leaky_relu"), a family by its contract
+        res.targets = [t["family"] + (f" {t['label']}" if t.get("label") and t["family"] == "region"
+                                      else f" {t['spec']}" if t["spec"] else "")
+                       for t in store.targets(res.run_id)]
         loaded = integrate.run_source(run)
         records, left_out = integrate.placeable(store, res.run_id, skip_flagged=False)
         ks = integrate.load(records)
