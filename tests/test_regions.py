@@ -239,8 +239,8 @@ def test_a_region_generated_wrong_is_rejected(tmp_path):
 
 def test_graph_profile_gives_regions_their_time_and_targets_named_by_their_ops():
     from engine import profile as profiler
-    m = GemmEpilogue().eval()
-    cap = capture.capture(m, (torch.randn(32, 16),))
+    m = GemmEpilogue().eval().to(DEVICE)
+    cap = capture.capture(m, (torch.randn(32, 16, device=DEVICE),))
     ms = {g.index: match.find(g) for g in cap.graphs}
     regs = {g.index: regions.find(g, ms[g.index]).regions for g in cap.graphs}
     gp = profiler.profile_graph(cap, ms, regions=regs)
@@ -327,6 +327,8 @@ def test_region_kernels_are_placed_one_site_a_region(model, inputs, tmp_path):
     # Each region a kernel was verified for becomes one site_call in the rewritten graph; its
     # ops leave the graph, the rest (a GEMM with no kernel) stays, and the model agrees.
     from engine import integrate, place
+    # on a GPU machine Triton compiles for the GPU: the model and its inputs go there
+    model, inputs = model.to(DEVICE), tuple(t.to(DEVICE) for t in inputs)
     cap = capture.capture(model.eval(), inputs)
     g = cap.graphs[0]
     ms = match.find(g)
