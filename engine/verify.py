@@ -490,6 +490,7 @@ def run_case(fn, fam, case: Case, device: str, repeats: int = 1) -> list:
     inputs = case_inputs(fam, case, device)
     tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
     saved = {k: v.clone() for k, v in tensors.items()}
+    on = next(iter(tensors.values())).device if tensors else None
     outs = []
     for _ in range(repeats):
         out = guarded_call(fn, inputs, fam.allowed_host_ops)
@@ -498,9 +499,8 @@ def run_case(fn, fam, case: Case, device: str, repeats: int = 1) -> list:
                 raise CandidateError("", f"modified its input {k!r}")
         if not isinstance(out, torch.Tensor):
             raise CandidateError("", f"returned {type(out).__name__}, not a tensor")
-        if tensors and out.device != next(iter(tensors.values())).device:
-            raise CandidateError("", f"returned a tensor on {out.device}; its inputs are on "
-                                     f"{next(iter(tensors.values())).device}")
+        if on is not None and out.device != on:
+            raise CandidateError("", f"returned a tensor on {out.device}; its inputs are on {on}")
         for k, v in tensors.items():
             if _overlaps(out, v):
                 raise CandidateError("", f"output aliases input {k!r}")

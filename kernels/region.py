@@ -1017,12 +1017,12 @@ def _bound_for(spec):
         # in the output is allowed everywhere
         b = b + 0.25 * b.max() if b.numel() else b
         if spec.get("gemm"):
-            b = b + _gemm_term(spec, kw) / _STOL
+            b = b + _gemm_term(spec, kw, hi) / _STOL
         return b
     return bound
 
 
-def _gemm_term(spec, kw):
+def _gemm_term(spec, kw, hi):
     """What a correct GEMM's own summation order may cost, carried through the epilogue.
 
     cuBLAS's fp32 result is no yardstick for a tensor-core dot: fp16/bf16 MMA on Hopper aligns
@@ -1031,7 +1031,8 @@ def _gemm_term(spec, kw):
     element, d = 64 ulps * (|a| @ |b| * max(1, sqrt(K) / 8) + |a @ b| * K / 64) (kernels/
     matmul.py says where it was measured), perturbs the GEMM's float64 result both ways; the
     epilogue's change of output is the allowance (first order, exact for the affine and
-    monotone epilogues regions hold; where it is not finite it allows nothing)."""
+    monotone epilogues regions hold; where it is not finite it allows nothing). ``hi``: the
+    region's float64 result on these inputs, already worked out by the caller."""
     n = len(spec["inputs"])
     f64 = [kw[f"in{i}"].double() if kw[f"in{i}"].is_floating_point() else kw[f"in{i}"]
            for i in range(n)]
@@ -1045,12 +1046,10 @@ def _gemm_term(spec, kw):
              if inp.get("role") == "gemm_a")
     d = 64 * 2.0**-24 * (gabs * max(1.0, math.sqrt(k) / 8.0) + g.abs() * (k / 64.0))
     with torch.no_grad():
-        mid = _replay(spec, f64)
         up = _replay(spec, f64, first=g + d)
         dn = _replay(spec, f64, first=g - d)
-    t = torch.maximum((up - mid).abs(), (dn - mid).abs())
+    t = torch.maximum((up - hi).abs(), (dn - hi).abs())
     return torch.where(torch.isfinite(t), t, torch.zeros_like(t))
-
 
 
 def _cost_for(spec):
