@@ -752,6 +752,8 @@ class _Dispatch:
         self.control.set(current_target=target["family"])
 
         fam = kernels.get(target["family"], target.get("spec") or None)
+        fam = fam.for_target(target["shapes"][0]["shape"] if target["shapes"] else None,
+                             target["dtype"])
         run_exps = self._experiments()
         history = list(self.by_target.get(target["id"], []))
         pending = [x["pending"] for x in self.inflight.values()

@@ -31,6 +31,7 @@ The family name is the join key everywhere: file name, database column, test and
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 from dataclasses import dataclass, field
@@ -92,6 +93,16 @@ class Family:
     # order: the structural choices an expert tries before tuning (matmul: fp32 operands on
     # tensor cores)
     openers: tuple = ()
+    # (shape, dtype) -> the openers for one target, where the first moves worth trying depend
+    # on its shape (matmul: split-K where the output has fewer tiles than the GPU has SMs);
+    # None: ``openers`` for every target
+    openers_for: Callable | None = None
+
+    def for_target(self, shape, dtype: str) -> "Family":
+        """This family with its openers for a target of this (most called) shape and dtype."""
+        if self.openers_for is None or not shape:
+            return self
+        return dataclasses.replace(self, openers=tuple(self.openers_for(tuple(shape), dtype)))
 
     def starter(self) -> str:
         return self.render(dict(self.default))

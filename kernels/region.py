@@ -1612,6 +1612,9 @@ DEFAULT = {"variant": "auto", "max_block": 4096, "block": 512, "rows_cap": 64, "
 # output tile a program, the epilogue on its accumulator; no split-K: the epilogue is not linear)
 GEMM_SPACE = {k: list(_mm.SPACE[k]) for k in ("block_m", "block_n", "block_k", "group_m",
                                               "num_warps", "num_stages", "fp32_dot")}
+# the pre-split operands ("tf32x3_split") are the matmul family's launcher's; a region's
+# generated launcher reads its operands in place
+GEMM_SPACE["fp32_dot"] = [v for v in GEMM_SPACE["fp32_dot"] if v != "tf32x3_split"]
 # 8 warps: a 128 x 128 fp32 accumulator in 4 warps (one warpgroup) is 128 registers a thread
 # before the operands; compiled for sm_90 (ptxas -v, no GPU needed), the 4-warp GEMM region
 # spilled 2-3 KB a thread at 128 x 128 x 32 in bf16 and the 8-warp one nothing
@@ -1625,17 +1628,27 @@ def space_of(spec) -> tuple[dict, dict]:
     if spec.get("gemm"):
         return GEMM_SPACE, GEMM_DEFAULT
     if conv_dot_ok(spec):
-        # "tf32" too, and the starter's where cuDNN may use it: eager runs an fp32 convolution
-        # in TF32 unless the model turned torch.backends.cudnn.allow_tf32 off, and the judge's
-        # bound is eager's own fp32 error on the GPU, so a TF32 dot passes exactly where eager
-        # computes in TF32 (an IEEE fp32 dot ran KernelBench's Conv2d_Mish_Mish at 41 ms on the
-        # H200, eager's cuDNN in 7.6 ms)
+        # "tf32" too (the first opener, where cuDNN may use it): eager runs an fp32
+        # convolution in TF32 unless the model turned torch.backends.cudnn.allow_tf32 off, and
+        # the judge's bound is eager's own fp32 error on the GPU, so a TF32 dot passes exactly
+        # where eager computed in TF32 (an IEEE fp32 dot ran KernelBench's Conv2d_Mish_Mish at
+        # 41 ms on the H200, eager's cuDNN in 7.6 ms). Not the starter: cuDNN picks an IEEE
+        # algorithm for small convolutions (a [2, 3, 11] one on the H200), where TF32 fails
         extra = {k: v for k, v in GEMM_SPACE.items() if k != "num_warps"}
         extra["fp32_dot"] = extra["fp32_dot"] + ["tf32"]
-        tf32 = "tf32" if torch.backends.cudnn.allow_tf32 else "ieee"
         return ({"conv_loop": ["dot", "taps"], **SPACE, **extra},
-                {"conv_loop": "dot", **DEFAULT, **GEMM_DEFAULT, "fp32_dot": tf32})
+                {"conv_loop": "dot", **DEFAULT, **GEMM_DEFAULT})
     return SPACE, DEFAULT
+
+
+def _openers(space) -> tuple:
+    """A GEMM region: fp32 operands on tensor cores first, as the matmul family tries them; a
+    convolution's implicit GEMM: TF32 before that where eager's cuDNN may run in TF32."""
+    if "fp32_dot" not in space:
+        return ()
+    tf32 = ({"fp32_dot": "tf32"},) if ("tf32" in space["fp32_dot"]
+                                       and torch.backends.cudnn.allow_tf32) else ()
+    return tf32 + _mm.FAMILY.openers
 
 
 def _plan_dims(spec, p) -> tuple[list, list]:
@@ -2536,7 +2549,7 @@ def configure(spec: dict) -> Family:
         default=dict(default),
         render=render_for(spec),
         # a GEMM region: fp32 operands on tensor cores first, as the matmul family tries them
-        openers=_mm.FAMILY.openers if "fp32_dot" in space else (),
+        openers=_openers(space),
         dtypes=dtypes,
         description=f"region {spec['name']}: {len(spec['ops'])} aten op(s) fused, fp32 inside",
         notes={"ranges": ranges, "kinds": kinds, "depth": _depth(spec),

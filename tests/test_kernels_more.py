@@ -185,7 +185,9 @@ def test_fp32_dots_are_ieee_and_bf16_upcast_only_on_cpu():
             src = fam.render(p)
             dots = [line.strip() for line in src.splitlines() if "tl.dot(" in line]
             assert dots
-            want = 'input_precision="{}"'.format(p.get("fp32_dot", "ieee"))
+            # "tf32x3_split" splits the operands into TF32 parts first: its dots are plain TF32
+            dot = p.get("fp32_dot", "ieee")
+            want = 'input_precision="{}"'.format("tf32" if dot == "tf32x3_split" else dot)
             ieee = [d for d in dots if want in d]
             assert len(ieee) * 2 == len(dots), dots       # an ieee and a native form of each dot
             assert "allow_tf32" not in src
@@ -863,3 +865,80 @@ def test_fp32_matmul_on_tensor_cores_is_the_searchs_first_move_after_the_starter
     for stage in ("smoke", "shape_sweep"):
         r = v.run_stage(fn, stage)
         assert r.status == "passed", (stage, r.detail)
+
+
+def test_fp32_operands_split_once_into_tf32_parts_that_sum_back_exactly(cand_dir):
+    """"tf32x3_split": x = hi + lo exactly, hi holding TF32's 11 significant bits (its low 13
+    bits zero) rounded to nearest, |lo| at most half a TF32 ulp of x; Inf and NaN stay in hi,
+    lo 0; FLT_MAX does not round to Inf. Each operand keeps its layout (a weight^T stays
+    K-major) with K tripled, and the product a' @ b' equals a @ b (the interpreter's dot is
+    numpy fp32, so here the split's bookkeeping is what is checked; its TF32 accuracy is the
+    GPU verifier's call)."""
+    src = matmul.render(dict(matmul.DEFAULT, fp32_dot="tf32x3_split", block_m=32, block_n=32,
+                             block_k=16))
+    assert 'input_precision="tf32"' in src and "_split3(a, -1, 2)" in src
+    fn = load_candidate(src, cand_dir)
+    mod = sys.modules[fn.__module__]
+    g = gen(5)
+    x = torch.cat([torch.randn(500, generator=g) * 10.0 ** torch.randint(-30, 30, (500,), generator=g),
+                   torch.tensor([0.0, -0.0, 1.0, -1.5, 3.4028234e38, -3.4028234e38, 1e-45, -3e-39,
+                                 float("inf"), -float("inf"), float("nan")])])
+    parts = mod._split3(x.reshape(1, -1), -1, 2)          # [1, 3n]: hi | hi | lo
+    n = x.numel()
+    hi, hi2, lo = parts[0, :n], parts[0, n:2 * n], parts[0, 2 * n:]
+    fin = torch.isfinite(x)
+    assert torch.equal(hi.view(torch.int32), hi2.view(torch.int32)) and torch.isfinite(hi[fin]).all()
+    assert torch.equal((hi + lo)[fin], x[fin])
+    assert ((hi[fin].view(torch.int32) & 0x1FFF) == 0).all()
+    normal = fin & (x.abs() > 1.2e-38) & (x.abs() < 3.4e38)    # rounded: half a TF32 ulp
+    assert (lo[normal].abs() <= x[normal].abs() * 2.0 ** -11).all()
+    edge = fin & (x.abs() >= 3.4e38)                           # truncated: under one ulp
+    assert edge.sum() == 2 and (lo[edge].abs() < x[edge].abs() * 2.0 ** -10).all()
+    assert torch.equal(hi[~fin].isnan(), x[~fin].isnan()) and (lo[~fin] == 0).all()
+    assert torch.equal(hi[~fin & ~x.isnan()], x[~fin & ~x.isnan()])
+    # layouts: K along a's rows, along b's columns, K-major b (x @ W^T), column-major a (A^T @ B)
+    w = torch.randn(24, 40, generator=g)
+    b_t = mod._split3(w.t(), -2, 1)
+    assert b_t.shape == (120, 24) and b_t.stride() == (1, 120)          # still K-major
+    assert torch.equal(b_t[40:80], w.t() - b_t[:40]) and torch.equal(b_t[:40], b_t[80:])
+    a_t = torch.randn(40, 33, generator=g).t()
+    s_a = mod._split3(a_t, -1, 2)
+    assert s_a.shape == (33, 120) and s_a.stride() == (1, 33)
+    assert torch.equal(s_a[:, 80:] + s_a[:, :40], a_t)
+    for a, b in [(torch.randn(37, 50, generator=g), torch.randn(50, 23, generator=g)),
+                 (a_t, w.t()),
+                 (torch.randn(3, 17, 40, generator=g), torch.randn(40, 9, generator=g)),
+                 (torch.randn(17, 40, generator=g), torch.randn(3, 40, 9, generator=g)),
+                 (torch.randn(3, 17, 40, generator=g), torch.randn(3, 9, 40, generator=g).mT)]:
+        out = fn(a, b)
+        ref = torch.matmul(a.double(), b.double())
+        bound = a.double().abs() @ b.double().abs()
+        assert out.shape == ref.shape and out.dtype == torch.float32
+        assert ((out.double() - ref).abs() <= 8 * 2.0 ** -23 * bound + 1e-30).all()
+
+
+def test_matmul_openers_follow_the_targets_shape():
+    """Split-K first where the output has fewer 64 x 64 tiles than SMs and K is long; fp32 on
+    tensor cores next (split once, then split in the K loop at the tile measured best for
+    it); bf16 squares have no opener. The loop hands the proposer the family for its target's
+    most-called shape."""
+    from engine.proposers import SearchProposer
+    fam = FAMILIES["matmul"]
+    sq = fam.for_target([4096, 4096, 4096], "float32")
+    assert [o["fp32_dot"] for o in sq.openers] == ["tf32x3_split", "tf32x3"]
+    assert sq.openers[0]["loads"] == "tma" and fam.openers == ({"fp32_dot": "tf32x3"},)
+    long_k = fam.for_target([256, 524288, 256], "float32").openers
+    assert long_k[0]["split_k"] == 16 and long_k[0]["loads"] == "pointers"
+    assert [o.get("fp32_dot") for o in long_k[1:]] == ["tf32x3_split", "tf32x3"]
+    assert fam.for_target([4096, 4096, 4096], "bfloat16").openers == ()
+    assert fam.for_target([16, 4096, 4096], "bfloat16").openers[0]["split_k"] == 4
+    assert fam.for_target(None, "float32") is fam
+    hist = [{"params": dict(fam.default), "source_hash": verify.source_hash(fam.starter()),
+             "state": "kept"}]
+    best = {"params": dict(fam.default), "id": 1, "seq": 1}
+    seen = []
+    for _ in range(3):
+        p = SearchProposer(0).propose(sq, hist, best)
+        seen.append(p.params["fp32_dot"])
+        hist.append({"params": p.params, "source_hash": verify.source_hash(p.source), "state": "reverted"})
+    assert seen[:2] == ["tf32x3_split", "tf32x3"] and "opener" not in p.hypothesis

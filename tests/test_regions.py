@@ -310,7 +310,7 @@ def _region_kernel(r, tmp):
     path = os.path.join(str(tmp), f"region_{hashlib.sha256(src.encode()).hexdigest()[:16]}.py")
     with open(path, "w") as f:
         f.write(src)
-    return rt.load_kernel_file(path, "region", r.dtype, "cpu", [list(r.shape)],
+    return rt.load_kernel_file(path, "region", r.dtype, DEVICE, [list(r.shape)],
                                fam.tolerance[getattr(torch, r.dtype)], f"region#{r.name}",
                                r.spec, fam.op_schema)
 
@@ -675,7 +675,11 @@ def test_a_convolution_runs_as_an_implicit_gemm_and_as_a_tap_loop(model, inputs,
     (r,) = f.regions
     fam = kernels.get("region", r.spec)
     assert fam.default["conv_loop"] == "dot" and fam.space["conv_loop"] == ["dot", "taps"]
-    assert fam.openers == ({"fp32_dot": "tf32x3"},)
+    # IEEE first (cuDNN runs small convolutions in IEEE fp32), TF32 the first move where
+    # torch lets cuDNN use it
+    assert fam.default["fp32_dot"] == "ieee"
+    tf32 = ({"fp32_dot": "tf32"},) if torch.backends.cudnn.allow_tf32 else ()
+    assert fam.openers == tf32 + ({"fp32_dot": "tf32x3"},)
     for point, kernel in (({}, "_region_gemm"), ({"conv_loop": "taps"}, "_region_one_pass")):
         src = fam.render(point)
         assert f"def {kernel}(" in src and ("tl.dot(" in src) == (kernel == "_region_gemm")
