@@ -327,6 +327,7 @@ def guarded_call(fn, inputs: dict, extra_allowed=()):
     import torch
     if _Guard is None:
         _Guard = _guard_mode_class()
+    install_launch_counter()     # the guard tells launches from host code by it (idempotent)
     before = _STATE.launches
     guard = _Guard(extra_allowed)
     try:

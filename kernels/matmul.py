@@ -540,17 +540,19 @@ SPLIT_BLOCK = 1024     # elements per program of the TF32 split
 
 
 @triton.jit
-def _tf32_split(x_ptr, o_ptr, total, P, Q, sb, sp, sq,
-                K_FAST: tl.constexpr, LO_SEG: tl.constexpr, BLOCK: tl.constexpr):
-    # x [B, P, Q] (any strides, Q its faster axis) -> o contiguous [B, P, 3Q] (K_FAST: K is Q)
-    # or [B, 3P, Q] (K is P): three copies along K, segment LO_SEG lo = x - hi, the others hi
+def _tf32_split(x_ptr, o_ptr, total, D1, D2, D3, s0, s1, s2, s3, o0, o1, o2, o3, seg,
+                LO_SEG: tl.constexpr, BLOCK: tl.constexpr):
+    # x [D0, D1, D2, D3] (any strides) -> three copies in o, ``seg`` elements apart along K:
+    # copy LO_SEG lo = x - hi, the others hi = x rounded to TF32
     idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = idx < total
-    q = idx % Q
-    t = idx // Q
-    p = t % P
-    b = t // P
-    x = tl.load(x_ptr + b * sb + p * sp + q * sq, mask=mask, other=0.0)
+    i3 = idx % D3
+    t = idx // D3
+    i2 = t % D2
+    t = t // D2
+    i1 = t % D1
+    i0 = t // D1
+    x = tl.load(x_ptr + i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3, mask=mask, other=0.0)
     bits = x.to(tl.uint32, bitcast=True)
     hi = ((bits + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)    # rounded to TF32
     cut = (bits & 0xFFFFE000).to(tl.float32, bitcast=True)               # truncated
@@ -558,38 +560,36 @@ def _tf32_split(x_ptr, o_ptr, total, P, Q, sb, sp, sq,
     hi = tl.where(tl.abs(hi) < float("inf"), hi, cut)
     hi = tl.where(finite, hi, x)
     lo = tl.where(finite, x - hi, 0.0)
-    if K_FAST:
-        o = b * (P * 3 * Q) + p * (3 * Q) + q
-        step = Q
-    else:
-        o = b * (3 * P * Q) + p * Q + q
-        step = P * Q
+    o = i0 * o0 + i1 * o1 + i2 * o2 + i3 * o3
     for s in tl.static_range(3):
         if s == LO_SEG:
-            tl.store(o_ptr + o + s * step, lo, mask=mask)
+            tl.store(o_ptr + o + s * seg, lo, mask=mask)
         else:
-            tl.store(o_ptr + o + s * step, hi, mask=mask)
+            tl.store(o_ptr + o + s * seg, hi, mask=mask)
 
 
 def _split3(x, k_dim, lo_seg):
-    # x [R, C] or [B, R, C] fp32, K along its dim k_dim (-1 for a, -2 for b) -> the same rank
-    # with K tripled (a: hi, hi, lo; b: hi, lo, hi), stored in x's own order (the dim with
-    # the smaller stride stays the faster one: a weight^T stays K-major)
-    x3 = x if x.dim() == 3 else x.unsqueeze(0)
-    B, R, C = x3.shape
-    kq = k_dim == -1
-    if x3.stride(2) <= x3.stride(1) or R == 1:     # row-major: Q is the last dim
-        P, Q, sp, sq, k_fast, flip = R, C, x3.stride(1), x3.stride(2), kq, False
-    else:                                          # column-major: Q is dim 1
-        P, Q, sp, sq, k_fast, flip = C, R, x3.stride(2), x3.stride(1), not kq, True
-    o = torch.empty((B, P, 3 * Q) if k_fast else (B, 3 * P, Q), dtype=x.dtype, device=x.device)
-    total = B * R * C
+    # x fp32 with K along dim k_dim -> the same shape but K tripled (a: hi, hi, lo; b: hi, lo,
+    # hi), laid out in x's own stride order (a weight^T stays K-major), read and written in
+    # that order
+    if x.dim() > 4:                                # lead dims merged (K is one of the last 3)
+        y = _split3(x.reshape((-1,) + tuple(x.shape[-3:])), k_dim, lo_seg)
+        return y.reshape(tuple(x.shape[:-3]) + tuple(y.shape[1:]))
+    nd, kd = x.dim(), k_dim % x.dim()
+    perm = sorted(range(nd), key=lambda d: (-x.stride(d) if x.shape[d] > 1 else 0, d))
+    o = torch.empty([x.shape[d] * (3 if d == kd else 1) for d in perm], dtype=x.dtype,
+                    device=x.device)
+    pad = 4 - nd
+    dims = [1] * pad + [x.shape[d] for d in perm]
+    xs = [0] * pad + [x.stride(d) for d in perm]
+    os_ = [0] * pad + list(o.stride())
+    total = x.numel()
     if total:
         _tf32_split[(triton.cdiv(total, SPLIT_BLOCK),)](
-            x3, o, total, P, Q, x3.stride(0) if B > 1 else 0, sp, sq,
-            K_FAST=k_fast, LO_SEG=lo_seg, BLOCK=SPLIT_BLOCK, num_warps=4)
-    o = o.transpose(1, 2) if flip else o
-    return o if x.dim() == 3 else o[0]
+            x, o, total, dims[1], dims[2], dims[3], *xs, *os_,
+            x.shape[kd] * o.stride(perm.index(kd)), LO_SEG=lo_seg, BLOCK=SPLIT_BLOCK,
+            num_warps=4)
+    return o.permute([perm.index(d) for d in range(nd)])
 '''
 
 # loads "tma_ws": the same kernel with its K loop warp-specialized (Triton's automatic warp

@@ -1612,9 +1612,8 @@ DEFAULT = {"variant": "auto", "max_block": 4096, "block": 512, "rows_cap": 64, "
 # output tile a program, the epilogue on its accumulator; no split-K: the epilogue is not linear)
 GEMM_SPACE = {k: list(_mm.SPACE[k]) for k in ("block_m", "block_n", "block_k", "group_m",
                                               "num_warps", "num_stages", "fp32_dot")}
-# the pre-split operands ("tf32x3_split") are the matmul family's launcher's; a region's
-# generated launcher reads its operands in place
-GEMM_SPACE["fp32_dot"] = [v for v in GEMM_SPACE["fp32_dot"] if v != "tf32x3_split"]
+# a convolution's implicit GEMM gathers its input tile: no operand to split before it
+CONV_FP32_DOT = [v for v in GEMM_SPACE["fp32_dot"] if v != "tf32x3_split"] + ["tf32"]
 # 8 warps: a 128 x 128 fp32 accumulator in 4 warps (one warpgroup) is 128 registers a thread
 # before the operands; compiled for sm_90 (ptxas -v, no GPU needed), the 4-warp GEMM region
 # spilled 2-3 KB a thread at 128 x 128 x 32 in bf16 and the 8-warp one nothing
@@ -1635,20 +1634,22 @@ def space_of(spec) -> tuple[dict, dict]:
         # 41 ms on the H200, eager's cuDNN in 7.6 ms). Not the starter: cuDNN picks an IEEE
         # algorithm for small convolutions (a [2, 3, 11] one on the H200), where TF32 fails
         extra = {k: v for k, v in GEMM_SPACE.items() if k != "num_warps"}
-        extra["fp32_dot"] = extra["fp32_dot"] + ["tf32"]
+        extra["fp32_dot"] = CONV_FP32_DOT
         return ({"conv_loop": ["dot", "taps"], **SPACE, **extra},
                 {"conv_loop": "dot", **DEFAULT, **GEMM_DEFAULT})
     return SPACE, DEFAULT
 
 
 def _openers(space) -> tuple:
-    """A GEMM region: fp32 operands on tensor cores first, as the matmul family tries them; a
-    convolution's implicit GEMM: TF32 before that where eager's cuDNN may run in TF32."""
+    """A GEMM region: fp32 operands on tensor cores first, as the matmul family tries them (split
+    once into TF32 parts, then split in the K loop); a convolution's implicit GEMM: TF32 before
+    that where eager's cuDNN may run in TF32, then the K loop's split."""
     if "fp32_dot" not in space:
         return ()
     tf32 = ({"fp32_dot": "tf32"},) if ("tf32" in space["fp32_dot"]
                                        and torch.backends.cudnn.allow_tf32) else ()
-    return tf32 + _mm.FAMILY.openers
+    split = ({"fp32_dot": "tf32x3_split"},) if "tf32x3_split" in space["fp32_dot"] else ()
+    return tf32 + split + _mm.FAMILY.openers
 
 
 def _plan_dims(spec, p) -> tuple[list, list]:
@@ -2347,10 +2348,22 @@ def _render_gemm(spec, p, space, sig, body, uses_mul, launcher) -> str:
         f"NUM_WARPS = {p['num_warps']}",
         f"NUM_STAGES = {p['num_stages']}        # software-pipelining depth of the K loop",
         ""])
-    src = C.tidy(doc + _mm.GEMM_HELPERS_SRC + "\n\n" + _FAR_SRC + (_MUL_SRC if uses_mul else "") + kern
-                 + "\n\n" + launcher)
+    split = p["fp32_dot"] == "tf32x3_split"
+    if split:      # the GEMM's fp32 operands split once into TF32 parts, K tripled
+        b_k = "1" if g["layout"] == "nk" else "-2"
+        launcher = launcher.replace(_SPLIT_MARK, (
+            "    if a.dtype == torch.float32:       # [a_hi | a_hi | a_lo] @ [b_hi ; b_lo ; b_hi]\n"
+            f"        a, b = _split3(a, -1, 2), _split3(b, {b_k}, 1)\n"))
+    launcher = launcher.replace(_SPLIT_MARK, "")
+    src = C.tidy(doc + _mm.GEMM_HELPERS_SRC + "\n\n" + _FAR_SRC + (_MUL_SRC if uses_mul else "")
+                 + (_mm.TF32_SPLIT_SRC if split else "") + kern + "\n\n" + launcher)
     # the K loop's fp32 dots say "ieee"; bf16/fp16 tiles never take that branch
-    return src.replace('input_precision="ieee"', f'input_precision="{p["fp32_dot"]}"')
+    dot = "tf32" if split else p["fp32_dot"]
+    return src.replace('input_precision="ieee"', f'input_precision="{dot}"')
+
+
+# where a GEMM region's launcher splits its fp32 operands ("tf32x3_split"), before K is read
+_SPLIT_MARK = "    # (tf32 split)\n"
 
 
 def _tiled_launch(spec, nin, call, a, k, batches, even_k) -> list:
@@ -2368,7 +2381,7 @@ def _tiled_launch(spec, nin, call, a, k, batches, even_k) -> list:
         "    bm, bn, bk, stages = _fit_gemm(BLOCK_M, bn, BLOCK_K, NUM_STAGES, NUM_WARPS, m_rows, n_cols,",
         f"                                   {k}, {a}.element_size(), _smem_budget({a}.device), keep_n=keep_n)",
         f"    grid = (triton.cdiv(m_rows, bm) * triton.cdiv(n_cols, bn), {batches})",
-        f"    idx64 = _far({', '.join(f'in{i}' for i in range(nin))}, out)   # int32 indices unless 2^31 is in reach",
+        f"    idx64 = _far({', '.join(call[:nin])}, out)   # int32 indices unless 2^31 is in reach",
         "    _region_gemm[grid](" + ", ".join(call) + ",",
         f"                       ROWS=bm, BLOCK=bn, BLOCK_K=bk, GROUP_M=GROUP_M, EVEN_K={even_k},",
         "                       IEEE=ieee, DOT_FP32=dot_fp32, IDX64=idx64, num_warps=NUM_WARPS,",
@@ -2464,8 +2477,9 @@ def _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2, conv_dot=Fal
     if gs:
         call += ["m_rows", "K", "a.stride(-1)", f"b.stride({b_k})", f"b.stride({b_n})"]
         call += [f"a.stride({d})" for d in rows_d] + [f"b.stride({d})" for d in range(gs["batch"])]
+        call[gs["a"]], call[gs["b"]] = "a", "b"        # the operands as the GEMM reads them
         lines += [f"    m_rows = {'d' + str(rank - 2) if gs['batch'] else 'n_rows'}          # rows of one batch",
-                  "    K = a.shape[-1]"]
+                  _SPLIT_MARK.rstrip("\n"), "    K = a.shape[-1]"]
         lines += _tiled_launch(spec, nin, call, "a", "K", "n_rows // m_rows", "K % bk == 0")
         return "\n".join(lines) + "\n"
     if conv_dot:
