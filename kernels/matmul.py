@@ -704,8 +704,12 @@ SMS = 132               # an H100/H200's SMs: the order of any data-center GPU's
 
 def openers_for(shape, dtype: str) -> tuple:
     """Split K first where the output has fewer tiles than the GPU has SMs and K is long (each
-    slice keeps at least 8 K steps); fp32 operands on tensor cores next: split once into TF32
-    parts (plain TF32 dots), then split in the K loop at the tile measured best for it."""
+    slice keeps at least 8 K steps); fp32 operands on tensor cores next ("tf32x3", at the tile
+    measured best for it where K is not split). Not "tf32x3_split": on the H200 (Triton 3.6)
+    its plain TF32 dots ran 3.8-5.7 ms at 4096^3 (cuBLAS fp32 2.7 ms) and, on KernelBench's
+    positive inputs at 2048 x 8192 x 4096, erred by 1.5e-4 of the output (fp32: ~1e-6) while
+    passing the verifier's smaller shapes: the end-to-end check kept it out. It stays a point
+    of the space; the judge decides at each shape."""
     bt, m, k, n = problem(shape)
     out = []
     tiles = bt * math.ceil(m / 64) * math.ceil(n / 64)
@@ -716,10 +720,7 @@ def openers_for(shape, dtype: str) -> tuple:
         out.append({"split_k": split, "block_m": 64, "block_n": 64, "block_k": 64,
                     "num_warps": 4, "num_stages": 3, "loads": "pointers"})
     if dtype == "float32":
-        big = {} if out else {"block_m": 128, "block_n": 128, "block_k": 32, "num_warps": 8,
-                              "num_stages": 4, "loads": "tma"}
-        out.append({"fp32_dot": "tf32x3_split", **big})
-        out.append({"fp32_dot": "tf32x3", **({} if out[:-1] else
+        out.append({"fp32_dot": "tf32x3", **({} if out else
                    {"block_m": 128, "block_n": 64, "block_k": 64, "num_warps": 8,
                     "num_stages": 4, "loads": "pointers"})})
     return tuple(out)

@@ -1641,15 +1641,14 @@ def space_of(spec) -> tuple[dict, dict]:
 
 
 def _openers(space) -> tuple:
-    """A GEMM region: fp32 operands on tensor cores first, as the matmul family tries them (split
-    once into TF32 parts, then split in the K loop); a convolution's implicit GEMM: TF32 before
-    that where eager's cuDNN may run in TF32, then the K loop's split."""
+    """A GEMM region: fp32 operands on tensor cores first, as the matmul family tries them (the
+    K loop's three TF32 products; matmul.openers_for says why not the pre-split operands); a
+    convolution's implicit GEMM: TF32 before that where eager's cuDNN may run in TF32."""
     if "fp32_dot" not in space:
         return ()
     tf32 = ({"fp32_dot": "tf32"},) if ("tf32" in space["fp32_dot"]
                                        and torch.backends.cudnn.allow_tf32) else ()
-    split = ({"fp32_dot": "tf32x3_split"},) if "tf32x3_split" in space["fp32_dot"] else ()
-    return tf32 + split + _mm.FAMILY.openers
+    return tf32 + _mm.FAMILY.openers
 
 
 def _plan_dims(spec, p) -> tuple[list, list]:
