@@ -726,6 +726,57 @@ def openers_for(shape, dtype: str) -> tuple:
     return tuple(out)
 
 
+# Operand layouts a target is verified and timed at, as the model passes them: a "mk" (row-major
+# [M, K]) or "km" (a transposed one, A.T @ B), b "nk" (the transpose of a contiguous [N, K]:
+# nn.Linear's W^T, q @ k^T's k^T; the plain contract) or "kn" (row-major [K, N]: torch.matmul of
+# two plain matrices). The tile loads differ per layout: on the H200 a tf32x3 tile timed 1.87 ms
+# with b K-major ran the model's row-major 2048 x 8192 x 4096 product in 2.88 ms.
+LAYOUTS = {"a": ("mk", "km"), "b": ("nk", "kn")}
+
+
+def _inputs_for(a_layout: str, b_layout: str):
+    def make(shape, dtype, device, gen, kind="normal"):
+        x = make_inputs(shape, dtype, device, gen, kind)     # the same values, re-laid out
+        a, b = x["a"], x["b"]
+        if a_layout == "km":
+            a = a.transpose(-1, -2).contiguous().transpose(-1, -2)      # stride (.., 1, M)
+        if b_layout == "kn":
+            b = b.contiguous()                                          # stride (.., N, 1)
+        return {"a": a, "b": b}
+    return make
+
+
+def configure(spec: dict) -> Family:
+    """The GEMM with its operands in the layouts ``spec`` names ({"a": "mk" | "km", "b": "nk" |
+    "kn"}; missing keys: the plain contract's "mk" and "nk")."""
+    a_l, b_l = spec.get("a", "mk"), spec.get("b", "nk")
+    if set(spec) - set(LAYOUTS) or a_l not in LAYOUTS["a"] or b_l not in LAYOUTS["b"]:
+        raise ValueError(f"matmul takes a spec {{a: mk | km, b: nk | kn}}; got {spec!r}")
+    if (a_l, b_l) == ("mk", "nk"):
+        return FAMILY
+    what = {"km": "a transposed ([M, K] stored [K, M])", "kn": "b row-major [K, N]",
+            "mk": "", "nk": ""}
+    lay = ", ".join(w for w in (what[a_l], what[b_l]) if w)
+    return dataclasses.replace(
+        FAMILY, make_inputs=_inputs_for(a_l, b_l),
+        description=f"{FAMILY.description[:-1]}; {lay}.",
+        notes=dict(FAMILY.notes, a_layout=a_l, b_layout={"nk": FAMILY.notes["b_layout"],
+                                                         "kn": "row-major [K, N]"}[b_l]),
+        spec=dict(spec))
+
+
+def layout_spec(a: dict, b: dict) -> dict:
+    """{a: .., b: ..} of two captured operands (shape and stride), the plain layouts left out."""
+    spec = {}
+    ash, ast = tuple(a["shape"]), tuple(a.get("stride") or ())
+    bsh, bst = tuple(b["shape"]), tuple(b.get("stride") or ())
+    if len(ast) >= 2 and ash[-1] > 1 and ash[-2] > 1 and ast[-2] == 1 and ast[-1] != 1:
+        spec["a"] = "km"
+    if len(bst) >= 2 and bsh[-1] > 1 and bsh[-2] > 1 and bst[-1] == 1 and bst[-2] != 1:
+        spec["b"] = "kn"
+    return spec
+
+
 FAMILY = Family(
     name=NAME,
     signature=SIGNATURE,
@@ -856,7 +907,9 @@ def from_match(m):
     if got is None:
         return None
     shape, av, bv, post = got
-    return Fit({}, tuple(shape), {"a": Ref(an, tuple(av)), "b": Ref(bn, tuple(b_extra + bv))},
+    # the layouts the model passes (a linear layer's W^T is the plain contract's b)
+    spec = layout_spec(a, b) if not name.startswith("linear") else layout_spec(a, dict(b, stride=()))
+    return Fit(spec, tuple(shape), {"a": Ref(an, tuple(av)), "b": Ref(bn, tuple(b_extra + bv))},
                post=tuple(post + post_add))
 
 

@@ -637,3 +637,42 @@ def test_cuda_graph_wrapper_refuses_what_it_cannot_replay():
     from engine.kernel_runtime import Graphed
     with pytest.raises(ValueError, match="CUDA tensors"):
         Graphed(nn.Linear(4, 4), (torch.randn(2, 4),))
+
+
+class _TwoMatrices(nn.Module):      # KernelBench's matmul problems: torch.matmul(A, B), plain tensors
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+
+    def forward(self, a, b):
+        return {"ab": lambda: torch.matmul(a, b), "aT_b": lambda: torch.matmul(a.T, b),
+                "a_bT": lambda: torch.matmul(a, b.T)}[self.how]()
+
+
+@pytest.mark.parametrize("how, a_shape, b_shape, spec, strides", [
+    ("ab", (6, 8), (8, 5), {"b": "kn"}, ((8, 1), (5, 1))),
+    ("aT_b", (8, 6), (8, 5), {"a": "km", "b": "kn"}, ((1, 6), (5, 1))),
+    ("a_bT", (6, 8), (5, 8), {}, ((8, 1), (1, 8))),
+])
+def test_a_gemm_target_is_verified_and_timed_in_the_layouts_the_model_passes(how, a_shape, b_shape,
+                                                                             spec, strides):
+    """The matmul target's spec records its operands' layouts from the graph's strides (a
+    transposed a, a row-major b; nn.Linear's W^T is the plain contract); the configured family
+    makes its verification and benchmark inputs in exactly those layouts, and a kernel verified
+    for one layout is placed at that site and serves the model."""
+    model = _TwoMatrices(how)
+    a, b = torch.randn(*a_shape), torch.randn(*b_shape)
+    cap, ms = found(model, a, b)
+    assert families(ms) == [("matmul", spec, False)]
+    fam = kernels.get("matmul", spec)
+    x = fam.make_inputs((6, 8, 5), "float32", "cpu", torch.Generator().manual_seed(0))
+    assert (x["a"].stride(), x["b"].stride()) == strides
+    plain = kernels.get("matmul").make_inputs((6, 8, 5), "float32", "cpu",
+                                                   torch.Generator().manual_seed(0))
+    assert torch.equal(x["a"], plain["a"]) and torch.equal(x["b"], plain["b"])   # same values
+    pl, ks = place_starters(cap, ms)
+    assert [(s["family"], s["spec"]) for s in pl.sites] == [("matmul", spec)], pl.skipped
+    with torch.no_grad():
+        torch.testing.assert_close(place.optimized(cap, pl)(a, b), model(a, b), rtol=1e-5, atol=1e-5)
+    lin = found(nn.Linear(8, 5, bias=False), torch.randn(6, 8))[1]
+    assert families(lin) == [("matmul", {}, False)]
