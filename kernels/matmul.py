@@ -47,6 +47,9 @@ Search space (``SPACE``), rendered by ``render`` into one self-contained candida
   loop warp-specialized (tl.range(warp_specialize=True): producer warps load, consumer warps
   multiply), where the installed Triton supports it on the GPU; a build that cannot compile it
   fails the verifier's smoke test like any other broken candidate.
+- fp32_dot (fp32 operands only): "ieee" (full fp32), "tf32x3" (three TF32 products a K step,
+  the operands split in registers), "tf32x3_split" (the operands split once before the GEMM).
+- k_major: fp32 operands whose K is not their contiguous dim are copied K-contiguous first.
 Out-of-range rows and columns of a partial tile re-read valid ones (index modulo M and N) and are
 never stored, so the loads need no M/N masks; the K tail is masked unless K is a multiple of
 BLOCK_K (EVEN_K, decided at launch).
@@ -223,10 +226,11 @@ SPACE = {
     "progs_per_sm": [1, 2, 4],
     "loads": ["pointers", "tma", "tma_ws"],
     "fp32_dot": ["ieee", "tf32x3", "tf32x3_split"],
+    "k_major": [False, True],
 }
 DEFAULT = {"block_m": 128, "block_n": 128, "block_k": 32, "group_m": 8, "num_warps": 4,
            "num_stages": 3, "split_k": 1, "grid": "tiles", "progs_per_sm": 1, "loads": "pointers",
-           "fp32_dot": "ieee"}
+           "fp32_dot": "ieee", "k_major": False}
 
 
 GEMM_HELPERS_SRC = '''
@@ -598,7 +602,17 @@ _K_LOOP = "    for k in range(0, tl.cdiv(K, BLOCK_K)):\n"
 _K_LOOP_WS = "    for k in tl.range(0, tl.cdiv(K, BLOCK_K), warp_specialize=True):\n"
 
 
-def _kernel_fn(tma: bool = False, split: bool = False) -> str:
+def _kernel_fn(tma: bool = False, split: bool = False, k_major: bool = False) -> str:
+    # "k_major": a copy of each fp32 operand whose K is not its contiguous dim first (a
+    # row-major b [K, N], a transposed a): fp32 tiles reach the tensor cores without the
+    # transpose through shared memory that 32-bit tiles need (ldmatrix transposes only 16-bit
+    # ones); the copy is (M*K or K*N)*4 bytes read and written, timed with the kernel
+    copy_call = """
+    if a.dtype == torch.float32:       # K-contiguous operands (copies where they are not)
+        if a.stride(-1) != 1 and a.shape[-1] > 1:
+            a = a.contiguous()
+        if b.stride(-2) != 1 and b.shape[-2] > 1:
+            b = b.transpose(-1, -2).contiguous().transpose(-1, -2)""" if k_major else ""
     split_call = """
     if a.dtype == torch.float32:       # [a_hi | a_hi | a_lo] @ [b_hi ; b_lo ; b_hi], TF32 dots
         a, b = _split3(a, -1, 2), _split3(b, -2, 1)""" if split else ""
@@ -625,7 +639,7 @@ def kernel_fn(a, b):
         raise ValueError(f"batch sizes differ: {list(a.shape)} @ {list(b.shape)}")
     c = _matmul(a3, b3, CONFIG)
     return c if a.dim() == 3 or b.dim() == 3 else c[0]
-'''.replace("TMA_CALL", split_call + tma_call)
+'''.replace("TMA_CALL", copy_call + split_call + tma_call)
 
 
 def render(params) -> str:
@@ -669,7 +683,7 @@ CONFIG = (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, NUM_WARPS, NUM_STAGES, PR
     split = p["fp32_dot"] == "tf32x3_split"
     if split:
         parts.append(TF32_SPLIT_SRC)
-    parts.append(_kernel_fn(tma, split))
+    parts.append(_kernel_fn(tma, split, p["k_major"]))
     src = C.tidy("\n".join(parts))
     # the templates' fp32 dots say "ieee"; bf16/fp16 tiles never take that branch
     dot = "tf32" if split else p["fp32_dot"]
@@ -703,27 +717,32 @@ SMS = 132               # an H100/H200's SMs: the order of any data-center GPU's
 
 
 def openers_for(shape, dtype: str) -> tuple:
-    """Split K first where the output has fewer tiles than the GPU has SMs and K is long (each
-    slice keeps at least 8 K steps); fp32 operands on tensor cores next ("tf32x3", at the tile
-    measured best for it where K is not split). Not "tf32x3_split": on the H200 (Triton 3.6)
+    """Split K where the output has fewer tiles than the GPU has SMs and K is long (each slice
+    keeps at least 8 K steps); fp32 operands on tensor cores ("tf32x3", at the tile measured
+    best for it where K is not split) with K-contiguous operand copies, in one move. Not "tf32x3_split": on the H200 (Triton 3.6)
     its plain TF32 dots ran 3.8-5.7 ms at 4096^3 (cuBLAS fp32 2.7 ms) and, on KernelBench's
     positive inputs at 2048 x 8192 x 4096, erred by 1.5e-4 of the output (fp32: ~1e-6) while
     passing the verifier's smaller shapes: the end-to-end check kept it out. It stays a point
-    of the space; the judge decides at each shape."""
+    of the space; the judge decides at each shape. Then K-contiguous operand copies: that
+    tf32x3 tile ran 2048 x 8192 x 4096 in 1,866 us with b K-major and 2,684-2,875 us with b
+    row-major (a no-op where the operands already are)."""
     bt, m, k, n = problem(shape)
-    out = []
     tiles = bt * math.ceil(m / 64) * math.ceil(n / 64)
     if tiles < SMS and k >= 64 * 8 * 2:
         split = 1
         while split < 16 and tiles * split < SMS and k // (split * 2) >= 64 * 8:
             split *= 2
-        out.append({"split_k": split, "block_m": 64, "block_n": 64, "block_k": 64,
-                    "num_warps": 4, "num_stages": 3, "loads": "pointers"})
-    if dtype == "float32":
-        out.append({"fp32_dot": "tf32x3", **({} if out else
-                   {"block_m": 128, "block_n": 64, "block_k": 64, "num_warps": 8,
-                    "num_stages": 4, "loads": "pointers"})})
-    return tuple(out)
+        first = {"split_k": split, "block_m": 64, "block_n": 64, "block_k": 64,
+                 "num_warps": 4, "num_stages": 3, "loads": "pointers"}
+    else:
+        first = {"block_m": 128, "block_n": 64, "block_k": 64, "num_warps": 8,
+                 "num_stages": 4, "loads": "pointers"} if dtype == "float32" else {}
+    if dtype != "float32":
+        return (first,) if first else ()
+    # fp32: one move to the point measured best (an experiment costs 10-40 s on the GPU, and
+    # a KernelBench problem's budget holds three or four), then each part alone from there
+    fp32 = {"fp32_dot": "tf32x3", "k_major": True}
+    return ({**first, **fp32}, {"fp32_dot": "tf32x3"})
 
 
 # Operand layouts a target is verified and timed at, as the model passes them: a "mk" (row-major

@@ -923,19 +923,20 @@ def test_fp32_operands_split_once_into_tf32_parts_that_sum_back_exactly(cand_dir
 
 
 def test_matmul_openers_follow_the_targets_shape():
-    """Split-K first where the output has fewer 64 x 64 tiles than SMs and K is long; fp32 on
-    tensor cores next (at the tile measured best for it where K is not split); bf16 squares
-    have no opener. The loop hands the proposer the family for its target's
+    """Split-K where the output has fewer 64 x 64 tiles than SMs and K is long, and for fp32 in
+    the same move tensor cores (tf32x3, at the tile measured best for it where K is not split)
+    with K-contiguous operand copies; bf16 squares have no opener. The loop hands the proposer the family for its target's
     most-called shape."""
     from engine.proposers import SearchProposer
     fam = FAMILIES["matmul"]
     sq = fam.for_target([4096, 4096, 4096], "float32")
-    assert sq.openers == ({"fp32_dot": "tf32x3", "block_m": 128, "block_n": 64, "block_k": 64,
-                           "num_warps": 8, "num_stages": 4, "loads": "pointers"},)
+    assert sq.openers == ({"fp32_dot": "tf32x3", "k_major": True, "block_m": 128, "block_n": 64,
+                           "block_k": 64, "num_warps": 8, "num_stages": 4, "loads": "pointers"},
+                          {"fp32_dot": "tf32x3"})
     assert fam.openers == ({"fp32_dot": "tf32x3"},)
     long_k = fam.for_target([256, 524288, 256], "float32").openers
     assert long_k[0]["split_k"] == 16 and long_k[0]["loads"] == "pointers"
-    assert long_k[1:] == ({"fp32_dot": "tf32x3"},)
+    assert long_k[0]["fp32_dot"] == "tf32x3" and long_k[0]["k_major"]
     assert fam.for_target([4096, 4096, 4096], "bfloat16").openers == ()
     assert fam.for_target([16, 4096, 4096], "bfloat16").openers[0]["split_k"] == 4
     assert fam.for_target(None, "float32") is fam
@@ -943,8 +944,30 @@ def test_matmul_openers_follow_the_targets_shape():
              "state": "kept"}]
     best = {"params": dict(fam.default), "id": 1, "seq": 1}
     seen = []
-    for _ in range(2):
+    for _ in range(3):
         p = SearchProposer(0).propose(sq, hist, best)
-        seen.append((p.params["fp32_dot"], p.params["block_n"], "opener" in p.hypothesis))
+        seen.append((p.params["fp32_dot"], p.params["block_n"], p.params["k_major"],
+                     "opener" in p.hypothesis))
         hist.append({"params": p.params, "source_hash": verify.source_hash(p.source), "state": "reverted"})
-    assert seen[0] == ("tf32x3", 64, True) and not seen[1][2]
+    # the combined move, then (it reverted) tf32x3 alone from the best, then the mutations
+    assert seen[:2] == [("tf32x3", 64, True, True), ("tf32x3", 128, False, True)]
+    assert not seen[2][3]
+
+
+def test_k_major_copies_serve_every_layout(cand_dir):
+    """"k_major": fp32 operands whose K is not contiguous (A.T, a row-major b) are copied
+    K-contiguous before the GEMM; the candidate passes the stages at the layouts a configured
+    target makes, and bf16 operands are left as they are."""
+    verify.install_launch_counter()
+    fam = kernels.get("matmul", {"a": "km", "b": "kn"})
+    src = fam.render(dict(fam.default, k_major=True, block_m=32, block_n=32, block_k=16))
+    assert "a = a.contiguous()" in src and "if a.dtype == torch.float32:" in src
+    assert "a = a.contiguous()" not in fam.starter()
+    fn = load_candidate(src, cand_dir)
+    spec = {"dtype": "float32", "shapes": [{"shape": [48, 40, 24], "count": 1}], "seed": 3}
+    v = verify.Verifier(fam, spec, DEVICE, interpret=DEVICE == "cpu")
+    x = fam.make_inputs((48, 40, 24), "float32", DEVICE, gen(1))
+    assert x["a"].stride() == (1, 48) and x["b"].stride() == (24, 1)
+    for stage in ("smoke", "shape_sweep", "edge_cases"):
+        r = v.run_stage(fn, stage)
+        assert r.status == "passed", (stage, r.detail)
