@@ -1611,9 +1611,10 @@ DEFAULT = {"variant": "auto", "max_block": 4096, "block": 512, "rows_cap": 64, "
 # A GEMM region's space: the matmul family's tile, order, pipeline and fp32-dot choices (one
 # output tile a program, the epilogue on its accumulator; no split-K: the epilogue is not linear)
 GEMM_SPACE = {k: list(_mm.SPACE[k]) for k in ("block_m", "block_n", "block_k", "group_m",
-                                              "num_warps", "num_stages", "fp32_dot")}
+                                              "num_warps", "num_stages", "fp32_dot", "k_major")}
 # a convolution's implicit GEMM gathers its input tile: no operand to split before it
 CONV_FP32_DOT = [v for v in GEMM_SPACE["fp32_dot"] if v != "tf32x3_split"] + ["tf32"]
+GEMM_ONLY = ("k_major",)          # an operand copy: a GEMM region's, not an implicit GEMM's
 # 8 warps: a 128 x 128 fp32 accumulator in 4 warps (one warpgroup) is 128 registers a thread
 # before the operands; compiled for sm_90 (ptxas -v, no GPU needed), the 4-warp GEMM region
 # spilled 2-3 KB a thread at 128 x 128 x 32 in bf16 and the 8-warp one nothing
@@ -1633,10 +1634,11 @@ def space_of(spec) -> tuple[dict, dict]:
         # where eager computed in TF32 (an IEEE fp32 dot ran KernelBench's Conv2d_Mish_Mish at
         # 41 ms on the H200, eager's cuDNN in 7.6 ms). Not the starter: cuDNN picks an IEEE
         # algorithm for small convolutions (a [2, 3, 11] one on the H200), where TF32 fails
-        extra = {k: v for k, v in GEMM_SPACE.items() if k != "num_warps"}
+        extra = {k: v for k, v in GEMM_SPACE.items() if k != "num_warps" and k not in GEMM_ONLY}
         extra["fp32_dot"] = CONV_FP32_DOT
         return ({"conv_loop": ["dot", "taps"], **SPACE, **extra},
-                {"conv_loop": "dot", **DEFAULT, **GEMM_DEFAULT})
+                {"conv_loop": "dot", **DEFAULT,
+                 **{k: v for k, v in GEMM_DEFAULT.items() if k not in GEMM_ONLY}})
     return SPACE, DEFAULT
 
 
@@ -1648,6 +1650,8 @@ def _openers(space) -> tuple:
         return ()
     tf32 = ({"fp32_dot": "tf32"},) if ("tf32" in space["fp32_dot"]
                                        and torch.backends.cudnn.allow_tf32) else ()
+    if "k_major" in space:           # a GEMM region: with K-contiguous operands, then alone
+        return ({"fp32_dot": "tf32x3", "k_major": True},) + _mm.FAMILY.openers
     return tf32 + _mm.FAMILY.openers
 
 
@@ -2348,8 +2352,15 @@ def _render_gemm(spec, p, space, sig, body, uses_mul, launcher) -> str:
         f"NUM_STAGES = {p['num_stages']}        # software-pipelining depth of the K loop",
         ""])
     split = p["fp32_dot"] == "tf32x3_split"
+    b_k = "1" if g and g["layout"] == "nk" else "-2"
+    if g and p.get("k_major"):   # fp32 operands K-contiguous first (copies where they are not)
+        launcher = launcher.replace(_SPLIT_MARK, (
+            "    if a.dtype == torch.float32:       # K-contiguous operands: no 32-bit tile transposes\n"
+            "        if a.stride(-1) != 1 and a.shape[-1] > 1:\n"
+            "            a = a.contiguous()\n"
+            f"        if b.stride({b_k}) != 1 and b.shape[{b_k}] > 1:\n"
+            f"            b = b.transpose({b_k}, -1).contiguous().transpose({b_k}, -1)\n") + _SPLIT_MARK)
     if split:      # the GEMM's fp32 operands split once into TF32 parts, K tripled
-        b_k = "1" if g["layout"] == "nk" else "-2"
         launcher = launcher.replace(_SPLIT_MARK, (
             "    if a.dtype == torch.float32:       # [a_hi | a_hi | a_lo] @ [b_hi ; b_lo ; b_hi]\n"
             f"        a, b = _split3(a, -1, 2), _split3(b, {b_k}, 1)\n"))

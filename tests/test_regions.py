@@ -595,16 +595,22 @@ def test_a_gemm_and_its_epilogue_are_one_region_that_passes_all_five_stages(mode
     # the fp32 dot on tensor cores is a point of its space (tried first after the starter), in
     # the K loop or with the operands split once into TF32 parts (K tripled, in each operand's
     # own layout): the split point passes the five stages at every layout and batch
-    assert fam.openers == ({"fp32_dot": "tf32x3"},)
+    assert fam.openers == ({"fp32_dot": "tf32x3", "k_major": True}, {"fp32_dot": "tf32x3"})
     assert 'input_precision="tf32x3"' in fam.render({"fp32_dot": "tf32x3"})
+    assert "contiguous()" in fam.render({"k_major": True}) and "contiguous()" not in src
     split = fam.render({"fp32_dot": "tf32x3_split"})
     assert 'input_precision="tf32"' in split and "_split3(a, -1, 2)" in split
-    if name in ("gemm+mul+add", "gemm+relu+sub", "gemm+tanh", "gemm+mul+gelu"):  # each layout once
-        fn = load_candidate(split, tmp_path)
+    # the split operands and the first opener's K-contiguous copies, each at two layouts (a
+    # weight [N, K], a batched row-major b, a transposed one)
+    kmajor = fam.render({"fp32_dot": "tf32x3", "k_major": True})
+    points = {"gemm+mul+gelu": [split], "gemm+relu+sub": [split, kmajor], "gemm+tanh": [kmajor]}
+    if name in points:
         v = verify.Verifier(fam, {"dtype": "float32", "shapes": [{"shape": list(r.shape)}]}, DEVICE, True)
-        for stage in verify.STAGES:
-            st = v.run_stage(fn, stage)
-            assert st.status == "passed", ("tf32x3_split", st.stage, st.failed_case, st.detail)
+        for point in points[name]:
+            fn = load_candidate(point, tmp_path)
+            for stage in verify.STAGES:
+                st = v.run_stage(fn, stage)
+                assert st.status == "passed", (point[:80], st.stage, st.failed_case, st.detail)
 
 
 def test_a_reduction_wider_than_one_tile_after_a_gemm_stays_apart_and_the_gemm_the_familys():
