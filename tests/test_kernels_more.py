@@ -932,7 +932,7 @@ def test_matmul_openers_follow_the_targets_shape():
     sq = fam.for_target([4096, 4096, 4096], "float32")
     assert sq.openers == ({"fp32_dot": "tf32x3", "k_major": True, "block_m": 128, "block_n": 64,
                            "block_k": 64, "num_warps": 8, "num_stages": 4, "loads": "pointers"},
-                          {"fp32_dot": "tf32x3"})
+                          {"fp32_dot": "tf32x3"}, {"loads": "tma"})
     assert fam.openers == ({"fp32_dot": "tf32x3"},)
     long_k = fam.for_target([256, 524288, 256], "float32").openers
     assert long_k[0]["split_k"] == 16 and long_k[0]["loads"] == "pointers"
@@ -944,14 +944,19 @@ def test_matmul_openers_follow_the_targets_shape():
              "state": "kept"}]
     best = {"params": dict(fam.default), "id": 1, "seq": 1}
     seen = []
-    for _ in range(3):
+    for i in range(3):
         p = SearchProposer(0).propose(sq, hist, best)
         seen.append((p.params["fp32_dot"], p.params["block_n"], p.params["k_major"],
                      "opener" in p.hypothesis))
+        if i == 2:
+            break
         hist.append({"params": p.params, "source_hash": verify.source_hash(p.source), "state": "reverted"})
-    # the combined move, then (it reverted) tf32x3 alone from the best, then the mutations
+    # the combined move, then (it reverted) tf32x3 alone from the best, TMA loads, mutations
     assert seen[:2] == [("tf32x3", 64, True, True), ("tf32x3", 128, False, True)]
-    assert not seen[2][3]
+    assert seen[2][3] and p.params["loads"] == "tma" and p.params["fp32_dot"] == "ieee"
+    q = SearchProposer(0).propose(sq, hist + [{"params": p.params, "state": "reverted",
+                                               "source_hash": verify.source_hash(p.source)}], best)
+    assert "opener" not in q.hypothesis
 
 
 def test_k_major_copies_serve_every_layout(cand_dir):
