@@ -108,17 +108,34 @@ def tf32_allowed() -> bool:
 
 
 def matmul_rate(ceilings: dict, dtype, tf32: bool = False) -> float | None:
-    """TFLOP/s a product in ``dtype`` can reach on the measured machine: fp32 counts at the fp32
-    rate (the TF32 one when ``tf32``), fp16/bf16 at theirs; a ceilings row from before the
-    per-dtype rates has the bf16 rate only, which stands in for the 16-bit types alone."""
+    """TFLOP/s a product in ``dtype`` can reach on the measured machine: fp16/bf16 at their
+    rates; fp32 at the TF32 rate when ``tf32`` (the model lets torch use it), else at the
+    fastest fp32-grade path: the fp32 units, or three TF32 products on the tensor cores (what
+    the matmul family's "tf32x3" computes; on the H200 354 / 3 = 118 against 51 TFLOP/s). A
+    ceilings row from before the per-dtype rates has the bf16 rate only, which stands in for
+    the 16-bit types alone."""
     name = str(dtype).removeprefix("torch.")
     key = "tf32" if name == "float32" and tf32 else name
     by = (ceilings or {}).get("matmul_tflops_by") or {}
+    if key == "float32" and key in by:
+        return max(by[key], by.get("tf32", 0.0) / 3)
     if key in by:
         return by[key]
     if name in ("bfloat16", "float16"):
         return (ceilings or {}).get("matmul_tflops")
     return None
+
+
+def floor_us(nbytes: float, flops: float, ceilings: dict) -> float | None:
+    """What no kernel can beat, whatever arithmetic it uses: the copy time, or the flops at the
+    machine's fastest measured matmul rate (the judge rejects a candidate timed below it; the
+    reports' speed of light is ``sol_us``, at the dtype's own rate)."""
+    if not ceilings or not ceilings.get("copy_gbps"):
+        return None
+    rates = list(((ceilings or {}).get("matmul_tflops_by") or {}).values())
+    rates += [ceilings["matmul_tflops"]] if ceilings.get("matmul_tflops") else []
+    t_flop = flops / (max(rates) * 1e6) if rates else 0.0
+    return max(nbytes / (ceilings["copy_gbps"] * 1e3), t_flop)
 
 
 def sol_us(nbytes: float, flops: float, dtype, ceilings: dict, tf32: bool = False) -> float | None:

@@ -178,15 +178,15 @@ def run_stage(worker, fam, plan: verify.Verifier, stage: str, device: str,
                               duration_s=time.perf_counter() - t0)
 
 
-def _sol_us(fam, shape, dtype: str, ceilings: dict | None) -> float | None:
+def _sol_us(fam, shape, dtype: str, ceilings: dict | None, tf32: bool = False) -> tuple:
+    """(speed of light at the dtype's rate, the machine's floor) of one shape, microseconds;
+    (None, None) without measured ceilings (engine/hw.py)."""
     import torch
+    from engine import hw
     if not ceilings:
-        return None
+        return None, None
     nbytes, flops = fam.cost(tuple(shape), getattr(torch, dtype))
-    t_mem = nbytes / (ceilings["copy_gbps"] * 1e3)
-    rate = ceilings.get("matmul_tflops_by_dtype", {}).get(dtype) or ceilings.get("matmul_tflops")
-    t_flop = flops / (rate * 1e6) if rate else 0.0
-    return max(t_mem, t_flop)
+    return hw.sol_us(nbytes, flops, dtype, ceilings, tf32), hw.floor_us(nbytes, flops, ceilings)
 
 
 def time_shapes(worker, fam, req: dict, deadline: float, prep: dict | None = None,
@@ -230,9 +230,11 @@ def time_shapes(worker, fam, req: dict, deadline: float, prep: dict | None = Non
         if not keep:
             worker.rpc({"op": "drop", "key": key}, deadline)
         t = bench.summarize(rounds)
-        sol = _sol_us(fam, s["shape"], req["dtype"], worker.ceilings if gpu else None)
+        sol, floor = _sol_us(fam, s["shape"], req["dtype"], worker.ceilings if gpu else None,
+                             bool(req.get("tf32")))
         rows.append({"shape": s["shape"], "count": s["count"], "us": t["us"], "noise": t["noise"],
-                     "sol_us": sol, "pct_sol": (100.0 * sol / t["us"]) if sol else None})
+                     "sol_us": sol, "floor_us": floor,
+                     "pct_sol": (100.0 * sol / t["us"]) if sol else None})
         total += s["count"] * t["us"]
         noise = max(noise, t["noise"])
     sol_total = sum(r["count"] * r["sol_us"] for r in rows) if gpu and worker.ceilings else None
@@ -351,12 +353,15 @@ def evaluate(worker, req: dict, deadline: float) -> dict:
     try:
         timing = time_shapes(worker, fam, req, deadline, keep=True)
         for row in timing["shape_times"]:
-            # Faster than bytes / measured copy rate (with 15% slack for measurement) is
-            # impossible: the candidate skipped work, or the timing was gamed.
-            if row["sol_us"] and row["us"] < row["sol_us"] / SOL_SLACK:
+            # Faster than bytes / measured copy rate, or flops / the machine's fastest matmul
+            # rate (with 15% slack for measurement), is impossible: the candidate skipped
+            # work, or the timing was gamed. Not the dtype's own rate: an fp32 GEMM on tensor
+            # cores (tf32x3) beats the fp32 units honestly.
+            floor = row.get("floor_us")
+            if floor and row["us"] < floor / SOL_SLACK:
                 raise Rejected("benchmark", f"faster than the speed of light at shape "
                                             f"{row['shape']}: {row['us']:.2f} us < "
-                                            f"{row['sol_us']:.2f} us minimum")
+                                            f"{floor:.2f} us minimum")
     except Rejected as e:
         if gate:
             _skip_rest(stages)

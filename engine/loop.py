@@ -547,8 +547,9 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=Non
         ceilings = hello.get("ceilings") or {}
         store.update_run(run_id, ceilings=ceilings)
         if ceilings:
-            log(f"measured ceilings: copy {ceilings['copy_gbps']:.0f} GB/s, "
-                f"bf16 matmul {ceilings['matmul_tflops']:.0f} TFLOP/s")
+            rates = ", ".join(f"{k} {v:.0f}" for k, v in (ceilings.get("matmul_tflops_by") or
+                                                          {"bfloat16": ceilings.get("matmul_tflops", 0)}).items())
+            log(f"measured ceilings: copy {ceilings['copy_gbps']:.0f} GB/s, matmul TFLOP/s {rates}")
         modes = cfg.compile_modes if cfg.compile_modes is not None else (
             [] if interpret else GPU_COMPILE_MODES)
         for t in store.targets(run_id):
@@ -562,6 +563,7 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=Non
                 r = pool.call(pool.reference,
                               {"op": "time_reference", "family": t["family"], "spec": t["spec"],
                                "dtype": t["dtype"], "shapes": t["shapes"], "seed": cfg.seed,
+                               "tf32": bool((store.get_run(run_id).get("device") or {}).get("tf32")),
                                "compile_modes": modes, "budget_s": share},
                               timeout_s=cfg.worker_timeout_s * (1 + len(modes)))
                 if "error" in r:
@@ -672,6 +674,8 @@ class _Dispatch:
         self.finished = False                  # nothing more to propose: drain, then end
         self.bench_first = cfg.verify_order == "bench-first" or (
             cfg.verify_order == "auto" and timing_mode == "gpu")
+        # which fp32 matmul rate the speed of light uses (the model's own TF32 setting)
+        self.tf32 = bool(((store.get_run(run_id) or {}).get("device") or {}).get("tf32"))
 
     def run(self, previous) -> str:
         store, control = self.store, self.control
@@ -788,7 +792,7 @@ class _Dispatch:
             return "recorded"
         req = {"op": "evaluate", "family": fam.name, "spec": target.get("spec") or {},
                "source": prop.source, "dtype": target["dtype"], "shapes": target["shapes"],
-               "seed": self.cfg.seed * 1_000_003 + len(seen) + 1}
+               "seed": self.cfg.seed * 1_000_003 + len(seen) + 1, "tf32": self.tf32}
         # the gate compares with the best's timing, so only where every worker is the reference's
         # GPU model (else a candidate slower here may still be faster on the reference)
         if (self.bench_first and target["best_latency_us"]

@@ -520,9 +520,20 @@ def test_speed_of_light_uses_the_rate_of_the_dtype():
     c = {"copy_gbps": 4000.0, "matmul_tflops": 700.0,
          "matmul_tflops_by": {"float32": 50.0, "tf32": 400.0, "bfloat16": 700.0, "float16": 700.0}}
     flops, nbytes = 2 * 4096 ** 3, 3 * 4096 * 4096 * 4
-    assert hw.sol_us(nbytes, flops, torch.float32, c) == pytest.approx(flops / 50e6)
+    # fp32 without TF32: the fastest fp32-grade path, the fp32 units or three TF32 products
+    assert hw.sol_us(nbytes, flops, torch.float32, c) == pytest.approx(flops / (400e6 / 3))
+    slow_tc = dict(c, matmul_tflops_by=dict(c["matmul_tflops_by"], tf32=120.0))
+    assert hw.sol_us(nbytes, flops, "float32", slow_tc) == pytest.approx(flops / 50e6)
     assert hw.sol_us(nbytes, flops, "float32", c, tf32=True) == pytest.approx(flops / 400e6)
     assert hw.sol_us(nbytes / 2, flops, "bfloat16", c) == pytest.approx(flops / 700e6)
+    # the judge's floor (below it a timing is rejected) is the machine's fastest rate, whatever
+    # the dtype: an fp32 GEMM on tensor cores beats the fp32 units honestly
+    assert hw.floor_us(nbytes, flops, c) == pytest.approx(flops / 700e6)
+    assert hw.floor_us(nbytes, 0.0, c) == pytest.approx(nbytes / 4000e3)
+    from engine import judge
+    sol, floor = judge._sol_us(kernels.get("matmul"), (4096, 4096, 4096), "float32", c)
+    assert sol == pytest.approx(flops / (400e6 / 3)) and floor == pytest.approx(flops / 700e6)
+    assert judge._sol_us(kernels.get("matmul"), (64, 64, 64), "float32", None) == (None, None)
     # an older ceilings row (bf16 rate only) never lends the bf16 rate to fp32: memory bound only
     old = {"copy_gbps": 4000.0, "matmul_tflops": 700.0}
     assert hw.sol_us(nbytes, flops, "float32", old) == pytest.approx(nbytes / 4000e3)
