@@ -973,6 +973,13 @@ def test_k_major_copies_serve_every_layout(cand_dir):
     v = verify.Verifier(fam, spec, DEVICE, interpret=DEVICE == "cpu")
     x = fam.make_inputs((48, 40, 24), "float32", DEVICE, gen(1))
     assert x["a"].stride() == (1, 48) and x["b"].stride() == (24, 1)
-    for stage in ("smoke", "shape_sweep", "edge_cases"):
-        r = v.run_stage(fn, stage)
-        assert r.status == "passed", (stage, r.detail)
+    r = v.run_stage(fn, "smoke")
+    assert r.status == "passed", r.detail
+    g = gen(2)
+    for a, b in [(torch.randn(40, 33, generator=g).t(), torch.randn(40, 17, generator=g)),
+                 (torch.randn(3, 9, 40, generator=g).mT, torch.randn(3, 9, 5, generator=g)),
+                 (torch.randn(33, 40, generator=g), torch.randn(17, 40, generator=g).t())]:
+        a, b = a.to(DEVICE), b.to(DEVICE)
+        ref = torch.matmul(a.double(), b.double())
+        bound = a.double().abs() @ b.double().abs()
+        assert ((fn(a, b).double() - ref).abs() <= 8 * 2.0 ** -23 * bound + 1e-30).all()
