@@ -60,6 +60,10 @@ class ProblemResult:
     timing_mode: str = ""
     why_not: str = ""                    # one line when nothing was placed
     detail: str = ""
+    # the best kernel's % of its speed of light (engine/hw.py), of the target holding most of
+    # the time: how far the search got, placed or not; None without a GPU's ceilings
+    pct_sol: float | None = None
+    sol_target: str = ""
 
     def speedup(self, baseline: str) -> float | None:
         """The optimized model's speedup over "eager", "compile" or "best" (the faster of the
@@ -144,6 +148,16 @@ def _why_nothing(store, run_id, left_out, check) -> str:
     return "the kept kernels served no site of the model's graph"
 
 
+def _pct_sol(targets: list) -> tuple:
+    """(% of speed of light, family) of the best kernel of the target with the largest share of
+    the time that has both figures, or (None, "")."""
+    timed = [t for t in targets if t.get("sol_latency_us") and t.get("best_latency_us")]
+    if not timed:
+        return None, ""
+    t = max(timed, key=lambda t: t.get("fraction") or 0.0)
+    return round(100.0 * t["sol_latency_us"] / t["best_latency_us"], 1), t["family"]
+
+
 def score_problem(path: Path, cfg_kw: dict, trials: int, log) -> ProblemResult:
     from engine.loop import ConfigError, RunConfig, execute
     from engine.store import Store
@@ -178,6 +192,7 @@ def score_problem(path: Path, cfg_kw: dict, trials: int, log) -> ProblemResult:
         res.targets = [t["family"] + (f" {t['label']}" if t.get("label") and t["family"] == "region"
                                       else f" {t['spec']}" if t["spec"] else "")
                        for t in store.targets(res.run_id)]
+        res.pct_sol, res.sol_target = _pct_sol(store.targets(res.run_id))
         loaded = integrate.run_source(run)
         records, left_out = integrate.placeable(store, res.run_id, skip_flagged=False)
         ks = integrate.load(records)
@@ -260,8 +275,9 @@ def markdown(results: list[ProblemResult], level: int, interp: bool) -> str:
                 "slower than eager; torch.compile skipped. These figures show the pipeline, not "
                 "GPU performance.", ""]
     out += ["| problem | targets | correct | kernels placed | eager (us) | torch.compile (us, mode) | "
-            "optimized (us) | vs eager | vs compile | vs the faster | ships | time (s) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "optimized (us) | vs eager | vs compile | vs the faster | ships | kernel % of SOL | "
+            "time (s) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         se, sc, sb = r.speedup("eager"), r.speedup("compile"), r.speedup("best")
         placed = ", ".join(r.kernels) or ("none: " + r.why_not if r.why_not else "none")
@@ -269,7 +285,9 @@ def markdown(results: list[ProblemResult], level: int, interp: bool) -> str:
         out.append(f"| {r.problem} | {', '.join(r.targets) or '-'} | "
                    f"{'yes' if r.correct else 'no' if r.status == 'ok' else r.status} | "
                    f"{placed} | {_us(r.eager_us)} | {comp} | {_us(r.optimized_us)} | {_x(se)} | "
-                   f"{_x(sc)} | {_x(sb)} | {r.shipped or '-'} | {r.seconds:.0f} |")
+                   f"{_x(sc)} | {_x(sb)} | {r.shipped or '-'} | "
+                   f"{f'{r.pct_sol:g}% ({r.sol_target})' if r.pct_sol is not None else '-'} | "
+                   f"{r.seconds:.0f} |")
     out += ["", "| | " + " | ".join(f"fast_{p:g}" for p in PS) + " | geomean |",
             "|---|" + "---|" * (len(PS) + 1)]
     for base, label in (("eager", "vs eager"), ("compile", "vs torch.compile (best mode)"),

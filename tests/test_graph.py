@@ -581,10 +581,18 @@ def test_kernelbench_results_of_several_commands_build_one_table(tmp_path):
     both = _accumulate(rows, [ProblemResult("3_Bmm.py", correct=True, eager_us=1.0, optimized_us=1.0,
                                             why_not="matmul#2 slower than its baseline"),
                               ProblemResult("23_Softmax.py", correct=True, eager_us=2.0, optimized_us=0.5,
-                                            compile_us=1.5, seconds=40.0)])
+                                            compile_us=1.5, seconds=40.0, pct_sol=87.5,
+                                            sol_target="softmax")])
     assert [r.problem for r in both] == ["3_Bmm.py", "23_Softmax.py"]      # problem order; rerun wins
     text = markdown(both, 1, interp=False)
     assert "| 23_Softmax.py |" in text and "4x |" in text and "none: matmul#2 slower" in text
+    assert "| 87.5% (softmax) | 40 |" in text and "| - | 0 |" in text     # old rows: no figure
+    from engine.kernelbench import _pct_sol
+    assert _pct_sol([{"family": "matmul", "fraction": 0.9, "sol_latency_us": 50.0, "best_latency_us": 100.0},
+                     {"family": "reduce", "fraction": 0.1, "sol_latency_us": 9.0, "best_latency_us": 10.0},
+                     {"family": "softmax", "fraction": 0.95, "sol_latency_us": None, "best_latency_us": 3.0}]
+                    ) == (50.0, "matmul")
+    assert _pct_sol([]) == (None, "")
     assert "| vs eager | 0.50 | 0.50 | 0.50 | 2x |" in text
 
 
