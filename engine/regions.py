@@ -383,6 +383,10 @@ def build(nodes: list, order: dict) -> Region:
                         "dilation": [int(v) for v in a["dilation"]], "groups": int(a["groups"]),
                         "output_padding": [int(v) for v in (a.get("output_padding") or [0] * (rank - 2))],
                         "w_shape": list(_shape(w))}
+                if not torch.backends.cudnn.allow_tf32:
+                    # the model turned TF32 convolutions off: its eager convolution is IEEE
+                    # fp32, and so is the region's reference (absent: torch's default, on)
+                    conv["tf32"] = False
                 if len(conv["stride"]) != rank - 2 or len(conv["padding"]) != rank - 2:
                     raise NotARegion("a convolution's stride or padding for fewer dims")
             if R.conv_out(conv, _shape(x)) != dom:

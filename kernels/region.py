@@ -324,7 +324,14 @@ def _replay_ops(spec: dict, inputs: list, fp32_scans: bool = False, first=None):
                 and src.dtype == torch.float32 and kwargs.get("dtype") in (None, torch.float32)):
             values.append(_seq_cumsum32(src, int(args[1]) % max(src.dim(), 1)))
             continue
-        out = aten_op(op["op"])(*args, **kwargs)
+        if (spec.get("conv") or {}).get("tf32") is False and OPS[name][0] == "conv":
+            # the model turned TF32 convolutions off: eager's convolution, replayed so
+            cd = torch.backends.cudnn
+            with cd.flags(enabled=cd.enabled, benchmark=cd.benchmark,
+                          deterministic=cd.deterministic, allow_tf32=False):
+                out = aten_op(op["op"])(*args, **kwargs)
+        else:
+            out = aten_op(op["op"])(*args, **kwargs)
         if isinstance(out, (tuple, list)):          # max.dim, batch norm: the values
             out = out[0]
         values.append(out)
@@ -1642,14 +1649,15 @@ def space_of(spec) -> tuple[dict, dict]:
     return SPACE, DEFAULT
 
 
-def _openers(space) -> tuple:
+def _openers(space, spec) -> tuple:
     """A GEMM region: fp32 operands on tensor cores first, as the matmul family tries them (the
     K loop's three TF32 products; matmul.openers_for says why not the pre-split operands); a
-    convolution's implicit GEMM: TF32 before that where eager's cuDNN may run in TF32."""
+    convolution's implicit GEMM: TF32 before that where eager's cuDNN may run in TF32 (unless
+    the model turned it off: the spec says so, from the process that captured the model)."""
     if "fp32_dot" not in space:
         return ()
-    tf32 = ({"fp32_dot": "tf32"},) if ("tf32" in space["fp32_dot"]
-                                       and torch.backends.cudnn.allow_tf32) else ()
+    tf32 = ({"fp32_dot": "tf32"},) if ("tf32" in space["fp32_dot"] and (
+        spec.get("conv") or {}).get("tf32", True)) else ()
     if "k_major" in space:           # a GEMM region: with K-contiguous operands, then alone
         return ({"fp32_dot": "tf32x3", "k_major": True},) + _mm.FAMILY.openers
     return tf32 + _mm.FAMILY.openers
@@ -2573,7 +2581,7 @@ def configure(spec: dict) -> Family:
         default=dict(default),
         render=render_for(spec),
         # a GEMM region: fp32 operands on tensor cores first, as the matmul family tries them
-        openers=_openers(space),
+        openers=_openers(space, spec),
         dtypes=dtypes,
         description=f"region {spec['name']}: {len(spec['ops'])} aten op(s) fused, fp32 inside",
         notes={"ranges": ranges, "kinds": kinds, "depth": _depth(spec),

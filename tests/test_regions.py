@@ -278,6 +278,40 @@ def test_convolution_and_its_epilogue_are_one_region_that_passes_all_five_stages
         assert st.status == "passed", (st.stage, st.failed_case, st.detail)
 
 
+def test_a_models_tf32_setting_for_convolutions_is_the_regions_contract():
+    """A model that turns cuDNN's TF32 off computes its fp32 convolutions in IEEE fp32: the
+    region's spec says so (from the process that captured the model), its reference replays
+    the convolution so, and TF32 is no opener; with torch's default nothing is recorded."""
+    model, x = ConvBnRelu(nn.Conv2d(3, 4, 3, padding=1)), torch.randn(2, 3, 6, 6)
+    old = torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cudnn.allow_tf32 = False
+        (off,) = _found(model, x)[1].regions
+    finally:
+        torch.backends.cudnn.allow_tf32 = old
+    (on,) = _found(model, x)[1].regions
+    assert off.spec["conv"]["tf32"] is False and "tf32" not in on.spec["conv"]
+    f_off, f_on = kernels.get("region", off.spec), kernels.get("region", on.spec)
+    assert {"fp32_dot": "tf32"} not in f_off.openers
+    assert ({"fp32_dot": "tf32"} in f_on.openers) == bool(torch.backends.cudnn.allow_tf32)
+    seen = []
+    real = torch.backends.cudnn.flags
+
+    def spy(**kw):
+        seen.append(kw["allow_tf32"])
+        return real(**kw)
+    torch.backends.cudnn.flags = spy
+    try:
+        inputs = f_off.make_inputs(tuple(off.shape), torch.float32, DEVICE, gen(0))
+        ref_off = f_off.reference(**inputs)
+        assert seen == [False]
+        torch.testing.assert_close(ref_off, f_on.reference(**inputs))   # the same function
+        assert seen == [False]                                         # the default: no flags
+    finally:
+        torch.backends.cudnn.flags = real
+    assert torch.backends.cudnn.allow_tf32 == old
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("conv,shape", [
     (nn.Conv2d(4, 6, 3, stride=2, groups=2, bias=False), (1, 4, 9, 8)),
