@@ -132,7 +132,7 @@ def floor_us(nbytes: float, flops: float, ceilings: dict) -> float | None:
     reports' speed of light is ``sol_us``, at the dtype's own rate)."""
     if not ceilings or not ceilings.get("copy_gbps"):
         return None
-    rates = list(((ceilings or {}).get("matmul_tflops_by") or {}).values())
+    rates = list((ceilings.get("matmul_tflops_by") or {}).values())
     rates += [ceilings["matmul_tflops"]] if ceilings.get("matmul_tflops") else []
     t_flop = flops / (max(rates) * 1e6) if rates else 0.0
     return max(nbytes / (ceilings["copy_gbps"] * 1e3), t_flop)

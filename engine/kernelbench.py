@@ -189,10 +189,11 @@ def score_problem(path: Path, cfg_kw: dict, trials: int, log) -> ProblemResult:
         res.timing_mode = run["timing_mode"]
         interp = run["timing_mode"] == "interpreter"
         # a region reads as its ops ("region gemm+mul+leaky_relu"), a family by its contract
+        targets = store.targets(res.run_id)
         res.targets = [t["family"] + (f" {t['label']}" if t.get("label") and t["family"] == "region"
                                       else f" {t['spec']}" if t["spec"] else "")
-                       for t in store.targets(res.run_id)]
-        res.pct_sol, res.sol_target = _pct_sol(store.targets(res.run_id))
+                       for t in targets]
+        res.pct_sol, res.sol_target = _pct_sol(targets)
         loaded = integrate.run_source(run)
         records, left_out = integrate.placeable(store, res.run_id, skip_flagged=False)
         ks = integrate.load(records)

@@ -552,6 +552,7 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=Non
             log(f"measured ceilings: copy {ceilings['copy_gbps']:.0f} GB/s, matmul TFLOP/s {rates}")
         modes = cfg.compile_modes if cfg.compile_modes is not None else (
             [] if interpret else GPU_COMPILE_MODES)
+        tf32 = _run_tf32(store, run_id)
         for t in store.targets(run_id):
             if t["ref_latency_us"] is None:
                 # the target's contract travels with it: the worker rebuilds the same Family
@@ -563,7 +564,7 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=Non
                 r = pool.call(pool.reference,
                               {"op": "time_reference", "family": t["family"], "spec": t["spec"],
                                "dtype": t["dtype"], "shapes": t["shapes"], "seed": cfg.seed,
-                               "tf32": bool((store.get_run(run_id).get("device") or {}).get("tf32")),
+                               "tf32": tf32,
                                "compile_modes": modes, "budget_s": share},
                               timeout_s=cfg.worker_timeout_s * (1 + len(modes)))
                 if "error" in r:
@@ -620,6 +621,12 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=Non
     return run_id
 
 
+def _run_tf32(store, run_id) -> bool:
+    """Which fp32 matmul rate the run's speed of light uses: the model's own TF32 setting, as
+    its process recorded it with the run's device."""
+    return bool(((store.get_run(run_id) or {}).get("device") or {}).get("tf32"))
+
+
 class _Heartbeat:
     """Tells the database every HEARTBEAT_S that this engine still holds the run (its own
     connection, on its own thread), so a reader can tell a live run from a dead engine's."""
@@ -674,8 +681,7 @@ class _Dispatch:
         self.finished = False                  # nothing more to propose: drain, then end
         self.bench_first = cfg.verify_order == "bench-first" or (
             cfg.verify_order == "auto" and timing_mode == "gpu")
-        # which fp32 matmul rate the speed of light uses (the model's own TF32 setting)
-        self.tf32 = bool(((store.get_run(run_id) or {}).get("device") or {}).get("tf32"))
+        self.tf32 = _run_tf32(store, run_id)
 
     def run(self, previous) -> str:
         store, control = self.store, self.control

@@ -602,17 +602,27 @@ _K_LOOP = "    for k in range(0, tl.cdiv(K, BLOCK_K)):\n"
 _K_LOOP_WS = "    for k in tl.range(0, tl.cdiv(K, BLOCK_K), warp_specialize=True):\n"
 
 
-def _kernel_fn(tma: bool = False, split: bool = False, k_major: bool = False) -> str:
-    # "k_major": a copy of each fp32 operand whose K is not its contiguous dim first (a
-    # row-major b [K, N], a transposed a): fp32 tiles reach the tensor cores without the
-    # transpose through shared memory that 32-bit tiles need (ldmatrix transposes only 16-bit
-    # ones); the copy is (M*K or K*N)*4 bytes read and written, timed with the kernel
-    copy_call = """
-    if a.dtype == torch.float32:       # K-contiguous operands (copies where they are not)
+# "k_major": a copy of each fp32 operand whose K is not its contiguous dim first (a row-major b
+# [K, N], a transposed a): fp32 tiles reach the tensor cores without the transpose through
+# shared memory that 32-bit tiles need (ldmatrix transposes only 16-bit ones); the copy is (M*K
+# or K*N)*4 bytes read and written, timed with the kernel. The matmul family and GEMM regions
+# (b_k: b's K dim, -2, or 1 for a weight [N, K]) share it.
+K_MAJOR_SRC = '''
+
+def _k_major(a, b, b_k):
+    # fp32 operands with K contiguous (copies where they are not); others as they are
+    if a.dtype == torch.float32:
         if a.stride(-1) != 1 and a.shape[-1] > 1:
             a = a.contiguous()
-        if b.stride(-2) != 1 and b.shape[-2] > 1:
-            b = b.transpose(-1, -2).contiguous().transpose(-1, -2)""" if k_major else ""
+        if b.stride(b_k) != 1 and b.shape[b_k] > 1:
+            b = b.transpose(b_k, -1).contiguous().transpose(b_k, -1)
+    return a, b
+'''
+
+
+def _kernel_fn(tma: bool = False, split: bool = False, k_major: bool = False) -> str:
+    copy_call = """
+    a, b = _k_major(a, b, -2)                      # K-contiguous fp32 operands""" if k_major else ""
     split_call = """
     if a.dtype == torch.float32:       # [a_hi | a_hi | a_lo] @ [b_hi ; b_lo ; b_hi], TF32 dots
         a, b = _split3(a, -1, 2), _split3(b, -2, 1)""" if split else ""
@@ -683,6 +693,8 @@ CONFIG = (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, NUM_WARPS, NUM_STAGES, PR
     split = p["fp32_dot"] == "tf32x3_split"
     if split:
         parts.append(TF32_SPLIT_SRC)
+    if p["k_major"]:
+        parts.append(K_MAJOR_SRC)
     parts.append(_kernel_fn(tma, split, p["k_major"]))
     src = C.tidy("\n".join(parts))
     # the templates' fp32 dots say "ieee"; bf16/fp16 tiles never take that branch
@@ -717,15 +729,17 @@ SMS = 132               # an H100/H200's SMs: the order of any data-center GPU's
 
 
 def openers_for(shape, dtype: str) -> tuple:
-    """Split K where the output has fewer tiles than the GPU has SMs and K is long (each slice
-    keeps at least 8 K steps); fp32 operands on tensor cores ("tf32x3", at the tile measured
-    best for it where K is not split) with K-contiguous operand copies, in one move. Not "tf32x3_split": on the H200 (Triton 3.6)
-    its plain TF32 dots ran 3.8-5.7 ms at 4096^3 (cuBLAS fp32 2.7 ms) and, on KernelBench's
-    positive inputs at 2048 x 8192 x 4096, erred by 1.5e-4 of the output (fp32: ~1e-6) while
-    passing the verifier's smaller shapes: the end-to-end check kept it out. It stays a point
-    of the space; the judge decides at each shape. Then K-contiguous operand copies: that
-    tf32x3 tile ran 2048 x 8192 x 4096 in 1,866 us with b K-major and 2,684-2,875 us with b
-    row-major (a no-op where the operands already are)."""
+    """The first moves for a target of this shape. Split K where the output has fewer 64 x 64
+    tiles than the GPU has SMs and K is long (each slice keeps at least 8 K steps). For fp32, in
+    the same move (an experiment costs 10-40 s on the GPU and a KernelBench problem's budget
+    holds three or four): tf32x3 at the tile measured best for it where K is not split, with
+    K-contiguous operand copies (that tile ran 2048 x 8192 x 4096 in 1,866 us with b K-major,
+    2,684-2,875 us with b row-major); then tf32x3 alone, where that move was not kept; then TMA
+    loads (2,602 us at 4096^3 with b row-major against 2,703 us through pointers). Not
+    "tf32x3_split": on the H200 (Triton 3.6) its plain TF32 dots ran 3.8-5.7 ms at 4096^3
+    (cuBLAS fp32 2.7 ms) and, on KernelBench's positive inputs at 2048 x 8192 x 4096, erred by
+    1.5e-4 of the output (fp32: ~1e-6) while passing the verifier's smaller shapes: the
+    end-to-end check kept it out. It stays a point of the space; the judge decides."""
     bt, m, k, n = problem(shape)
     tiles = bt * math.ceil(m / 64) * math.ceil(n / 64)
     if tiles < SMS and k >= 64 * 8 * 2:
@@ -739,13 +753,8 @@ def openers_for(shape, dtype: str) -> tuple:
                  "num_stages": 4, "loads": "pointers"} if dtype == "float32" else {}
     if dtype != "float32":
         return (first,) if first else ()
-    # fp32: one move to the point measured best (an experiment costs 10-40 s on the GPU, and
-    # a KernelBench problem's budget holds three or four), then tf32x3 alone where that one
-    # was not kept
-    # a row-major b, and K-major loads through TMA (2,602 us at 4096^3 with b row-major against
-    # 2,703 us through pointers, the same tile)
-    fp32 = {"fp32_dot": "tf32x3", "k_major": True}
-    return ({**first, **fp32}, {"fp32_dot": "tf32x3"}, {"loads": "tma"})
+    return ({**first, "fp32_dot": "tf32x3", "k_major": True}, {"fp32_dot": "tf32x3"},
+            {"loads": "tma"})
 
 
 # Operand layouts a target is verified and timed at, as the model passes them: a "mk" (row-major
@@ -787,11 +796,12 @@ def configure(spec: dict) -> Family:
         spec=dict(spec))
 
 
-def layout_spec(a: dict, b: dict) -> dict:
-    """{a: .., b: ..} of two captured operands (shape and stride), the plain layouts left out."""
+def layout_spec(a: dict, b: dict | None) -> dict:
+    """{a: .., b: ..} of two captured operands (shape and stride), the plain layouts left out;
+    b None: the plain contract's (a linear layer's W^T)."""
     spec = {}
     ash, ast = tuple(a["shape"]), tuple(a.get("stride") or ())
-    bsh, bst = tuple(b["shape"]), tuple(b.get("stride") or ())
+    bsh, bst = (tuple(b["shape"]), tuple(b.get("stride") or ())) if b else ((), ())
     if len(ast) >= 2 and ash[-1] > 1 and ash[-2] > 1 and ast[-2] == 1 and ast[-1] != 1:
         spec["a"] = "km"
     if len(bst) >= 2 and bsh[-1] > 1 and bsh[-2] > 1 and bst[-1] == 1 and bst[-2] != 1:
@@ -930,7 +940,7 @@ def from_match(m):
         return None
     shape, av, bv, post = got
     # the layouts the model passes (a linear layer's W^T is the plain contract's b)
-    spec = layout_spec(a, b) if not name.startswith("linear") else layout_spec(a, dict(b, stride=()))
+    spec = layout_spec(a, None if name.startswith("linear") else b)
     return Fit(spec, tuple(shape), {"a": Ref(an, tuple(av)), "b": Ref(bn, tuple(b_extra + bv))},
                post=tuple(post + post_add))
 

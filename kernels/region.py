@@ -1656,11 +1656,10 @@ def _openers(space, spec) -> tuple:
     the model turned it off: the spec says so, from the process that captured the model)."""
     if "fp32_dot" not in space:
         return ()
-    tf32 = ({"fp32_dot": "tf32"},) if ("tf32" in space["fp32_dot"] and (
-        spec.get("conv") or {}).get("tf32", True)) else ()
     if "k_major" in space:           # a GEMM region: with K-contiguous operands, then alone
         return ({"fp32_dot": "tf32x3", "k_major": True},) + _mm.FAMILY.openers
-    return tf32 + _mm.FAMILY.openers
+    tf32 = "tf32" in space["fp32_dot"] and (spec.get("conv") or {}).get("tf32", True)
+    return (({"fp32_dot": "tf32"},) if tf32 else ()) + _mm.FAMILY.openers
 
 
 def _plan_dims(spec, p) -> tuple[list, list]:
@@ -2361,27 +2360,25 @@ def _render_gemm(spec, p, space, sig, body, uses_mul, launcher) -> str:
         ""])
     split = p["fp32_dot"] == "tf32x3_split"
     b_k = "1" if g and g["layout"] == "nk" else "-2"
-    if g and p.get("k_major"):   # fp32 operands K-contiguous first (copies where they are not)
-        launcher = launcher.replace(_SPLIT_MARK, (
-            "    if a.dtype == torch.float32:       # K-contiguous operands: no 32-bit tile transposes\n"
-            "        if a.stride(-1) != 1 and a.shape[-1] > 1:\n"
-            "            a = a.contiguous()\n"
-            f"        if b.stride({b_k}) != 1 and b.shape[{b_k}] > 1:\n"
-            f"            b = b.transpose({b_k}, -1).contiguous().transpose({b_k}, -1)\n") + _SPLIT_MARK)
+    k_major = bool(g and p.get("k_major"))
+    prep = ""
+    if k_major:    # fp32 operands K-contiguous first (copies where they are not)
+        prep += f"    a, b = _k_major(a, b, {b_k})\n"
     if split:      # the GEMM's fp32 operands split once into TF32 parts, K tripled
-        launcher = launcher.replace(_SPLIT_MARK, (
-            "    if a.dtype == torch.float32:       # [a_hi | a_hi | a_lo] @ [b_hi ; b_lo ; b_hi]\n"
-            f"        a, b = _split3(a, -1, 2), _split3(b, {b_k}, 1)\n"))
-    launcher = launcher.replace(_SPLIT_MARK, "")
+        prep += ("    if a.dtype == torch.float32:       # [a_hi | a_hi | a_lo] @ [b_hi ; b_lo ; b_hi]\n"
+                 f"        a, b = _split3(a, -1, 2), _split3(b, {b_k}, 1)\n")
+    launcher = launcher.replace(_OPERANDS_MARK, prep)
     src = C.tidy(doc + _mm.GEMM_HELPERS_SRC + "\n\n" + _FAR_SRC + (_MUL_SRC if uses_mul else "")
-                 + (_mm.TF32_SPLIT_SRC if split else "") + kern + "\n\n" + launcher)
+                 + (_mm.TF32_SPLIT_SRC if split else "") + (_mm.K_MAJOR_SRC if k_major else "")
+                 + kern + "\n\n" + launcher)
     # the K loop's fp32 dots say "ieee"; bf16/fp16 tiles never take that branch
     dot = "tf32" if split else p["fp32_dot"]
     return src.replace('input_precision="ieee"', f'input_precision="{dot}"')
 
 
-# where a GEMM region's launcher splits its fp32 operands ("tf32x3_split"), before K is read
-_SPLIT_MARK = "    # (tf32 split)\n"
+# where a GEMM region's launcher prepares its fp32 operands (k_major copies, the tf32x3_split),
+# before K and their strides are read
+_OPERANDS_MARK = "    # (operands)\n"
 
 
 def _tiled_launch(spec, nin, call, a, k, batches, even_k) -> list:
@@ -2497,7 +2494,7 @@ def _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2, conv_dot=Fal
         call += [f"a.stride({d})" for d in rows_d] + [f"b.stride({d})" for d in range(gs["batch"])]
         call[gs["a"]], call[gs["b"]] = "a", "b"        # the operands as the GEMM reads them
         lines += [f"    m_rows = {'d' + str(rank - 2) if gs['batch'] else 'n_rows'}          # rows of one batch",
-                  _SPLIT_MARK.rstrip("\n"), "    K = a.shape[-1]"]
+                  _OPERANDS_MARK.rstrip("\n"), "    K = a.shape[-1]"]
         lines += _tiled_launch(spec, nin, call, "a", "K", "n_rows // m_rows", "K % bk == 0")
         return "\n".join(lines) + "\n"
     if conv_dot:
