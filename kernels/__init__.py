@@ -97,12 +97,20 @@ class Family:
     # on its shape (matmul: split-K where the output has fewer tiles than the GPU has SMs);
     # None: ``openers`` for every target
     openers_for: Callable | None = None
+    # (shape, dtype) -> changes to ``default`` for the starter of one target, where the generic
+    # starter would serve its shape pathologically (matmul: an output of 4 or 16 tiles on a GPU
+    # of 132 SMs, unsplit, took seconds a call at KernelBench's long-K shapes); None: none
+    default_for: Callable | None = None
 
     def for_target(self, shape, dtype: str) -> "Family":
-        """This family with its openers for a target of this (most called) shape and dtype."""
-        if self.openers_for is None or not shape:
+        """This family with its starter and openers for a target of this (most called) shape
+        and dtype."""
+        if not shape or (self.openers_for is None and self.default_for is None):
             return self
-        return dataclasses.replace(self, openers=tuple(self.openers_for(tuple(shape), dtype)))
+        shape = tuple(shape)
+        default = dict(self.default, **(self.default_for(shape, dtype) if self.default_for else {}))
+        openers = tuple(self.openers_for(shape, dtype)) if self.openers_for else self.openers
+        return dataclasses.replace(self, default=default, openers=openers)
 
     def starter(self) -> str:
         return self.render(dict(self.default))

@@ -728,6 +728,27 @@ FP32_DOT_DOC = {
 SMS = 132               # an H100/H200's SMs: the order of any data-center GPU's
 
 
+def _split_point(shape) -> dict:
+    """Split K where the output has fewer 64 x 64 tiles than the GPU has SMs and K is long
+    (each slice keeps at least 8 K steps): the tile and slice count, or {} where not."""
+    bt, m, k, n = problem(shape)
+    tiles = bt * math.ceil(m / 64) * math.ceil(n / 64)
+    if tiles >= SMS or k < 64 * 8 * 2:
+        return {}
+    split = 1
+    while split < 16 and tiles * split < SMS and k // (split * 2) >= 64 * 8:
+        split *= 2
+    return {"split_k": split, "block_m": 64, "block_n": 64, "block_k": 64,
+            "num_warps": 4, "num_stages": 3, "loads": "pointers"}
+
+
+def default_for(shape, dtype: str) -> dict:
+    """The starter of a target whose output has too few tiles for the GPU: K split (still the
+    exact fp32 dot). Unsplit, KernelBench's matrix-vector product (2048 x 1 output, K = 1M)
+    ran on 16 of 132 SMs and its starter did not finish the verifier in a 66 s budget."""
+    return _split_point(shape)
+
+
 def openers_for(shape, dtype: str) -> tuple:
     """The first moves for a target of this shape. Split K where the output has fewer 64 x 64
     tiles than the GPU has SMs and K is long (each slice keeps at least 8 K steps). For fp32, in
@@ -740,15 +761,8 @@ def openers_for(shape, dtype: str) -> tuple:
     (cuBLAS fp32 2.7 ms) and, on KernelBench's positive inputs at 2048 x 8192 x 4096, erred by
     1.5e-4 of the output (fp32: ~1e-6) while passing the verifier's smaller shapes: the
     end-to-end check kept it out. It stays a point of the space; the judge decides."""
-    bt, m, k, n = problem(shape)
-    tiles = bt * math.ceil(m / 64) * math.ceil(n / 64)
-    if tiles < SMS and k >= 64 * 8 * 2:
-        split = 1
-        while split < 16 and tiles * split < SMS and k // (split * 2) >= 64 * 8:
-            split *= 2
-        first = {"split_k": split, "block_m": 64, "block_n": 64, "block_k": 64,
-                 "num_warps": 4, "num_stages": 3, "loads": "pointers"}
-    else:
+    first = _split_point(shape)
+    if not first:
         first = {"block_m": 128, "block_n": 64, "block_k": 64, "num_warps": 8,
                  "num_stages": 4, "loads": "pointers"} if dtype == "float32" else {}
     if dtype != "float32":
@@ -832,6 +846,7 @@ FAMILY = Family(
     from_profile=from_profile,
     openers=({"fp32_dot": "tf32x3"},),
     openers_for=openers_for,
+    default_for=default_for,
 )
 
 
