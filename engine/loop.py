@@ -798,7 +798,12 @@ class _Dispatch:
             return "recorded"
         req = {"op": "evaluate", "family": fam.name, "spec": target.get("spec") or {},
                "source": prop.source, "dtype": target["dtype"], "shapes": target["shapes"],
-               "seed": self.cfg.seed * 1_000_003 + len(seen) + 1, "tf32": self.tf32}
+               "seed": self.cfg.seed * 1_000_003 + len(seen) + 1, "tf32": self.tf32,
+               # verified in the dtype it is placed for (a placed kernel is guarded by it): the
+               # other dtypes' sweep and stability cases, each dtype its own compile, say
+               # nothing about that placement (a region starter took 33-44 s on the H200 at
+               # KernelBench's fp32 shapes, 13-24 s of it in the shape sweep)
+               "dtypes": [target["dtype"]]}
         # the gate compares with the best's timing, so only where every worker is the reference's
         # GPU model (else a candidate slower here may still be faster on the reference)
         if (self.bench_first and target["best_latency_us"]

@@ -743,10 +743,15 @@ def _split_point(shape) -> dict:
 
 
 def default_for(shape, dtype: str) -> dict:
-    """The starter of a target whose output has too few tiles for the GPU: K split (still the
-    exact fp32 dot). Unsplit, KernelBench's matrix-vector product (2048 x 1 output, K = 1M)
-    ran on 16 of 132 SMs and its starter did not finish the verifier in a 66 s budget."""
-    return _split_point(shape)
+    """The starter for a target of this shape: its first opener (below). K split where the
+    output has too few tiles for the GPU: unsplit, KernelBench's matrix-vector product (2048 x
+    1 output, K = 1M) ran on 16 of 132 SMs and its starter did not finish the verifier in a
+    66 s budget. fp32 on tensor cores (tf32x3, accurate to fp32's ~1e-6): the IEEE dot ran
+    8205 x 2949 x 5921 at 14% of the speed of light (15.2 ms, cuBLAS 6.5 ms) and, one
+    experiment a KernelBench budget at that size, was all the run tried. The exact fp32 dot
+    stays in the space."""
+    first = openers_for(shape, dtype)
+    return dict(first[0]) if first else {}
 
 
 def openers_for(shape, dtype: str) -> tuple:

@@ -1662,6 +1662,16 @@ def _openers(space, spec) -> tuple:
     return (({"fp32_dot": "tf32"},) if tf32 else ()) + _mm.FAMILY.openers
 
 
+def _default_for(space, spec):
+    """An fp32 GEMM or convolution region starts at its first opener (the IEEE dot ran
+    KernelBench's Conv2d_Mish_Mish at 41 ms on the H200, eager's cuDNN in 7.6 ms: never placed,
+    and at that size the one experiment of a problem's budget)."""
+    first = _openers(space, spec)
+    if not first:
+        return None
+    return lambda shape, dtype: dict(first[0]) if dtype == "float32" else {}
+
+
 def _plan_dims(spec, p) -> tuple[list, list]:
     """(row dims, col dims) in split coordinates."""
     r = spec["rank"] + (1 if spec.get("split") else 0)
@@ -2588,6 +2598,7 @@ def configure(spec: dict) -> Family:
         render=render_for(spec),
         # a GEMM region: fp32 operands on tensor cores first, as the matmul family tries them
         openers=_openers(space, spec),
+        default_for=_default_for(space, spec),
         dtypes=dtypes,
         description=f"region {spec['name']}: {len(spec['ops'])} aten op(s) fused, fp32 inside",
         notes={"ranges": ranges, "kinds": kinds, "depth": _depth(spec),

@@ -938,12 +938,15 @@ def test_matmul_openers_follow_the_targets_shape():
     assert long_k[0]["split_k"] == 16 and long_k[0]["loads"] == "pointers"
     assert long_k[0]["fp32_dot"] == "tf32x3" and long_k[0]["k_major"]
     assert fam.for_target([4096, 4096, 4096], "bfloat16").openers == ()
-    # the starter itself splits K where the output has too few tiles (still the IEEE dot):
-    # KernelBench's matrix-vector product, 2048 x 1 out of K = 1M, on 8 slices
-    assert sq.default == fam.default
+    # a target's starter is its first opener: K split where the output has too few tiles
+    # (KernelBench's matrix-vector product, 2048 x 1 out of K = 1M: 8 slices), fp32 on tensor
+    # cores; a bf16 square starts at the generic starter
+    assert sq.default == dict(fam.default, **sq.openers[0])
     mv = fam.for_target([2048, 1048576, 1], "float32")
-    assert (mv.default["split_k"], mv.default["fp32_dot"], mv.default["block_m"]) == (8, "ieee", 64)
+    assert (mv.default["split_k"], mv.default["fp32_dot"], mv.default["block_m"]) == (8, "tf32x3", 64)
     assert "SPLIT_K = 8 " in mv.starter()
+    assert fam.for_target([4096, 4096, 4096], "bfloat16").default == fam.default
+    assert fam.for_target([16, 4096, 4096], "bfloat16").default["split_k"] == 4
     assert fam.for_target([16, 4096, 4096], "bfloat16").openers[0]["split_k"] == 4
     assert fam.for_target(None, "float32") is fam
     hist = [{"params": dict(fam.default), "source_hash": verify.source_hash(fam.starter()),
