@@ -198,7 +198,9 @@ def score_problem(path: Path, cfg_kw: dict, trials: int, log) -> ProblemResult:
         records, left_out = integrate.placeable(store, res.run_id, skip_flagged=False)
         ks = integrate.load(records)
         dtype = str(loaded.dtype).removeprefix("torch.")
-        road = integrate.graph_road(loaded.model, loaded.inputs, run["config"].get("families"))
+        # the graph again only where a kernel is to be placed (a capture is seconds at 6 GB)
+        road = (integrate.graph_road(loaded.model, loaded.inputs, run["config"].get("families"))
+                if ks else None)
         seed = cfg.seed
         check = usable = None
         if ks:
