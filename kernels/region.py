@@ -1650,12 +1650,15 @@ def space_of(spec) -> tuple[dict, dict]:
 
 
 def _openers(space, spec) -> tuple:
-    """A GEMM region: fp32 operands on tensor cores first, as the matmul family tries them (the
+    """A pointwise region: inductor's block for large pointwise kernels. A GEMM region: fp32
+    operands on tensor cores first, as the matmul family tries them (the
     K loop's three TF32 products; matmul.openers_for says why not the pre-split operands); a
     convolution's implicit GEMM: TF32 before that where eager's cuDNN may run in TF32 (unless
     the model turned it off: the spec says so, from the process that captured the model)."""
     if "fp32_dot" not in space:
-        return ()
+        # a pointwise region: torch.compile's tile for a large one first (a flat 1,024-element
+        # block, 4 warps), the space's other shapes after it
+        return ({"max_block": 1024, "max_tile": 1024, "num_warps": 4},) if not spec["red"] else ()
     if "k_major" in space:           # a GEMM region: with K-contiguous operands, then alone
         return ({"fp32_dot": "tf32x3", "k_major": True},) + _mm.FAMILY.openers
     tf32 = "tf32" in space["fp32_dot"] and (spec.get("conv") or {}).get("tf32", True)
@@ -1667,7 +1670,7 @@ def _default_for(space, spec):
     KernelBench's Conv2d_Mish_Mish at 41 ms on the H200, eager's cuDNN in 7.6 ms: never placed,
     and at that size the one experiment of a problem's budget)."""
     first = _openers(space, spec)
-    if not first:
+    if not first or "fp32_dot" not in space:
         return None
     return lambda shape, dtype: dict(first[0]) if dtype == "float32" else {}
 

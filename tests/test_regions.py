@@ -355,6 +355,9 @@ def test_a_pointwise_region_wider_than_a_tile_is_cut_over_a_two_dimensional_grid
     _, f = _found(Chain(), torch.randn(3, 2500), torch.randn(2500))
     r = _by_name(f)["mul+add+leaky_relu+clamp"]
     fam = kernels.get("region", r.spec)
+    # (the region's first opener is torch.compile's tile for a large pointwise kernel)
+    assert fam.openers == ({"max_block": 1024, "max_tile": 1024, "num_warps": 4},)
+    assert fam.for_target(r.shape, "float32").default == fam.default
     src = fam.render({**fam.default, "max_block": 1024, "max_tile": 2048})
     assert "c_start = (tl.program_id(0) % n_cblk) * BLOCK" in src and "_region_one_pass, MAX_BLOCK" in src
     for st in _five_stages(fam, r.shape, source=src, tmp=tmp_path):
