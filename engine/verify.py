@@ -494,7 +494,7 @@ def run_case(fn, fam, case: Case, device: str, repeats: int = 1) -> list:
     saved = {k: v.clone() for k, v in tensors.items()}
     on = next(iter(tensors.values())).device if tensors else None
     outs = []
-    for _ in range(repeats):
+    for rep in range(repeats):
         out = guarded_call(fn, inputs, fam.allowed_host_ops)
         for k, v in tensors.items():
             if not _bytes_equal(v, saved[k]):
@@ -511,7 +511,7 @@ def run_case(fn, fam, case: Case, device: str, repeats: int = 1) -> list:
         # 66 s budget on the H200 (LeakyReLU, KernelBench level 1). No weaker than the judge
         # comparing them: the process that runs the candidate produced every repeat's bytes
         if outs and not _bytes_equal(outs[0], out):
-            raise CandidateError("", f"run {len(outs) + 1} differs from run 1 in "
+            raise CandidateError("", f"run {rep + 1} differs from run 1 in "
                                      f"{_differing(outs[0], out)} element(s): not bitwise deterministic")
         if not outs:
             outs.append(out.detach())
