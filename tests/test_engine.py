@@ -413,6 +413,7 @@ def test_cli_verify_judges_a_candidate(tmp_path):
     assert out["failed_stage"] == "static" and "syntax error" in out["error"]
 
 
+@pytest.mark.slow   # 45 s: a starter's five stages interpreted before the stop (the stopped state: test_one_engine_per_run_...)
 def test_engine_handle_runs_in_a_thread_and_stops(tmp_path):
     eng = Engine()
     with pytest.raises(ConfigError):
