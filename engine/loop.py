@@ -14,7 +14,7 @@ from pathlib import Path
 import threading
 import time
 import traceback
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import asdict, dataclass, field, fields, replace
 
 import kernels
@@ -675,6 +675,7 @@ class _Dispatch:
         self.run_id, self.timing_mode, self.control, self.log = run_id, timing_mode, control, log
         self.inflight: dict[int, dict] = {}    # job key -> {"exp", "t0", "first", "req", ...}
         self.exps: list[dict] = []             # the run's committed experiments, oldest first
+        self.took: deque = deque(maxlen=8)     # seconds the last committed experiments took
         self.short_noted = False               # the event "the time left holds no experiment"
         self.by_target: dict[int, list[dict]] = {}
         self.keys = itertools.count(1)
@@ -739,7 +740,7 @@ class _Dispatch:
         if cfg.budget_minutes is None:
             return False
         left = cfg.budget_minutes * 60 - (time.monotonic() - started)
-        took = sorted(e["duration_s"] for e in self._experiments()[-8:] if e.get("duration_s"))
+        took = sorted(self.took)
         need = took[len(took) // 2] if took else 0.0
         if left < need and left > 0 and not self.short_noted:
             self.short_noted = True
@@ -932,6 +933,7 @@ class _Dispatch:
         exp = item["exp"]
         target = self._target(exp["target_id"])
         exp["duration_s"] = time.monotonic() - item["t0"]
+        self.took.append(exp["duration_s"])
         update = {"experiments": target["experiments"] + 1, "state": "active"}
         if exp.get("state") == "reverted":        # timed, not verified further (bench-first)
             update["no_improve"] = target["no_improve"] + 1

@@ -1669,8 +1669,8 @@ def _default_for(space, spec):
     """An fp32 GEMM or convolution region starts at its first opener (the IEEE dot ran
     KernelBench's Conv2d_Mish_Mish at 41 ms on the H200, eager's cuDNN in 7.6 ms: never placed,
     and at that size the one experiment of a problem's budget)."""
-    first = _openers(space, spec)
-    if not first or "fp32_dot" not in space:
+    first = _openers(space, spec) if "fp32_dot" in space else ()
+    if not first:
         return None
     return lambda shape, dtype: dict(first[0]) if dtype == "float32" else {}
 
@@ -1862,11 +1862,13 @@ def render_for(spec):
             ptr = f"out_ptr + ({ro})[:, None]" if ro != "0" else "out_ptr + zr[:, None]"
             return [f"tl.store({ptr}, {val}.to(out_ptr.dtype.element_ty), mask=rmask[:, None])"]
 
-        head = [f"{v}_ptr = {v}_ptr + o_{v}" for v in flips] + ["pid = tl.program_id(0)",
-                "rows = (pid * ROWS + tl.arange(0, ROWS)).to(tl.int64)      # [ROWS]",
-                "rmask = rows < n_rows",
-                "zr = rows * 0                                               # [ROWS] zeros (int64)"]
-        head += _decompose("rows", rows_d, "r")
+        def row_head(pid_lines):
+            return ([f"{v}_ptr = {v}_ptr + o_{v}" for v in flips] + pid_lines
+                    + ["rows = (pid * ROWS + tl.arange(0, ROWS)).to(tl.int64)      # [ROWS]",
+                       "rmask = rows < n_rows",
+                       "zr = rows * 0                                               # [ROWS] zeros (int64)"]
+                    + _decompose("rows", rows_d, "r"))
+        head = row_head(["pid = tl.program_id(0)"])
 
         def col_head(start):
             lines = [f"cols = ({start} + tl.arange(0, BLOCK)).to(tl.int64)       # [BLOCK]",
@@ -1882,16 +1884,10 @@ def render_for(spec):
         # p // blocks, column block p % blocks, so programs launched together stream adjacent
         # memory (row bands first put concurrent programs 1.5 MB apart in LeakyReLU's rows).
         # Any other region's one-pass tile holds whole rows: one block, the start 0.
-        one_head = []
-        for line in head:
-            if line == "pid = tl.program_id(0)":
-                one_head += ["n_cblk = tl.cdiv(n_cols, BLOCK)                            # column blocks a row",
-                             "pid = tl.program_id(0) // n_cblk",
-                             "c_start = (tl.program_id(0) % n_cblk) * BLOCK"]
-            else:
-                one_head.append(line)
         one = (_gemm_head(spec, rows_d, cols_d) if gemm or conv_dot
-               else one_head + col_head("c_start"))
+               else row_head(["n_cblk = tl.cdiv(n_cols, BLOCK)                            # column blocks a row",
+                              "pid = tl.program_id(0) // n_cblk",
+                              "c_start = (tl.program_id(0) % n_cblk) * BLOCK"]) + col_head("c_start"))
         have: set = set()
         for s in steps:
             if s.name not in used or s.name in have:
