@@ -925,7 +925,7 @@ def test_fp32_operands_split_once_into_tf32_parts_that_sum_back_exactly(cand_dir
 def test_matmul_openers_follow_the_targets_shape():
     """Split-K where the output has fewer 64 x 64 tiles than SMs and K is long, and for fp32 in
     the same move tensor cores (tf32x3, at the tile measured best for it where K is not split)
-    with K-contiguous operand copies; bf16 squares have no opener. The loop hands the proposer the family for its target's
+    with K-contiguous operand copies; bf16 squares open with TMA tiles. The loop hands the proposer the family for its target's
     most-called shape."""
     from engine.proposers import SearchProposer
     fam = FAMILIES["matmul"]
@@ -937,7 +937,10 @@ def test_matmul_openers_follow_the_targets_shape():
     long_k = fam.for_target([256, 524288, 256], "float32").openers
     assert long_k[0]["split_k"] == 16 and long_k[0]["loads"] == "pointers"
     assert long_k[0]["fp32_dot"] == "tf32x3" and long_k[0]["k_major"]
-    assert fam.for_target([4096, 4096, 4096], "bfloat16").openers == ()
+    # bf16 squares open with the Hopper tiles (TMA, 64-deep K) and start at the generic starter
+    from kernels import matmul as mm
+    assert fam.for_target([4096, 4096, 4096], "bfloat16").openers == mm.HALF_OPENERS
+    assert all(o["loads"] == "tma" and o["block_k"] == 64 for o in mm.HALF_OPENERS)
     # a target's starter is its first opener: K split where the output has too few tiles
     # (KernelBench's matrix-vector product, 2048 x 1 out of K = 1M: 8 slices), fp32 on tensor
     # cores; a bf16 square starts at the generic starter
