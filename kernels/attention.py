@@ -22,9 +22,12 @@ flops 4*B*H*S*S*D (half of it when causal): compute bound from S ~ 512 on.
 Numerics (flash attention): per program a tile of BLOCK_M queries, an online softmax over key
 blocks of BLOCK_N (running max m, sum l rescaled by exp(m_old - m_new); rows that have seen only
 masked keys subtract 0, not -inf, so no NaN), scores and accumulators in fp32; p is rounded to
-v's dtype for the p @ v dot (as every flash kernel does), fp32 operands use full fp32 dots
-(input_precision="ieee"). Under the interpreter bf16 tiles are upcast before tl.dot (its dot
-cannot multiply bf16; see kernels/matmul.py).
+v's dtype for the p @ v dot (as every flash kernel does). fp32 operands multiply, in both dots,
+in the precision the ``fp32_dot`` axis names: full fp32 on the CUDA cores (input_precision="ieee")
+or three TF32 products on the tensor cores ("tf32x3", accurate to about fp32); an fp32 target
+starts at "tf32x3" (``default_for``). Under the interpreter bf16 tiles are upcast before tl.dot
+(its dot cannot multiply bf16; see kernels/matmul.py), and tl.dot ignores input_precision (numpy
+fp32 matmul): only a GPU computes the TF32 products.
 
 Search space (``SPACE``), rendered by ``render`` into one self-contained candidate source:
 - block_m, block_n: query rows per program, keys per step (clamped at launch: no larger than
@@ -42,11 +45,22 @@ Search space (``SPACE``), rendered by ``render`` into one self-contained candida
   tensor descriptors (block [1, 1, rows, BLOCK_D]; zeros past the sequence and the head dim, the
   store clipped), on Hopper and newer NVIDIA GPUs and under the interpreter, for operands with a
   unit last stride and 16-byte aligned rows; anything else takes the pointer kernel.
+- fp32_dot (fp32 operands only: bf16/fp16 tiles never take that branch): "ieee" (full fp32) or
+  "tf32x3" (three TF32 products, the operands split in registers), for q @ k^T and p @ v alike.
+  Not plain "tf32" (10-bit mantissas, ~2^-11 a product): the contract is fp32 attention (the
+  reference in float64, the bound 64 fp32 ulps of the scores' magnitude) whatever the model's
+  torch.backends.cuda.matmul.allow_tf32, as for the matmul family, whose space has only
+  fp32-grade dots; the run's TF32 flag moves the speed of light (engine/hw.py), not the bound.
+  Only a convolution region offers "tf32", where its spec carries cuDNN's TF32 setting from the
+  process that captured the model; attention's match fixes no spec. Emulated, TF32 dots erred by
+  2.6 to 140 times the bound on the inputs the verifier makes (tests): every such point would be
+  a rejected experiment.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+import textwrap
 
 import torch
 import torch.nn.functional as F
@@ -148,8 +162,13 @@ def error_bound(q, k, v, causal, scale):
 # |out - expected| <= atol + rtol*|expected| + stol*bound (error_bound above), expected = fp64
 # SDPA cast to the output dtype. fp16/bf16: p is rounded to the dtype for p @ v (half an ulp,
 # 2^-11 / 2^-8 relative, of each weight): stol is twice that; rtol the output's own rounding
-# (doubled). fp32: fp32 dots and exp, stol 64 ulps. A kernel that drops the scale, the causal
-# mask, the GQA head mapping or the max subtraction is off by O(1) of the bound.
+# (doubled). fp32: fp32 dots and exp, stol 64 ulps. "tf32x3" dots need no more: a product
+# hi*hi + hi*lo + lo*hi (hi rounded to TF32, lo = x - hi as the tensor core reads it, its low 13
+# bits cut; lo*lo dropped) is off by at most ~5 * 2^-22 = 20 ulps of |q||k| (|p||v|), inside the
+# 64 ulps of A (and of P @ |v|) the bound grants. Emulated on the CPU (tests), tf32x3 attention
+# stays below 0.07 of the bound on every input kind, as IEEE fp32 does; plain TF32 (2^-11 a
+# product) is off by 2.6-140 times it. A kernel that drops the scale, the causal mask, the GQA
+# head mapping or the max subtraction is off by O(1) of the bound.
 # (TOLERANCE[dtype] = (atol, rtol), BOUND_TOL[dtype] = stol)
 TOLERANCE = {
     torch.float32: (0.0, 1e-6),
@@ -201,9 +220,37 @@ SPACE = {
     "use_exp2": [False, True],
     "m_order": ["forward", "reverse"],
     "loads": ["pointers", "tma"],
+    "fp32_dot": ["ieee", "tf32x3"],
 }
 DEFAULT = {"block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 2,
-           "causal_blocks": "skip", "use_exp2": False, "m_order": "forward", "loads": "pointers"}
+           "causal_blocks": "skip", "use_exp2": False, "m_order": "forward", "loads": "pointers",
+           "fp32_dot": "ieee"}
+
+
+# What the rendered source says its fp32 dots compute (docstring), and the comment on its fp32
+# branch. "tf32x3": Triton splits each fp32 operand x into hi = TF32(x) and lo = x - hi and sums
+# hi*lo + lo*hi, then hi*hi, on the tensor cores (an fp32 accumulator): 22 significant bits a
+# product against fp32's 24. On the H200 three TF32 products (415 / 3 TFLOP/s) outrun the fp32
+# units (51): the IEEE dot ran KernelBench's MinGPT causal attention (fp32, 128 x 8 heads x 512
+# x 96) in 11,496 us against eager's 1,793 us (cuBLAS fp32 bmm and softmax).
+FP32_DOT_DOC = {
+    "ieee": "fp32 operands multiply in full fp32 on the CUDA cores (input_precision=\"ieee\", "
+            "no TF32)",
+    "tf32x3": "fp32 operands multiply on the tensor cores as three TF32 products "
+              "(input_precision=\"tf32x3\": hi*hi + hi*lo + lo*hi, 22 significant bits a product, "
+              "accurate to about fp32)",
+}
+FP32_DOT_NOTE = {
+    "ieee": "fp32 tiles: full fp32, no TF32",
+    "tf32x3": "fp32 tiles: three TF32 products (~fp32)",
+}
+
+
+def default_for(shape, dtype: str) -> dict:
+    """The starter of a target: fp32 on the tensor cores (tf32x3, accurate to about fp32); the
+    IEEE dot stays in the space (fp32_dot "ieee"). Other dtypes: the family's default (the axis
+    does not touch their dots)."""
+    return {"fp32_dot": "tf32x3"} if str(dtype).removeprefix("torch.") == "float32" else {}
 
 
 _HELPERS_SRC = '''
@@ -264,15 +311,17 @@ kt = tl.load(k_base + kn[None, :] * stride_kn + offs_d[:, None] * stride_kd,
              mask=(kn < SK)[None, :] & d_ok[:, None], other=0.0)   # [BLOCK_D, BLOCK_N]
 vt = tl.load(v_base + kn[:, None] * stride_vn + offs_d[None, :] * stride_vd,
              mask=(kn < SK)[:, None] & d_ok[None, :], other=0.0)   # [BLOCK_N, BLOCK_D]'''
+    # both dots of fp32 tiles in the point's precision; bf16/fp16 tiles take the native dot
+    dot, note = p["fp32_dot"], FP32_DOT_NOTE[p["fp32_dot"]]
     lines = ['''
-kn = start_n + offs_n                                              # [BLOCK_N] key positions''' + loads + '''
+kn = start_n + offs_n                                              # [BLOCK_N] key positions''' + loads + f'''
 qd = q
 if DOT_FP32:                       # interpreter: its tl.dot cannot multiply bf16
     qd = qd.to(tl.float32)
     kt = kt.to(tl.float32)
 s = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-if IEEE:                           # fp32 operands: full fp32, no TF32
-    s = tl.dot(qd, kt, s, input_precision="ieee")
+if IEEE:                           # {note}
+    s = tl.dot(qd, kt, s, input_precision="{dot}")
 else:
     s = tl.dot(qd, kt, s)
 s = s * qk_scale''']
@@ -294,8 +343,8 @@ if DOT_FP32:
     pv = pv.to(tl.float32)
     vt = vt.to(tl.float32)
 acc = acc * alpha[:, None]
-if IEEE:
-    acc = tl.dot(pv, vt, acc, input_precision="ieee")
+if IEEE:                           # {note}
+    acc = tl.dot(pv, vt, acc, input_precision="{dot}")
 else:
     acc = tl.dot(pv, vt, acc)
 m_i = m_new''')
@@ -447,12 +496,15 @@ def render(params) -> str:
           "skip": "stops at the diagonal (causal) and masks every block it visits",
           "split": "stops at the diagonal (causal); only blocks crossing it or the sequence end "
                    "are masked"}[p["causal_blocks"]]
+    loop = textwrap.fill(f"The key loop {cb}. Both dots (q @ k^T, p @ v): "
+                         f"{FP32_DOT_DOC[p['fp32_dot']]}; bf16/fp16 operands multiply natively "
+                         "on the tensor cores.", 96)
     doc = f'''"""Attention candidate ({p["block_m"]}x{p["block_n"]} blocks, {p["causal_blocks"]}, exp2={p["use_exp2"]}): o = softmax(scale * q k^T) v.
 
 q [B, H, Sq, D], k, v [B, Hkv, Sk, D] (grouped-query: head h reads h // (H // Hkv)), any
 strides; o contiguous in q's dtype. Flash attention: online softmax over key blocks, fp32 scores
-and accumulators, p rounded to v's dtype for p @ v, fp32 dots in full fp32 (no TF32). The key
-loop {cb}.
+and accumulators, p rounded to v's dtype for p @ v.
+{loop}
 Bytes the op must move: (2*B*H*Sq + 2*B*Hkv*Sk)*D*itemsize; q is read once, each key/value
 block once per query block (from L2 mostly).
 Point: {C.point_line(SPACE, p)}
@@ -491,6 +543,7 @@ FAMILY = Family(
     bound_tol=BOUND_TOL,
     size=size,
     from_profile=from_profile,
+    default_for=default_for,
 )
 
 

@@ -405,6 +405,44 @@ def test_tolerance_rejects_wrong_attention(cand_dir):
     assert ratio(fam, fn(**inp), inp) > 1
 
 
+def _tf32_cut(x):
+    """Drop the low 13 mantissa bits: how a tensor core reads an fp32 register as TF32."""
+    return (x.float().contiguous().view(torch.int32) & ~0x1FFF).view(torch.float32)
+
+
+def _tf32x3_mm(a, b):
+    """Triton's input_precision="tf32x3", emulated: hi = TF32(x) (rounded), lo = x - hi read as
+    TF32 (cut); lo_a @ hi_b + hi_a @ lo_b first, then hi_a @ hi_b, in fp32; lo_a @ lo_b dropped."""
+    ah, bh = _tf32(a), _tf32(b)
+    al, bl = _tf32_cut(a - ah), _tf32_cut(b - bh)
+    return ah @ bh + (ah @ bl + al @ bh)
+
+
+def test_attention_bound_holds_tf32x3_dots_and_rejects_plain_tf32():
+    """fp32 attention on tensor cores: both dots as three TF32 products (the fp32 starter's
+    tf32x3, ~fp32 accuracy) stay well inside the fp32 bound on every input kind the verifier
+    makes, at head dims 32-256 and with or without the causal mask; plain TF32 dots (10-bit
+    mantissas, what a kernel without input_precision computes on NVIDIA) fail it on every one.
+    The products are emulated in torch fp32 on the CPU: the interpreter ignores input_precision
+    (numpy fp32 matmul), so only this emulation, or a GPU, exercises the TF32 numerics."""
+    fam = FAMILIES["attention"]
+
+    def attn(inp, mm):
+        q, k, v = inp["q"], inp["k"], inp["v"]
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        s = mm(q, k.transpose(-1, -2)) * inp["scale"]
+        if inp["causal"]:
+            s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+        return mm(torch.softmax(s, -1), v)
+
+    for shape in ((1, 4, 40, 32, 2, 1), (1, 2, 97, 96, 1, 1), (1, 2, 64, 256, 2, 0)):
+        for kind in ("normal",) + attention.ADVERSARIAL:
+            inp = inputs_for(fam, shape, torch.float32, seed=3, kind=kind)
+            assert ratio(fam, attn(inp, _tf32x3_mm), inp) < 0.25, (shape, kind)
+            assert ratio(fam, attn(inp, lambda a, b: _tf32(a) @ _tf32(b)), inp) > 2, (shape, kind)
+
+
 def test_tolerance_rejects_wrong_fused_mlp(cand_dir):
     fam = FAMILIES["fused_mlp"]
     for dtype in DTYPES:
@@ -776,6 +814,56 @@ def test_attention_tma_loads_take_descriptors_where_they_can_and_pass_the_verifi
     for stage in verify.STAGES:
         r = v.run_stage(fn, stage)
         assert r.status == "passed", (stage, r.detail)
+
+
+def test_attention_fp32_target_starts_on_tensor_cores_and_the_space_keeps_ieee(cand_dir):
+    """An fp32 target's starter multiplies both dots (q @ k^T, p @ v) as three TF32 products
+    (tf32x3), in the pointer kernel and in the TMA one, says so in its docstring, and passes the
+    five verifier stages; the IEEE dot stays a point of the space and the search reaches it; a
+    bf16 or fp16 target keeps the family's starter. Under the interpreter tl.dot ignores
+    input_precision (numpy fp32 matmul): this checks the sources and the plumbing, not the TF32
+    numerics (test_attention_bound_holds_tf32x3_dots_and_rejects_plain_tf32 and a GPU do)."""
+    from engine.proposers import SearchProposer
+    shape = (1, 4, 40, 64, 2, 1)
+    fam = FAMILIES["attention"].for_target(shape, "float32")
+    assert fam.default == dict(attention.DEFAULT, fp32_dot="tf32x3")
+    def fp32_dots(src):
+        return [line.split("input_precision=")[1] for line in src.splitlines()
+                if "tl.dot(" in line and "input_precision" in line]
+
+    for loads, kernels_ in (("pointers", 1), ("tma", 2)):
+        src = attention.render(dict(fam.default, loads=loads))
+        assert fp32_dots(src) == ['"tf32x3")'] * 2 * kernels_             # both dots, each kernel
+        assert '"ieee"' not in src and "three TF32 products" in src         # and its docstring
+        ieee = attention.render(dict(fam.default, loads=loads, fp32_dot="ieee"))
+        assert fp32_dots(ieee) == ['"ieee")'] * 2 * kernels_ and "tf32x3" not in ieee
+        assert "in full fp32" in ieee
+    # the starter passes all five stages (fp32 and, in the shape sweep, fp16/bf16 cases)
+    verify.install_launch_counter()
+    spec = {"dtype": "float32", "shapes": [{"shape": list(shape), "count": 1}], "seed": 9}
+    v = verify.Verifier(fam, spec, DEVICE, interpret=DEVICE == "cpu")
+    fn = load_candidate(fam.starter(), cand_dir)
+    for stage in verify.STAGES:
+        r = v.run_stage(fn, stage)
+        assert r.status == "passed", (stage, r.detail)
+    # the search starts there and reaches the IEEE dot by mutation
+    hist = [{"params": dict(fam.default), "source_hash": verify.source_hash(fam.starter()),
+             "state": "kept"}]
+    first = SearchProposer(0).propose(fam, [], None)
+    assert first.params["fp32_dot"] == "tf32x3" and first.source == fam.starter()
+    best = {"params": dict(fam.default), "id": 1, "seq": 1}
+    for _ in range(60):
+        p = SearchProposer(0).propose(fam, hist, best)
+        if p.params["fp32_dot"] == "ieee":
+            break
+        hist.append({"params": p.params, "source_hash": verify.source_hash(p.source),
+                     "state": "reverted"})
+    assert p.params["fp32_dot"] == "ieee" and 'input_precision="ieee"' in p.source
+    # 16-bit targets: the family's starter, its dots native (the axis never reaches them)
+    for dtype in ("bfloat16", "float16"):
+        half = FAMILIES["attention"].for_target(shape, dtype)
+        assert half.default == attention.DEFAULT and half.starter() == attention.FAMILY.starter()
+    assert attention.DEFAULT["fp32_dot"] == "ieee"
 
 
 def test_a_real_shape_over_the_cap_is_checked_on_fewer_rows(tmp_path):
