@@ -631,6 +631,159 @@ def compile_modes(device: torch.device) -> tuple:
     return COMPILE_MODES
 
 
+# ---- what a torch.compile costs, before it starts -----------------------------------------------
+
+# Inductor's max-autotune benchmarks its GEMM and convolution choices (Triton templates, cuBLAS)
+# for every distinct shape it compiles, and that is most of the compile. Measured on the H200
+# (torch 2.11, Triton 3.6): LLaMA-1B at 4 layers, 4x2048 bf16, ~15 s for each of its 5 mm shapes
+# (8192 rows by 2048x2048, 256x2048, 5632x2048, 2048x5632, 32000x2048: N x K); KernelBench level
+# 3's 43_MinGPTCausalAttention in fp32, two addmm and two bmm, 85.2 s in
+# max-autotune-no-cudagraphs against 2.5 s in default: ~20 s a shape. 15-30 s a shape in all:
+# an estimate too short runs past the budget, one too long only skips a mode.
+AUTOTUNE_S_PER_SHAPE = 20.0
+# A default compile before one was measured: Inductor's own ~2 s plus ~20 ms an aten op of the
+# graph (43_MinGPTCausalAttention, ~25 ops: 2.5 s on the H200). reduce-overhead compiles the same
+# Inductor graph (0.6 s after default's 2.5 s there: Inductor's cache); max-autotune after
+# another max-autotune mode in the same process reuses its tuning (4.8 s there).
+COMPILE_BASE_S, COMPILE_S_PER_OP = 2.0, 0.02
+# The end-to-end stage without its compiles: the model built again, captured again (as long as
+# the run's capture took, counted apart), checked on its input sets, timed eagerly.
+STAGE_FIXED_S = 10.0
+
+# aten ops Inductor lowers to a tuned GEMM or convolution (export graphs keep linear, matmul and
+# einsum; a dispatch sees mm, addmm, bmm, baddbmm, convolution)
+_GEMM_OPS = {"mm", "addmm", "bmm", "baddbmm", "linear", "matmul", "einsum"}
+_CONV_OPS = {"convolution", "_convolution", "conv1d", "conv2d", "conv3d", "conv_transpose1d",
+             "conv_transpose2d", "conv_transpose3d"}
+
+
+def _gemm_key(name: str, args: tuple) -> tuple | None:
+    """The GEMM or convolution an aten op ``name`` on ``args`` (tensors or FakeTensors, and
+    plain values) hands Inductor's autotuner, as a key: equal keys are tuned once. linear and
+    matmul fold their leading dims as Inductor does ([B, T, K] x [N, K]: an mm of B*T rows);
+    None for any other op, and for a matrix-vector product (not tuned)."""
+    ts = [a for a in args if isinstance(a, torch.Tensor)]
+    try:
+        if name in _CONV_OPS and len(ts) >= 2:
+            rest = tuple(repr(a) for a in args if not isinstance(a, torch.Tensor))
+            return ("conv", tuple(ts[0].shape), tuple(ts[1].shape), rest, ts[0].dtype)
+        if name not in _GEMM_OPS or len(ts) < 2:
+            return None
+        if name == "einsum":
+            return ("einsum", next((a for a in args if isinstance(a, str)), ""),
+                    tuple(tuple(t.shape) for t in ts), ts[0].dtype)
+        if name in ("addmm", "baddbmm"):
+            ts = ts[1:]
+        a, b = ts[0], ts[1]
+        dt = a.dtype
+        if name == "linear":           # x [..., K], w [N, K], bias: an addmm of the folded rows
+            return ("addmm" if len(ts) > 2 else "mm", math.prod(a.shape[:-1]), b.shape[0],
+                    b.shape[1], dt)
+        if a.dim() < 2 or b.dim() < 2:
+            return None
+        if b.dim() == 2:               # mm, addmm, [..., M, K] @ [K, N]
+            return (name if name == "addmm" else "mm", math.prod(a.shape[:-1]), b.shape[1],
+                    b.shape[0], dt)
+        batch = tuple(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+        return ("baddbmm" if name == "baddbmm" else "bmm", math.prod(batch), a.shape[-2],
+                b.shape[-1], a.shape[-1], dt)
+    except Exception:                  # symbolic sizes: no static key
+        return None
+
+
+def gemm_shapes(graphs) -> set:
+    """The distinct GEMM and convolution shapes of captured graphs (engine/capture.py Graph, each
+    node's value in node.meta["val"]): what a max-autotune compile of them tunes."""
+    keys = set()
+    for g in graphs:
+        for n in g.nodes():
+            name = getattr(n.target, "_opname", None) if n.op == "call_function" else None
+            if name in _GEMM_OPS or name in _CONV_OPS:
+                args = tuple(a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+                             for a in n.args)
+                key = _gemm_key(name, args)
+                if key is not None:
+                    keys.add(key)
+    return keys
+
+
+def graph_figures(graphs, capture_s: float = 0.0) -> dict:
+    """What a compile estimate needs of a captured model, plain JSON (a run keeps it): its aten
+    ops, its distinct GEMM/convolution shapes, how long the capture took."""
+    ops = sum(1 for g in graphs for n in g.nodes() if n.op == "call_function")
+    return {"aten_ops": ops, "gemm_shapes": len(gemm_shapes(graphs)),
+            "capture_s": round(float(capture_s), 2)}
+
+
+def reference_gemm_shapes(fam, shapes, dtype: str) -> set | None:
+    """The distinct GEMM shapes a family's reference runs over ``shapes`` (the target's family
+    shapes): what the reference stage's max-autotune baseline tunes. Traced with fake tensors
+    (no memory, no compute); None when the reference cannot be traced so."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+    keys = set()
+
+    class _Gemms(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            key = _gemm_key(getattr(func, "_opname", ""), tuple(args))
+            if key is not None:
+                keys.add(key)
+            return func(*args, **(kwargs or {}))
+    try:
+        with FakeTensorMode():
+            for shape in shapes:
+                inp = fam.make_inputs(tuple(shape), dtype, "cpu", torch.Generator().manual_seed(0))
+                with _Gemms():
+                    fam.reference(**inp) if isinstance(inp, dict) else fam.reference(*inp)
+    except Exception:
+        return None
+    return keys
+
+
+def compile_estimate_s(mode: str, gemm_shapes: int | None, default_s: float | None = None,
+                       aten_ops: int = 0, tuned: bool = False) -> float:
+    """Seconds a torch.compile of one model in ``mode`` is expected to take, before it starts.
+    The default mode costs ``default_s``, its measured compile, or before there is one
+    COMPILE_BASE_S plus COMPILE_S_PER_OP for each of ``aten_ops``; reduce-overhead the same
+    (Inductor's graph again, CUDA graphs over it). A max-autotune mode costs that plus
+    AUTOTUNE_S_PER_SHAPE for each of the graph's ``gemm_shapes`` distinct GEMM/convolution
+    shapes, unless ``tuned`` (a max-autotune mode already compiled the same GEMMs in this
+    process: Inductor keeps its choices, and the next one costs about a default compile).
+    ``gemm_shapes`` None (a graph not captured): three times the default compile."""
+    base = default_s if default_s is not None else COMPILE_BASE_S + COMPILE_S_PER_OP * aten_ops
+    if not mode.startswith("max-autotune") or tuned:
+        return base
+    if gemm_shapes is None:
+        return 3.0 * base
+    return base + AUTOTUNE_S_PER_SHAPE * gemm_shapes
+
+
+def modes_estimate_s(modes, gemm_shapes: int | None, default_s: float | None = None,
+                     aten_ops: int = 0, tuned: bool = False) -> float:
+    """compile_estimate_s summed over ``modes`` tried one after the other in one process (the
+    first max-autotune mode tunes, the ones after it reuse its choices)."""
+    total = 0.0
+    for mode in modes:
+        total += compile_estimate_s(mode, gemm_shapes, default_s, aten_ops, tuned)
+        tuned = tuned or (mode.startswith("max-autotune") and gemm_shapes is not None)
+    return total
+
+
+def stage_estimate_s(figures: dict | None, timing_mode: str) -> float | None:
+    """Seconds the end-to-end stage (``finish_run``) is expected to take with every compile
+    mode: STAGE_FIXED_S, the capture again, the original compiled in each mode (the first
+    max-autotune mode tuning its GEMMs) and the optimized model in each (tuned by then). None
+    when the run's graph figures (``graph_figures``) are not known or no mode is compiled: the
+    caller keeps its flat share."""
+    if not figures or not compile_wanted(timing_mode)[0]:
+        return None
+    modes = compile_modes(torch.device("cuda" if timing_mode == "gpu" else "cpu"))
+    ops, gemms = figures.get("aten_ops", 0), figures.get("gemm_shapes")
+    return (STAGE_FIXED_S + figures.get("capture_s", 0.0)
+            + modes_estimate_s(modes, gemms, aten_ops=ops)
+            + modes_estimate_s(modes, gemms, aten_ops=ops, tuned=True))
+
+
 def time_variants(model, inputs, kernels: list, timing_mode: str, do_compile: bool | None = None,
                   reps: int | None = None, warmup: int | None = None,
                   reference_out: list | None = None, road: Road | None = None,
@@ -681,6 +834,16 @@ def time_variants(model, inputs, kernels: list, timing_mode: str, do_compile: bo
         for v in ("compile", "compile_optimized"):
             rows.append(dict(variant=v, latency_us=None, noise=None, timing_mode=timing_mode, note=why))
         return _mark_shipped(rows)
+    # what each mode's compile is estimated at before it starts (compile_estimate_s): the graph's
+    # figures (the graph road's capture; none on the interception road), the default compile
+    # once measured, whether a max-autotune mode has tuned the GEMMs in this process, and the
+    # timing after the compile ((warm-up + reps) forwards at about eager's latency)
+    graphs = road.capture.graphs if road.capture is not None else None
+    eager_s = (rows[0]["latency_us"] or 0.0) / 1e6
+    cost = dict(gemm_shapes=len(gemm_shapes(graphs)) if graphs else None,
+                aten_ops=sum(1 for g in graphs or () for n in g.nodes() if n.op == "call_function"),
+                default_s=None, tuned=False,
+                timing_s=(warmup + reps) * eager_s + (1.0 if device.type == "cpu" else 0.0))
     for variant in ("compile", "compile_optimized"):
         if variant == "compile_optimized" and not kernels:
             rows.append(dict(variant=variant, latency_us=None, noise=None, timing_mode=timing_mode,
@@ -689,7 +852,7 @@ def time_variants(model, inputs, kernels: list, timing_mode: str, do_compile: bo
         rows.append(_best_compiled(variant, model, inputs, kernels, road, measure, timing_mode,
                                    label, reference_out, deadline,
                                    interpreted=interp and variant == "compile_optimized",
-                                   all_modes=baseline_always and variant == "compile"))
+                                   all_modes=baseline_always and variant == "compile", cost=cost))
     return _mark_shipped(rows)
 
 
@@ -732,19 +895,32 @@ def _graphed_row(row: dict, module, inputs, measure, reference_out) -> None:
 
 
 def _best_compiled(variant, model, inputs, kernels, road, measure, timing_mode, label,
-                   reference_out, deadline, interpreted=False, all_modes=False) -> dict:
+                   reference_out, deadline, interpreted=False, all_modes=False,
+                   cost: dict | None = None) -> dict:
     """One row: the fastest of the compile modes tried, each mode's figure in the note. A mode
-    whose compile the time left cannot hold (estimated from the modes before it) is skipped;
-    with ``all_modes`` none is (the baseline a KernelBench table compares with is the best of
-    every mode: on level 1's 12_Matmul_with_diagonal_matrices max-autotune-no-cudagraphs ran
-    77.7 us, default 85 us; a budget spent by the loop must not weaken it)."""
+    whose compile (and timing) the time left cannot hold is skipped, estimated before it starts
+    by compile_estimate_s from ``cost`` (time_variants': the graph's GEMM shapes and aten ops,
+    the default compile once measured, whether a max-autotune mode tuned already; updated
+    here); the row's "skipped" lists them. With ``all_modes`` none is (the baseline a
+    KernelBench table compares with is the best of every mode: on level 1's
+    12_Matmul_with_diagonal_matrices max-autotune-no-cudagraphs ran 77.7 us, default 85 us; a
+    budget spent by the loop must not weaken it)."""
     device = _device(model, inputs)
-    best, notes, last_compile = None, [], 0.0
+    cost = cost if cost is not None else dict(gemm_shapes=None, aten_ops=0, default_s=None,
+                                              tuned=False, timing_s=0.0)
+    best, notes, skipped = None, [], []
     for n, mode in enumerate(compile_modes(device)):
         left = (deadline - time.monotonic()) if deadline is not None else math.inf
-        need = 3.0 * last_compile if mode.startswith("max-autotune") else 1.5 * last_compile
+        need = cost["timing_s"] + compile_estimate_s(mode, cost["gemm_shapes"], cost["default_s"],
+                                                     cost["aten_ops"], cost["tuned"])
         if not all_modes and left < max(need, 5.0):
-            notes.append(f"{mode} skipped: {max(left, 0):.0f} s left in the budget")
+            tunes = (mode.startswith("max-autotune") and not cost["tuned"]
+                     and cost["gemm_shapes"])
+            why = (f"its compile and timing are estimated at {need:.0f} s"
+                   + (f" ({cost['gemm_shapes']} GEMM/convolution shape(s) to autotune)" if tunes else "")
+                   + f", {max(left, 0):.0f} s left in the budget")
+            notes.append(f"{mode} skipped: {why}")
+            skipped.append(f"{mode} (~{need:.0f} s, {max(left, 0):.0f} s left)")
             continue
         applied = None
         try:
@@ -758,6 +934,10 @@ def _best_compiled(variant, model, inputs, kernels, road, measure, timing_mode, 
             with torch.no_grad():
                 out = flatten(fn(*inputs))                  # compiles
             last_compile = time.perf_counter() - t0
+            if mode == "default":
+                cost["default_s"] = last_compile
+            if mode.startswith("max-autotune"):
+                cost["tuned"] = True                        # Inductor keeps its choices
             err = compare([t.detach() for t in out], reference_out)[0] if reference_out is not None else None
             del out
             us, noise = measure(fn, interpreted)
@@ -774,9 +954,11 @@ def _best_compiled(variant, model, inputs, kernels, road, measure, timing_mode, 
             _free()
     if best is None:
         return dict(variant=variant, latency_us=None, noise=None, timing_mode=timing_mode,
-                    note="; ".join(x for x in (label, "torch.compile: " + "; ".join(notes)) if x))
+                    note="; ".join(x for x in (label, "torch.compile: " + "; ".join(notes)) if x),
+                    skipped=skipped)
     return dict(variant=variant, latency_us=best[0], noise=best[1], timing_mode=timing_mode,
-                note="; ".join(x for x in (label, f"best mode {best[2]}", "modes: " + "; ".join(notes)) if x))
+                note="; ".join(x for x in (label, f"best mode {best[2]}", "modes: " + "; ".join(notes)) if x),
+                skipped=skipped)
 
 
 def _mark_shipped(rows: list[dict]) -> list[dict]:
@@ -876,6 +1058,11 @@ def finish_run(store, run_id: str, log=print, do_compile: bool | None = None,
         result.detail += f"; ships: {ship}"
     store.add_e2e_check(run_id, "check", result.status, result.max_error, result.tolerance,
                         result.detail, result.kernels_used, result.family_flags, timings)
+    skipped = "; ".join(f"{t['variant']}: {', '.join(t['skipped'])}" for t in timings
+                        if t.get("skipped"))
+    if skipped:
+        store.event(run_id, "end-to-end: torch.compile modes skipped, their estimated compile "
+                            f"longer than the budget had left: {skipped}", "warn")
     log("end-to-end: " + result.line() + "; " + timing_line(timings))
     return result
 

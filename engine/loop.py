@@ -271,23 +271,71 @@ def _remove_created(paths: list[Path]) -> None:
 
 # The end-to-end stage (engine/integrate.py: the kept kernels placed, checked, timed against
 # eager and torch.compile) runs inside --budget-minutes: the loop stops early enough to leave it
-# this share of the budget (at least E2E_MIN_S, at most E2E_MAX_S), and the stage itself skips
-# the compile modes its remaining time cannot hold.
+# what it is estimated to take with every compile mode (integrate.stage_estimate_s, from the
+# graph's GEMM shapes: max-autotune tunes each, ~20 s on the H200), at least E2E_MIN_S and at most
+# E2E_MAX_SHARE of the budget (the loop is what the run is for; past that the stage skips the
+# modes its time left cannot hold, and says so). Without the graph's figures (a model profiled
+# by interception, a run recorded before them) or without a compile (the interpreter) it keeps
+# the flat E2E_SHARE of the budget (E2E_MIN_S to E2E_MAX_S).
 E2E_SHARE, E2E_MIN_S, E2E_MAX_S = 0.25, 15.0, 600.0
+E2E_MAX_SHARE = 0.5
 
 
 def _deadline(cfg: RunConfig, started: float) -> float | None:
     return started + cfg.budget_minutes * 60 if cfg.budget_minutes else None
 
 
-def _loop_cfg(cfg: RunConfig, deadline: float | None) -> RunConfig:
+def _e2e_reserve_s(cfg: RunConfig, stage_s: float | None = None) -> float:
+    """Seconds of the budget kept for the end-to-end stage (see E2E_SHARE): ``stage_s`` its
+    estimate, None when there is none."""
+    if not cfg.e2e_check or not cfg.budget_minutes:
+        return 0.0
+    budget_s = cfg.budget_minutes * 60
+    if stage_s is None:
+        return min(E2E_MAX_S, max(E2E_MIN_S, E2E_SHARE * budget_s))
+    return min(E2E_MAX_SHARE * budget_s, max(E2E_MIN_S, stage_s))
+
+
+def _loop_cfg(cfg: RunConfig, deadline: float | None, stage_s: float | None = None) -> RunConfig:
     """The configuration the loop runs under: its minutes are what the whole-run budget has left,
-    less the end-to-end stage's share."""
+    less the end-to-end stage's reserve (``stage_s``: the stage's estimate, see E2E_SHARE)."""
     if deadline is None:
         return cfg
     left = deadline - time.monotonic()
-    reserve = min(E2E_MAX_S, max(E2E_MIN_S, E2E_SHARE * cfg.budget_minutes * 60)) if cfg.e2e_check else 0.0
+    reserve = _e2e_reserve_s(cfg, stage_s)
     return replace(cfg, budget_minutes=max(left - reserve, 0.0) / 60 or 1e-6)
+
+
+def _reference_modes(target: dict, modes: list, share_s: float | None) -> tuple[list, list]:
+    """(modes, [why skipped]) a target's compile baselines are timed in under a budget whose
+    share for them is ``share_s``: the first mode always (a target always has a compile
+    baseline), a later one while the estimates (integrate.compile_estimate_s: the reference
+    compiled once a shape, max-autotune tuning its distinct GEMMs) fit in the share. The worker
+    still skips a mode its measured time so far leaves no room for (engine/judge.py)."""
+    if share_s is None or len(modes) < 2:
+        return list(modes), []
+    from engine import integrate
+    shapes = [s["shape"] for s in target["shapes"]]
+    try:
+        fam = kernels.get(target["family"], target["spec"])
+        gemms = integrate.reference_gemm_shapes(fam, shapes, target["dtype"])
+    except Exception:
+        gemms = None
+    n = None if gemms is None else len(gemms)
+    base = len(shapes) * integrate.COMPILE_BASE_S        # one compile a shape (dynamic=False)
+    kept, skipped, spent, tuned = [], [], 0.0, False
+    for mode in modes:
+        need = integrate.compile_estimate_s(mode, n, base, tuned=tuned)
+        if kept and spent + need > share_s:
+            tunes = mode.startswith("max-autotune") and not tuned and n
+            skipped.append(f"{mode} (estimated at {need:.0f} s"
+                           + (f": {n} GEMM shape(s) to autotune" if tunes else "")
+                           + f", {max(share_s - spent, 0):.0f} s of the share left)")
+            continue
+        kept.append(mode)
+        spent += need
+        tuned = tuned or (mode.startswith("max-autotune") and n is not None)
+    return kept, skipped
 
 
 def _prepare(cfg: RunConfig, store: Store, control: Control, log) -> str:
@@ -427,9 +475,16 @@ def _profile_graph(cfg, store, run_id, model, inputs, log):
                     "warn")
         log(f"graph capture failed ({cap.note}); profiling by interception")
         return None
-    nodes = sum(1 for g in cap.graphs for n in g.nodes() if n.op == "call_function")
-    store.event(run_id, f"captured by {cap.method}: {len(cap.graphs)} graph(s), {nodes} aten ops "
-                        f"in {cap.seconds:.1f} s" + (f" ({cap.note})" if cap.method != "export" else ""),
+    from engine import integrate
+    # what torch.compile of this graph will cost (integrate.compile_estimate_s: its aten ops, its
+    # distinct GEMM/convolution shapes to autotune), kept with the run's device: the budget's
+    # end-to-end reserve is sized from it, also when this ran in a child process
+    figures = integrate.graph_figures(cap.graphs, cap.seconds)
+    store.update_run(run_id, device=dict(store.get_run(run_id)["device"] or {}, graph=figures))
+    store.event(run_id, f"captured by {cap.method}: {len(cap.graphs)} graph(s), "
+                        f"{figures['aten_ops']} aten ops, {figures['gemm_shapes']} distinct "
+                        f"GEMM/convolution shape(s) in {cap.seconds:.1f} s"
+                        + (f" ({cap.note})" if cap.method != "export" else ""),
                 "warn" if cap.method != "export" else "info")
     store.update_run(run_id, current_reason="matching the families in the graph")
     matches = {g.index: match.find(g, families=cfg.families) for g in cap.graphs}
@@ -561,12 +616,17 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=Non
                 # first compile mode always runs: a target always has a compile baseline)
                 share = (None if deadline is None
                          else REF_SHARE * max(deadline - time.monotonic(), 0.0))
+                t_modes, t_skipped = _reference_modes(t, modes, share)
+                if t_skipped:
+                    store.event(run_id, f"{t.get('label') or t['family']}: torch.compile baseline "
+                                        f"without {', '.join(t_skipped)}: longer than the "
+                                        f"budget's share for baselines ({share:.0f} s)", "warn")
                 r = pool.call(pool.reference,
                               {"op": "time_reference", "family": t["family"], "spec": t["spec"],
                                "dtype": t["dtype"], "shapes": t["shapes"], "seed": cfg.seed,
                                "tf32": tf32,
-                               "compile_modes": modes, "budget_s": share},
-                              timeout_s=cfg.worker_timeout_s * (1 + len(modes)))
+                               "compile_modes": t_modes, "budget_s": share},
+                              timeout_s=cfg.worker_timeout_s * (1 + len(t_modes)))
                 if "error" in r:
                     raise RuntimeError(f"timing the {t['family']} reference failed: {r['error']}")
                 comp = r.get("compile") or {}
@@ -588,8 +648,9 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=Non
                     store.event(run_id, f"{t['family']}: torch.compile baseline not timed: "
                                         f"{comp['error']}", "warn")
         proposer = proposer or proposers.make(cfg.proposer, cfg.seed, cfg=cfg, api_key=api_key)
-        status = _Dispatch(_loop_cfg(cfg, deadline), store, pool, proposer, run_id, timing_mode,
-                           control, log).run(run["current_target"])
+        stage_s = _stage_estimate(cfg, store, run_id, timing_mode, deadline)
+        status = _Dispatch(_loop_cfg(cfg, deadline, stage_s), store, pool, proposer, run_id,
+                           timing_mode, control, log).run(run["current_target"])
     except BaseException as e:
         status = "stopped" if isinstance(e, KeyboardInterrupt) else "failed"
         if status == "failed":
@@ -619,6 +680,26 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=Non
         store.event(run_id, f"the run took {(time.monotonic() - started) / 60:.1f} min of its "
                             f"{cfg.budget_minutes:g} min budget", "warn")
     return run_id
+
+
+def _stage_estimate(cfg: RunConfig, store, run_id: str, timing_mode: str,
+                    deadline: float | None) -> float | None:
+    """The end-to-end stage's estimate (integrate.stage_estimate_s, from the graph's figures the
+    capture kept with the run); an event says what the loop leaves it. None: no estimate."""
+    if deadline is None or not cfg.e2e_check:
+        return None
+    from engine import integrate
+    figures = ((store.get_run(run_id) or {}).get("device") or {}).get("graph")
+    stage_s = integrate.stage_estimate_s(figures, timing_mode)
+    if stage_s is not None:
+        reserve = _e2e_reserve_s(cfg, stage_s)
+        store.event(run_id, f"end-to-end stage estimated at {stage_s:.0f} s (torch.compile in every "
+                            f"mode, {figures.get('gemm_shapes')} GEMM/convolution shape(s) to "
+                            f"autotune): the loop stops {reserve:.0f} s before the budget's end"
+                            + ("; the stage skips the modes that do not fit" if reserve < stage_s
+                               else ""),
+                    "warn" if reserve < stage_s else "info")
+    return stage_s
 
 
 def _run_tf32(store, run_id) -> bool:

@@ -479,12 +479,110 @@ def test_a_kernel_slower_than_its_baseline_is_never_placed(tmp_path):
 
 # ---- budgets ------------------------------------------------------------------------------------
 
-def test_the_loop_gets_what_the_whole_run_budget_leaves_after_the_end_to_end_stage():
+def test_the_loop_gets_what_the_whole_run_budget_leaves_after_the_end_to_end_stage(tmp_path):
     cfg = RunConfig(budget_minutes=2.0)
     started = time.monotonic() - 30.0                 # capture and profile took 30 s
     loop = _loop_cfg(cfg, started + 120.0)
     assert loop.budget_minutes * 60 == pytest.approx(120 - 30 - 30, abs=1.0)   # 25% kept for the end
     assert _loop_cfg(RunConfig(budget_minutes=None), None).budget_minutes is None
+    # with the stage's estimate (integrate.stage_estimate_s) the reserve is the estimate, at
+    # least E2E_MIN_S, at most half the budget (the stage then skips what does not fit)
+    cfg = RunConfig(budget_minutes=10.0)
+    started = time.monotonic() - 60.0
+    for stage_s, reserve in ((100.0, 100.0), (5.0, 15.0), (500.0, 300.0), (None, 150.0)):
+        loop = _loop_cfg(cfg, started + 600.0, stage_s)
+        assert loop.budget_minutes * 60 == pytest.approx(600 - 60 - reserve, abs=1.0), stage_s
+    assert _loop_cfg(RunConfig(budget_minutes=10.0, e2e_check=False), started + 600.0,
+                     100.0).budget_minutes * 60 == pytest.approx(540, abs=1.0)
+    # the estimate comes from the graph's figures the capture kept with the run; an event says
+    # what the loop leaves the stage
+    from engine.loop import _stage_estimate
+    st = Store(tmp_path / "r.db")
+    fig = {"aten_ops": 300, "gemm_shapes": 5, "capture_s": 1.0}
+    run_id = st.create_run("m", {}, {"name": "x", "graph": fig}, "gpu", None)
+    stage_s = _stage_estimate(cfg, st, run_id, "gpu", started + 600.0)
+    assert stage_s == integrate.stage_estimate_s(fig, "gpu") > 5 * integrate.AUTOTUNE_S_PER_SHAPE
+    assert any("end-to-end stage estimated at" in e["message"] and "5 GEMM" in e["message"]
+               for e in st.events(run_id))
+    assert _stage_estimate(cfg, st, run_id, "interpreter", started + 600.0) is None
+    st.close()
+
+
+class _TwoShapes(nn.Module):        # three GEMMs, two distinct shapes: [2, 8, 16] x [16, 16] twice
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+
+def test_compile_estimate_counts_the_distinct_gemm_shapes_of_the_captured_graph():
+    cap = capture.capture(_TwoShapes().eval(), (torch.randn(2, 8, 16),))
+    assert cap.method == "export"
+    keys = integrate.gemm_shapes(cap.graphs)
+    assert keys == {("addmm", 16, 16, 16, torch.float32), ("addmm", 16, 4, 16, torch.float32)}
+    fig = integrate.graph_figures(cap.graphs, cap.seconds)
+    assert fig["gemm_shapes"] == 2 and fig["aten_ops"] >= 5
+    base = integrate.COMPILE_BASE_S + integrate.COMPILE_S_PER_OP * fig["aten_ops"]
+    est = integrate.compile_estimate_s
+    assert est("default", 2, aten_ops=fig["aten_ops"]) == pytest.approx(base)
+    assert est("reduce-overhead", 2, default_s=1.5) == 1.5          # the measured default's
+    tuned = 1.5 + 2 * integrate.AUTOTUNE_S_PER_SHAPE                 # max-autotune tunes each shape
+    assert est("max-autotune-no-cudagraphs", 2, default_s=1.5) == pytest.approx(tuned)
+    assert est("max-autotune", 2, default_s=1.5, tuned=True) == 1.5  # Inductor kept its choices
+    assert est("max-autotune", None, default_s=1.5) == pytest.approx(4.5)   # not captured
+    # every mode in one process: the first max-autotune mode tunes, the second reuses it
+    assert integrate.modes_estimate_s(integrate.COMPILE_MODES, 2, default_s=1.5) == pytest.approx(
+        4 * 1.5 + 2 * integrate.AUTOTUNE_S_PER_SHAPE)
+    # the end-to-end stage: nothing to estimate without the figures or without a compile
+    assert integrate.stage_estimate_s(None, "gpu") is None
+    assert integrate.stage_estimate_s(fig, "interpreter") is None
+    assert integrate.stage_estimate_s(fig, "gpu") > 2 * integrate.AUTOTUNE_S_PER_SHAPE
+    # a target's reference, traced with fake tensors: one GEMM a matmul shape, fused_mlp's gate
+    # and up projections one shape
+    assert len(integrate.reference_gemm_shapes(kernels.get("matmul"), [(64, 32, 16), (128, 32, 16),
+                                                                       (64, 32, 16)], "float32")) == 2
+    assert len(integrate.reference_gemm_shapes(kernels.get("fused_mlp"), [(2, 4, 16, 32)],
+                                               "bfloat16")) == 2
+    assert integrate.reference_gemm_shapes(kernels.get("rmsnorm"), [(4, 64)], "float32") == set()
+
+
+def test_reference_baselines_skip_the_max_autotune_modes_their_share_cannot_hold():
+    from engine.loop import GPU_COMPILE_MODES, _reference_modes
+    t = {"family": "matmul", "spec": {}, "dtype": "float32",
+         "shapes": [{"shape": [64, 32, 16], "count": 1}, {"shape": [128, 32, 16], "count": 1}]}
+    # two shapes: default ~4 s, max-autotune ~44 s (two GEMMs to tune)
+    assert _reference_modes(t, GPU_COMPILE_MODES, None) == (GPU_COMPILE_MODES, [])
+    assert _reference_modes(t, GPU_COMPILE_MODES, 60.0) == (GPU_COMPILE_MODES, [])
+    kept, skipped = _reference_modes(t, GPU_COMPILE_MODES, 20.0)
+    assert kept == ["default"] and "max-autotune-no-cudagraphs" in skipped[0]
+    assert "2 GEMM shape(s) to autotune" in skipped[0]
+    assert _reference_modes(t, GPU_COMPILE_MODES, 0.0)[0] == ["default"]   # the first always runs
+
+
+def test_end_to_end_timing_skips_the_modes_whose_estimated_compile_does_not_fit(monkeypatch):
+    # the real time_variants and _best_compiled, torch.compile injected (returns the model: a
+    # compile that takes no time); 20 s left: default fits, max-autotune's two GEMM shapes
+    # (~40 s of tuning) do not
+    model, x = _TwoShapes().eval(), torch.randn(2, 8, 16)
+    road = integrate.graph_road(model, (x,))
+    compiled = []
+    monkeypatch.setattr(integrate.torch, "compile",
+                        lambda m, mode=None, **kw: compiled.append(mode) or m)
+    rows = integrate.time_variants(model, (x,), [], "interpreter", do_compile=True, reps=2,
+                                   road=road, deadline=time.monotonic() + 20.0)
+    comp = next(r for r in rows if r["variant"] == "compile")
+    assert compiled == [None] and comp["latency_us"] and "best mode default" in comp["note"]
+    assert comp["skipped"] and comp["skipped"][0].startswith("max-autotune-no-cudagraphs")
+    assert "max-autotune-no-cudagraphs skipped" in comp["note"]
+    assert "2 GEMM/convolution shape(s) to autotune" in comp["note"], comp["note"]
+    # room for the tuning: every mode runs
+    compiled.clear()
+    rows = integrate.time_variants(model, (x,), [], "interpreter", do_compile=True, reps=2,
+                                   road=road, deadline=time.monotonic() + 120.0)
+    comp = next(r for r in rows if r["variant"] == "compile")
+    assert compiled == [None, "max-autotune-no-cudagraphs"] and not comp["skipped"]
 
 
 def test_end_to_end_timing_skips_compile_modes_the_budget_cannot_hold():
@@ -516,6 +614,7 @@ def test_a_model_with_nothing_to_optimize_ends_at_its_profile(tmp_path):
     store = Store(tmp_path / "r.db", readonly=True)
     assert store.get_run(run_id)["status"] == "done" and not store.experiments(run_id)
     assert any("nothing to optimize" in e["message"] for e in store.events(run_id))
+    assert store.get_run(run_id)["device"]["graph"]["gemm_shapes"] == 0   # the compile estimate's
     assert took < 30, took                            # no worker, no loop, no end-to-end stage
 
 
