@@ -158,17 +158,89 @@ def _pct_sol(targets: list) -> tuple:
     return round(100.0 * t["sol_latency_us"] / t["best_latency_us"], 1), t["family"]
 
 
-def score_problem(path: Path, cfg_kw: dict, trials: int, log) -> ProblemResult:
+# The scoring after a problem's run compiles the original model in every mode (the baseline is
+# the best of them, never weakened by a budget): it is estimated before the run starts
+# (integrate.compile_estimate_s on the problem's graph, captured on the meta device at its
+# shipped shapes) and taken out of --budget-minutes up front. Without an estimate (a problem
+# that does not capture on the meta device, or no compile: the interpreter) the run gets
+# RUN_SHARE of the budget. Below LITTLE_SHARE of the budget for the run, an event says so.
+RUN_SHARE, LITTLE_SHARE = 0.6, 0.25
+# A problem's setup outside its budget: the model built and captured, the worker started.
+SETUP_S = 15.0
+
+
+def _meta_figures(path: Path) -> dict | None:
+    """The problem's graph figures (integrate.graph_figures) from its forward captured on the
+    meta device at its shipped shapes: no memory, no compute (tenths of a second for a level 3
+    problem). None when it does not build, run or export there."""
+    from engine import capture, sources
+    try:
+        module = sources.import_file(str(path))
+        with torch.device("meta"):
+            init = module.get_init_inputs() if hasattr(module, "get_init_inputs") else ()
+            model = module.Model(**init) if isinstance(init, dict) else module.Model(*init)
+            inputs = tuple(module.get_inputs())
+        cap = capture.capture(model.eval(), inputs, allow_dynamo=False)
+    except Exception:
+        return None
+    return integrate.graph_figures(cap.graphs, cap.seconds) if cap.ok else None
+
+
+def scoring_estimate(path: Path) -> tuple[float | None, dict | None]:
+    """(seconds, graph figures) the scoring of a problem is expected to take: its fixed part
+    (integrate.STAGE_FIXED_S: the model built, checked, the trials, eager timed) and the
+    original compiled in every mode (integrate.modes_estimate_s); (None, figures) when there is
+    no estimate (no figures, or torch.compile not wanted: the interpreter)."""
+    gpu = torch.cuda.is_available()
+    if not integrate.compile_wanted("gpu" if gpu else "interpreter")[0]:
+        return None, None
+    figures = _meta_figures(path)
+    if figures is None:
+        return None, None
+    modes = integrate.compile_modes(torch.device("cuda" if gpu else "cpu"))
+    return (integrate.STAGE_FIXED_S + integrate.modes_estimate_s(
+        modes, figures["gemm_shapes"], aten_ops=figures["aten_ops"]), figures)
+
+
+def _run_budget_s(budget_s: float, spent_s: float, estimate_s: float | None) -> float:
+    """Seconds of a problem's budget its run (capture, references, loop) gets: what the
+    scoring's estimate leaves after ``spent_s`` (the estimate's own capture), else RUN_SHARE."""
+    if estimate_s is None:
+        return RUN_SHARE * budget_s
+    return max(budget_s - spent_s - estimate_s, 0.0)
+
+
+def need_s(budget_minutes: float | None, estimate_s: float | None) -> float:
+    """Seconds a problem is expected to take, for --stop-after-minutes: its setup and its
+    budget, or its setup and the scoring's estimate where that is longer (every compile mode
+    runs whatever the budget)."""
+    return SETUP_S + max((budget_minutes or 0.0) * 60, estimate_s or 0.0) if (
+        budget_minutes or estimate_s) else 0.0
+
+
+def score_problem(path: Path, cfg_kw: dict, trials: int, log,
+                  estimate: tuple | None = None) -> ProblemResult:
+    """One problem's run and scoring. ``estimate``: scoring_estimate(path) when the caller has
+    it already."""
     from engine.loop import ConfigError, RunConfig, execute
     from engine.store import Store
     t0 = time.monotonic()
     res = ProblemResult(problem=path.name)
     cfg_kw = dict(cfg_kw)
     budget = cfg_kw.pop("budget_minutes", None)
-    # --budget-minutes bounds the whole problem: the run gets 60% of it, the check and the
-    # timings (torch.compile's modes, as many as fit) the rest
-    cfg = RunConfig(model=str(path), e2e_check=False, budget_minutes=0.6 * budget if budget else None,
-                    **cfg_kw)
+    # --budget-minutes bounds the whole problem: the run gets what the scoring's estimate leaves
+    # (see RUN_SHARE), the scoring the rest (every mode of the baseline; the optimized model's
+    # modes as many as fit)
+    est_s = figures = run_s = None
+    if budget:
+        est_s, figures = estimate if estimate is not None else scoring_estimate(path)
+        run_s = _run_budget_s(budget * 60, time.monotonic() - t0, est_s)
+        if est_s is not None:
+            log(f"  [{path.name}] scoring estimated at {est_s:.0f} s ({figures['gemm_shapes']} "
+                f"GEMM/convolution shape(s) to autotune): the run gets {run_s:.0f} s of "
+                f"{budget * 60:.0f} s")
+    cfg = RunConfig(model=str(path), e2e_check=False,
+                    budget_minutes=(run_s / 60 or 1e-6) if budget else None, **cfg_kw)
     try:
         cfg.validate()
     except ConfigError as e:
@@ -185,6 +257,14 @@ def score_problem(path: Path, cfg_kw: dict, trials: int, log) -> ProblemResult:
         return res
     store = Store(cfg.db)
     try:
+        if est_s is not None:
+            little = run_s < LITTLE_SHARE * budget * 60
+            store.event(res.run_id, f"kernelbench: the run had {run_s:.0f} s of the problem's "
+                                    f"{budget * 60:.0f} s budget; the scoring after it, torch.compile of "
+                                    f"the original in every mode ({figures['gemm_shapes']} GEMM/convolution "
+                                    f"shape(s) to autotune), is estimated at {est_s:.0f} s"
+                                    + ("; that left the loop little: a longer --budget-minutes gives "
+                                       "it more" if little else ""), "warn" if little else "info")
         run = store.get_run(res.run_id)
         res.timing_mode = run["timing_mode"]
         interp = run["timing_mode"] == "interpreter"
@@ -337,17 +417,19 @@ def cmd_kernelbench(a, log=print) -> int:
     results = []
     stop = getattr(a, "stop_after_minutes", None)
     t_start = time.monotonic()
-    # a problem takes its budget plus its setup (capture, the worker's start: ~15 s), or as
-    # long as the longest one so far took (a starter verified at a 7.5 GB shape ran 85 s over)
-    need_s = (a.budget_minutes * 60 + 15) if getattr(a, "budget_minutes", None) else 0.0
+    budget = getattr(a, "budget_minutes", None)
     for n, path in enumerate(files):
-        need_s = max([need_s] + [r.seconds for r in results])
-        if stop is not None and time.monotonic() - t_start + need_s > stop * 60:
+        # a problem takes its budget plus its setup (capture, the worker's start: ~15 s), its
+        # scoring's estimate where that is longer (need_s), or as long as the longest one so far
+        # took (a starter verified at a 7.5 GB shape ran 85 s over)
+        est = scoring_estimate(path) if budget or stop is not None else (None, None)
+        need = max([need_s(budget, est[0])] + [r.seconds for r in results])
+        if stop is not None and time.monotonic() - t_start + need > stop * 60:
             log(f"stopping: {len(files) - n} problem(s) left would not end within "
                 f"--stop-after-minutes {stop:g} (--resume goes on with them)")
             break
         log(f"problem {path.name} ...")
-        r = score_problem(path, cfg_kw, a.trials, log)
+        r = score_problem(path, cfg_kw, a.trials, log, estimate=est)
         log(f"problem {path.name}: {r.status}, correct={r.correct}, kernels={r.kernels or 'none'}"
             + (f", {r.speedup('eager'):.3g}x eager" if r.speedup("eager") else "")
             + (f", {r.speedup('compile'):.3g}x compile" if r.speedup("compile") else "")

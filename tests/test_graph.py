@@ -749,6 +749,74 @@ def test_kernelbench_fixed_sample_and_resume_across_commands(tmp_path, capsys):
     assert cli_main(["kernelbench", str(folder), "--level", "1", "--resume"]) == 2
 
 
+_KB_TWO_GEMMS = """import torch
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(64, 128), torch.nn.Linear(128, 32)
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+def get_inputs():
+    return [torch.randn(16, 64)]
+def get_init_inputs():
+    return []
+"""
+
+
+def test_kernelbench_budget_leaves_the_scoring_its_estimated_compiles(tmp_path, monkeypatch, capsys):
+    # the scoring compiles the original in every mode whatever the budget: its estimate (two
+    # GEMM shapes to autotune, ~40 s) comes out of --budget-minutes before the run starts, and
+    # --stop-after-minutes counts it
+    from engine import kernelbench as kb
+    from engine import loop
+    from engine.cli import main as cli_main
+    monkeypatch.setenv("NIGHTSHIFT_E2E_COMPILE", "1")            # a compile on this CPU too
+    (tmp_path / "level1").mkdir()
+    problem = tmp_path / "level1" / "1_TwoGemms.py"
+    problem.write_text(_KB_TWO_GEMMS)
+    est_s, fig = kb.scoring_estimate(problem)
+    assert fig["gemm_shapes"] == 2
+    modes = integrate.compile_modes(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    assert est_s == pytest.approx(integrate.STAGE_FIXED_S + integrate.modes_estimate_s(
+        modes, 2, aten_ops=fig["aten_ops"]))
+    assert est_s > 2 * integrate.AUTOTUNE_S_PER_SHAPE
+    assert kb.need_s(0.5, est_s) == pytest.approx(kb.SETUP_S + est_s)   # longer than the budget
+    assert kb.need_s(10.0, est_s) == kb.SETUP_S + 600 and kb.need_s(None, None) == 0.0
+    assert kb._run_budget_s(120.0, 1.0, None) == pytest.approx(72.0)    # no estimate: 60%
+    # the run gets the budget less the estimate (and the estimate's own capture), and an event
+    # says what the scoring is estimated at, a warning when that leaves the loop little
+    seen = {}
+
+    def fake_execute(cfg, log=print, **kw):
+        seen["budget_s"] = cfg.budget_minutes * 60
+        st = Store(cfg.db)
+        try:
+            return st.create_run(cfg.model, {}, {}, "interpreter", None)
+        finally:
+            st.close()
+    monkeypatch.setattr(loop, "execute", fake_execute)
+    monkeypatch.setattr(integrate, "run_source", lambda run: 1 / 0)    # no scoring past the event
+    db = str(tmp_path / "kb.db")
+    r = kb.score_problem(problem, dict(db=db, families=None, budget_minutes=2.0), 1,
+                         log=lambda s: None, estimate=(est_s, fig))
+    assert "scoring failed" in r.detail
+    assert seen["budget_s"] == pytest.approx(120.0 - est_s, abs=1.0)
+    st = Store(db, readonly=True)
+    ev = [e for e in st.events(r.run_id) if e["message"].startswith("kernelbench:")]
+    assert ev and f"estimated at {est_s:.0f} s" in ev[0]["message"] and ev[0]["level"] == "info"
+    r = kb.score_problem(problem, dict(db=db, families=None, budget_minutes=1.0), 1,
+                         log=lambda s: None, estimate=(est_s, fig))
+    assert seen["budget_s"] == pytest.approx(max(60.0 - est_s, 0.0) or 6e-5, abs=1.0)
+    ev = [e for e in st.events(r.run_id) if e["message"].startswith("kernelbench:")]
+    assert ev[0]["level"] == "warn" and "left the loop little" in ev[0]["message"]
+    st.close()
+    # --stop-after-minutes: at 0.5 min of budget the problem needs its setup and its scoring's
+    # ~55 s, more than the minute left (the budget alone would have said 45 s)
+    assert cli_main(["kernelbench", str(tmp_path), "--level", "1", "--out", str(tmp_path / "kb.md"),
+                     "--budget-minutes", "0.5", "--stop-after-minutes", "1", "--db", db]) == 0
+    assert "stopping: 1 problem(s) left" in capsys.readouterr().out
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_cuda_graph_replay_serves_the_static_call_and_nothing_else():
     # the optimized model replayed from a CUDA graph: same answer, the call's tensors copied
