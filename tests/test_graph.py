@@ -599,6 +599,13 @@ def test_end_to_end_timing_skips_compile_modes_the_budget_cannot_hold():
     modes = integrate.compile_modes(torch.device("cpu"))
     assert comp["latency_us"] and "best mode " in comp["note"] and "skipped" not in comp["note"]
     assert all(f"{m} " in comp["note"] for m in modes), comp["note"]
+    # and the optimized model compiled gets its first mode whatever the time left (the placed
+    # kernels with inductor's fusions around them), the others as the time holds
+    rows = integrate._best_compiled("compile", model, (torch.randn(2, 8),), [], None,
+                                    lambda fn, interp: (1.0, 0.0), "interpreter", "", None,
+                                    time.monotonic() - 1.0, first_always=True)
+    assert rows["latency_us"] == 1.0 and f"best mode {modes[0]}" in rows["note"]
+    assert all(f"{m} skipped" in rows["note"] for m in modes[1:]), rows["note"]
 
 
 def test_a_model_with_nothing_to_optimize_ends_at_its_profile(tmp_path):
@@ -778,7 +785,7 @@ def test_kernelbench_budget_leaves_the_scoring_its_estimated_compiles(tmp_path, 
     assert fig["gemm_shapes"] == 2
     modes = integrate.compile_modes(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     assert est_s == pytest.approx(integrate.STAGE_FIXED_S + integrate.modes_estimate_s(
-        modes, 2, aten_ops=fig["aten_ops"]))
+        list(modes) + list(modes[:1]), 2, aten_ops=fig["aten_ops"]))   # + compile(optimized)'s first
     assert est_s > 2 * integrate.AUTOTUNE_S_PER_SHAPE
     assert kb.need_s(0.5, est_s) == pytest.approx(kb.SETUP_S + est_s)   # longer than the budget
     assert kb.need_s(10.0, est_s) == kb.SETUP_S + 600 and kb.need_s(None, None) == 0.0
