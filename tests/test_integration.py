@@ -580,6 +580,11 @@ def test_kernelbench_fast_p_arithmetic():
     assert fast_p(rs, "compile", 1.5) == 0.0
     assert geomean(rs, "eager") == pytest.approx((3.0 * 1.2 * 1.0) ** (1 / 3))
     assert geomean(rs, "compile") == pytest.approx((1.5 * 0.9) ** 0.5)
+    # what the run hands back: b ships torch.compile (90 us), so against the faster baseline it
+    # is 1x, not the 0.9x of its own kernels; a is 1.5x either way
+    assert geomean(rs, "best") == pytest.approx((1.5 * 0.9) ** 0.5)
+    assert geomean(rs, "best", handed_back=True) == pytest.approx(1.5 ** 0.5)
+    assert fast_p(rs, "best", 1.0, handed_back=True) == 0.25
 
 
 def test_reports_of_the_recorded_gpu_runs_say_where_the_kernels_help():
