@@ -25,9 +25,10 @@ masked keys subtract 0, not -inf, so no NaN), scores and accumulators in fp32; p
 v's dtype for the p @ v dot (as every flash kernel does). fp32 operands multiply, in both dots,
 in the precision the ``fp32_dot`` axis names: full fp32 on the CUDA cores (input_precision="ieee")
 or three TF32 products on the tensor cores ("tf32x3", accurate to about fp32); an fp32 target
-starts at "tf32x3" (``default_for``). Under the interpreter bf16 tiles are upcast before tl.dot
-(its dot cannot multiply bf16; see kernels/matmul.py), and tl.dot ignores input_precision (numpy
-fp32 matmul): only a GPU computes the TF32 products.
+starts at "tf32x3", at a tile measured for it (``default_for``, ``FP32_START``). Under the
+interpreter bf16 tiles are upcast before tl.dot (its dot cannot multiply bf16; see
+kernels/matmul.py), and tl.dot ignores input_precision (numpy fp32 matmul): only a GPU computes
+the TF32 products.
 
 Search space (``SPACE``), rendered by ``render`` into one self-contained candidate source:
 - block_m, block_n: query rows per program, keys per step (clamped at launch: no larger than
@@ -246,11 +247,21 @@ FP32_DOT_NOTE = {
 }
 
 
+# An fp32 target's starter: tf32x3 at 128 x 64, 8 warps. On the H200 (Triton 3.6, causal,
+# triton.testing.do_bench medians) that tile, one stage where D pads to 128 (shared memory),
+# ran KernelBench's 128 x 8 x 512 x 96 in 2,161 us, the fastest of 11 tiles and variants tried
+# there, and 4 x 32 x 2048 x 64 in 1,793 us; the family's 64 x 32, 4 warps took 3,206 and
+# 2,162 us, the IEEE dot there 11,519 and 6,550 us (eager fp32 5,245 and 8,487 us, SDPA 1,793
+# and 2,174 us). At 2048 x 64 TMA loads with the split causal loop, exp2 and the reverse order
+# took 1,328 us: moves for the search.
+FP32_START = {"fp32_dot": "tf32x3", "block_m": 128, "block_n": 64, "num_warps": 8}
+
+
 def default_for(shape, dtype: str) -> dict:
-    """The starter of a target: fp32 on the tensor cores (tf32x3, accurate to about fp32); the
-    IEEE dot stays in the space (fp32_dot "ieee"). Other dtypes: the family's default (the axis
-    does not touch their dots)."""
-    return {"fp32_dot": "tf32x3"} if str(dtype).removeprefix("torch.") == "float32" else {}
+    """The starter of a target: fp32 on the tensor cores (tf32x3, accurate to about fp32, at
+    FP32_START's tile); the IEEE dot stays in the space (fp32_dot "ieee"). Other dtypes: the
+    family's default (the axis does not touch their dots)."""
+    return dict(FP32_START) if str(dtype).removeprefix("torch.") == "float32" else {}
 
 
 _HELPERS_SRC = '''
@@ -260,11 +271,11 @@ MAX_REGS_PER_THREAD = 192  # fp32 registers for the accumulator [BM, D] and scor
 
 ''' + C.SMEM_BUDGET_SRC + '''
 
-def _fit_attn(bm, bn, bd, stages, warps, sq, sk, itemsize, budget):
+def _fit_attn(bm, bn, bd, stages, warps, sq, sk, itemsize, budget, q_tiles=1):
     """Clamp the query tile bm and key step bn to the sequence (min 16, the smallest tl.dot),
     registers (bm * (bd + bn) fp32 within MAX_REGS_PER_THREAD per thread) and shared memory
-    (the q tile, ``stages`` buffered K and V tiles [bn, bd] and p [bm, bn] on its way to the
-    second dot; stages drop first)."""
+    (``q_tiles`` copies of the q tile, ``stages`` buffered K and V tiles [bn, bd] and p
+    [bm, bn] on its way to the second dot; stages drop first, then bn, then bm)."""
     bm = min(bm, max(16, triton.next_power_of_2(sq)))
     bn = min(bn, max(16, triton.next_power_of_2(sk)))
     while bm * (bd + bn) > MAX_REGS_PER_THREAD * 32 * warps and max(bm, bn) > 16:
@@ -274,12 +285,14 @@ def _fit_attn(bm, bn, bd, stages, warps, sq, sk, itemsize, budget):
             bn //= 2
 
     def smem(s, n):
-        return (bm * bd + max(1, s) * 2 * n * bd + bm * n) * itemsize
+        return (q_tiles * bm * bd + max(1, s) * 2 * n * bd + bm * n) * itemsize
 
     while stages > 1 and smem(stages, bn) > budget:
         stages -= 1
     while bn > 16 and smem(stages, bn) > budget:
         bn //= 2
+    while bm > 16 and smem(stages, bn) > budget:
+        bm //= 2
     return bm, bn, stages
 '''
 
@@ -436,8 +449,9 @@ def _rows_ok(t):
 
 def _launcher(p) -> str:
     scale = "scale * 1.4426950408889634   # log2(e): exp2 of base-2 scores" if p["use_exp2"] else "scale"
-    if p["loads"] == "tma":
-        launch = '''if _has_tma(q.device) and all(_rows_ok(t) for t in (q, k, v, o)):
+    tma = p["loads"] == "tma"
+    if tma:
+        launch = '''if tma:
         q_blk, kv_blk = [1, 1, bm, bd], [1, 1, bn, bd]
         descs = [TensorDescriptor.from_tensor(t, blk)
                  for t, blk in ((q, q_blk), (k, kv_blk), (v, kv_blk), (o, q_blk))]
@@ -449,6 +463,19 @@ def _launcher(p) -> str:
     '''
     else:
         launch = ""
+    # tiles through descriptors where the GPU and the operands' rows allow (decided before the
+    # tile is fitted: the two kernels keep different tiles in shared memory)
+    pick = ("tma = _has_tma(q.device) and all(_rows_ok(t) for t in (q, k, v, o))\n    "
+            if tma else "")
+    fit = "q.element_size(), _smem_budget(q.device))"
+    if p["fp32_dot"] == "tf32x3":
+        # fp32 tiles as three TF32 products: the pointer kernel keeps the q tile twice in shared
+        # memory (compiled for sm_90: 2*bm*bd + stages*2*bn*bd fp32 elements at all 72 tiles
+        # tried, Triton 3.9; 262,144 bytes at the two the H200 refused, Triton 3.6, where the
+        # one-copy count said 204,800 and 229,376); the TMA kernel stays within one copy's count
+        pick += ("q_tiles = 2 if q.dtype == torch.float32" + (" and not tma" if tma else "")
+                 + " else 1\n    ")
+        fit = "q.element_size(), _smem_budget(q.device), q_tiles)"
     return f'''
 
 def kernel_fn(q, k, v, causal, scale):
@@ -476,8 +503,8 @@ def kernel_fn(q, k, v, causal, scale):
     dot_fp32 = q.dtype == torch.bfloat16 and q.device.type == "cpu"
     ieee = q.dtype == torch.float32 or dot_fp32
     bd = max(16, triton.next_power_of_2(D))
-    bm, bn, stages = _fit_attn(BLOCK_M, BLOCK_N, bd, NUM_STAGES, NUM_WARPS, SQ, SK,
-                               q.element_size(), _smem_budget(q.device))
+    {pick}bm, bn, stages = _fit_attn(BLOCK_M, BLOCK_N, bd, NUM_STAGES, NUM_WARPS, SQ, SK,
+                               {fit}
     grid = (triton.cdiv(SQ, bm), B * H)
     {launch}_attn_fwd[grid](q, k, v, o, qk_scale, H, H // Hkv, SQ, SK, D,
                     q.stride(0), q.stride(1), q.stride(2), q.stride(3),

@@ -572,18 +572,28 @@ def test_gemm_launch_clamps(cand_dir):
 
 
 def test_attention_launch_clamps(cand_dir):
+    """Tiles fit registers and shared memory: 16-bit and fp32 tiles, and fp32 tiles as three
+    TF32 products, for which the pointer kernel keeps the q tile twice (the H200 refused 64 x 32
+    x 256 and 128 x 64 x 128 at 2 stages, 262,144 bytes, where one copy's count fitted)."""
     mod = module_of(load_candidate(FAMILIES["attention"].starter(), cand_dir))
     for budget in (H200_SMEM, AMD_LDS):
-        for bd in (16, 64, 128, 256):
-            for bm in (16, 64, 128):
-                for bn in (16, 64, 128):
-                    for stages in (1, 2, 4):
-                        for warps in (2, 4, 8):
-                            m, n, s = mod._fit_attn(bm, bn, bd, stages, warps, 4096, 4096, 2, budget)
-                            assert 16 <= m <= bm and 16 <= n <= bn and 1 <= s <= stages
-                            assert m * (bd + n) <= 192 * 32 * warps or (m == 16 and n == 16)
-                            assert (m * bd + s * 2 * n * bd + m * n) * 2 <= budget or n == 16
+        for item, q_tiles in ((2, 1), (4, 1), (4, 2)):
+            for bd in (16, 64, 128, 256):
+                for bm in (16, 64, 128):
+                    for bn in (16, 64, 128):
+                        for stages in (1, 2, 4):
+                            for warps in (2, 4, 8):
+                                m, n, s = mod._fit_attn(bm, bn, bd, stages, warps, 4096, 4096,
+                                                        item, budget, q_tiles)
+                                assert 16 <= m <= bm and 16 <= n <= bn and 1 <= s <= stages
+                                assert m * (bd + n) <= 192 * 32 * warps or (m == 16 and n == 16)
+                                assert ((q_tiles * m * bd + s * 2 * n * bd + m * n) * item <= budget
+                                        or m == n == 16)
     assert mod._fit_attn(64, 64, 16, 2, 4, 7, 5, 4, H200_SMEM) == (16, 16, 2)
+    # the tiles the H200 refused for tf32x3 fit at one stage (196,608 bytes each, compiled)
+    assert mod._fit_attn(64, 32, 256, 2, 4, 4096, 4096, 4, H200_SMEM, 2) == (64, 32, 1)
+    assert mod._fit_attn(128, 64, 128, 2, 8, 4096, 4096, 4, H200_SMEM, 2) == (128, 64, 1)
+    assert mod._fit_attn(128, 64, 128, 2, 8, 4096, 4096, 4, H200_SMEM) == (128, 64, 2)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -826,7 +836,8 @@ def test_attention_fp32_target_starts_on_tensor_cores_and_the_space_keeps_ieee(c
     from engine.proposers import SearchProposer
     shape = (1, 4, 40, 64, 2, 1)
     fam = FAMILIES["attention"].for_target(shape, "float32")
-    assert fam.default == dict(attention.DEFAULT, fp32_dot="tf32x3")
+    assert fam.default == dict(attention.DEFAULT, **attention.FP32_START)
+    assert attention.FP32_START["fp32_dot"] == "tf32x3"
     def fp32_dots(src):
         return [line.split("input_precision=")[1] for line in src.splitlines()
                 if "tl.dot(" in line and "input_precision" in line]
