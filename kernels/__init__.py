@@ -44,6 +44,13 @@ FAMILY_NAMES = ("rmsnorm", "softmax", "layernorm", "cross_entropy",
 GENERATED_NAMES = ("region",)
 
 
+# Axes that change the kernel only for fp32 operands (the dot's precision, K-contiguous copies of
+# fp32 operands): a bf16/fp16 target's search keeps them at the default, where a move of theirs
+# renders other source for the same kernel (a LLaMA-1B bf16 run on the H200 spent 3 of its 20
+# matmul experiments on them, each a compile and a timing)
+FP32_ONLY_AXES = ("fp32_dot", "k_major")
+
+
 @dataclass(frozen=True)
 class Family:
     name: str
@@ -103,14 +110,19 @@ class Family:
     default_for: Callable | None = None
 
     def for_target(self, shape, dtype: str) -> "Family":
-        """This family with its starter and openers for a target of this (most called) shape
-        and dtype."""
+        """This family with its starter, openers and search space for a target of this (most
+        called) shape and dtype."""
+        dtype = str(dtype).removeprefix("torch.")
+        space = self.space
+        if dtype != "float32" and any(k in space for k in FP32_ONLY_AXES):
+            space = {k: ([self.default[k]] if k in FP32_ONLY_AXES and k in self.default else v)
+                     for k, v in space.items()}
         if not shape or (self.openers_for is None and self.default_for is None):
-            return self
+            return self if space is self.space else dataclasses.replace(self, space=space)
         shape = tuple(shape)
         default = dict(self.default, **(self.default_for(shape, dtype) if self.default_for else {}))
         openers = tuple(self.openers_for(shape, dtype)) if self.openers_for else self.openers
-        return dataclasses.replace(self, default=default, openers=openers)
+        return dataclasses.replace(self, default=default, openers=openers, space=space)
 
     def starter(self) -> str:
         return self.render(dict(self.default))

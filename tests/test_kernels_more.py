@@ -1070,6 +1070,27 @@ def test_matmul_openers_follow_the_targets_shape():
     assert "opener" not in q.hypothesis
 
 
+def test_a_half_precision_targets_search_leaves_the_fp32_axes_alone():
+    """fp32_dot and k_major change only an fp32 operand's kernel: for a bf16 target the search
+    keeps them at the default (each move would render other source for the same kernel)."""
+    from engine.proposers import SearchProposer
+    for name in ("matmul", "attention"):
+        fam = FAMILIES[name]
+        shape = fam.bench_shapes[0]
+        half = fam.for_target(shape, "bfloat16")
+        assert all(half.space[k] == [fam.default[k]] for k in kernels.FP32_ONLY_AXES if k in fam.space)
+        assert fam.for_target(shape, "float32").space == fam.space
+        assert fam.for_target(None, "torch.float16").space["fp32_dot"] == [fam.default["fp32_dot"]]
+        hist, best = [], None
+        for _ in range(12):
+            p = SearchProposer(0).propose(half, hist, best)
+            assert p.params["fp32_dot"] == fam.default["fp32_dot"], p.hypothesis
+            hist.append({"params": p.params, "source_hash": verify.source_hash(p.source),
+                         "state": "kept" if best is None else "reverted", "id": len(hist) + 1,
+                         "seq": len(hist) + 1})
+            best = best or dict(hist[0])
+
+
 def test_k_major_copies_serve_every_layout(cand_dir):
     """"k_major": fp32 operands whose K is not contiguous (A.T, a row-major b) are copied
     K-contiguous before the GEMM; the candidate passes the stages at the layouts a configured
