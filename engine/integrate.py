@@ -734,7 +734,8 @@ def reference_gemm_shapes(fam, shapes, dtype: str) -> set | None:
             for shape in shapes:
                 inp = fam.make_inputs(tuple(shape), dtype, "cpu", torch.Generator().manual_seed(0))
                 with _Gemms():
-                    fam.reference(**inp) if isinstance(inp, dict) else fam.reference(*inp)
+                    ref = fam.baseline_op()          # what the reference stage compiles
+                    ref(**inp) if isinstance(inp, dict) else ref(*inp)
     except Exception:
         return None
     return keys

@@ -595,7 +595,7 @@ def _op_prep(req, state, send, workdir):
     import torch
     from engine import bench
     fam = state["fam"] if req.get("candidate", True) else _reference_family(req)
-    fn = state["fn"] if req.get("candidate", True) else fam.reference
+    fn = state["fn"] if req.get("candidate", True) else fam.baseline_op()
     device = _device()
     gpu = device == "cuda"
     gen = torch.Generator(device=device)
@@ -646,14 +646,14 @@ def _reference_family(req):
 
 
 def _op_compile_reference(req, state, send, workdir):
-    """torch.compile of the family's reference in one mode (the user's alternative): the
+    """torch.compile of the family's baseline op in one mode (the user's alternative): the
     compiled function replaces the reference for the next prep with "compiled": true."""
     import torch
     fam = _reference_family(req)
     if state["tainted"]:
         return send({"ok": False, "error": "a candidate was loaded in this runner"})
     try:
-        fn = torch.compile(fam.reference, mode=req["mode"], dynamic=False)
+        fn = torch.compile(fam.baseline_op(), mode=req["mode"], dynamic=False)
     except Exception as e:
         return send({"ok": False, "error": f"{type(e).__name__}: {str(e)[:300]}"})
     state["compiled"] = fn
@@ -666,7 +666,7 @@ def _op_prep_reference(req, state, send, workdir):
     if state["tainted"]:
         return send({"ok": False, "error": "a candidate was loaded in this runner"})
     fam = _reference_family(req)
-    fn = state.get("compiled") if req.get("compiled") else fam.reference
+    fn = state.get("compiled") if req.get("compiled") else fam.baseline_op()
     saved = state["fn"], state["fam"]
     state["fn"], state["fam"] = fn, fam
     try:

@@ -109,6 +109,15 @@ class Family:
     # of 132 SMs, unsplit, took seconds a call at KernelBench's long-K shapes); None: none
     default_for: Callable | None = None
 
+    # The op a target's eager and torch.compile baselines time, where the model computes the
+    # contract another way than ``reference`` (attention written out by hand: bmm, mask,
+    # softmax, bmm, against the reference's SDPA): the baseline is the model's own computation
+    # and its compiled form; verification keeps ``reference``. None: ``reference``.
+    baseline: Callable | None = None
+
+    def baseline_op(self) -> Callable:
+        return self.baseline or self.reference
+
     def for_target(self, shape, dtype: str) -> "Family":
         """This family with its starter, openers and search space for a target of this (most
         called) shape and dtype."""

@@ -210,6 +210,7 @@ _COS, _SIN = models.rotary_tables(16, 8, 10000.0)
 _TRIL = torch.tril(torch.ones(16, 16)).view(1, 1, 16, 16)
 _HIDE = torch.ones(16, 16, dtype=torch.bool).triu(1)
 _QKV = lambda: tuple(torch.randn(2, 4, 8, 16) for _ in range(3))  # noqa: E731
+_BY_HAND = {"written": "by_hand"}   # a hand-written attention: its baselines time the model's way
 
 REAL = {
     # name: (forward, buffers, inputs, expected (family, spec) in the matches)
@@ -247,10 +248,10 @@ REAL = {
                        ("rotary", {})),
     "rotary_interleaved": (_rot_interleaved, {"cos": _COS, "sin": _SIN},
                            lambda: (torch.randn(2, 4, 8, 16),), ("rotary", {"style": "interleaved"})),
-    "attention_tril_buffer": (_attn_kb43, {"bias": _TRIL}, _QKV, ("attention", {})),
-    "attention_fresh_triu": (_attn_fresh_triu, {}, _QKV, ("attention", {})),
-    "attention_where": (_attn_where, {"hide": _HIDE}, _QKV, ("attention", {})),
-    "attention_additive_gqa": (_attn_add_gqa, {}, _QKV, ("attention", {})),
+    "attention_tril_buffer": (_attn_kb43, {"bias": _TRIL}, _QKV, ("attention", _BY_HAND)),
+    "attention_fresh_triu": (_attn_fresh_triu, {}, _QKV, ("attention", _BY_HAND)),
+    "attention_where": (_attn_where, {"hide": _HIDE}, _QKV, ("attention", _BY_HAND)),
+    "attention_additive_gqa": (_attn_add_gqa, {}, _QKV, ("attention", _BY_HAND)),
     "attention_sdpa_repeat_kv_bool_mask": (_attn_repeat_kv, {"keep": ~_HIDE}, _QKV, ("attention", {})),
     "sum_dim1_keepdim": (lambda s, x: torch.sum(x, dim=1, keepdim=True), {}, lambda: (torch.randn(3, 6, 5),),
                          ("reduce", {"dims": [-2], "keepdim": True})),

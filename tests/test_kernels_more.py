@@ -1070,6 +1070,25 @@ def test_matmul_openers_follow_the_targets_shape():
     assert "opener" not in q.hypothesis
 
 
+def test_a_hand_written_attentions_baseline_is_the_models_own_computation():
+    """A hand-written match's target ({"written": "by_hand"}) is judged against SDPA as ever, and
+    its eager and torch.compile baselines time the model's way (bmm, masked_fill, softmax, bmm):
+    the same function, so a kernel is measured against what the model runs."""
+    from engine import worker
+    from kernels import attention as A
+    fam = kernels.get("attention", {"written": "by_hand"})
+    plain = kernels.get("attention")
+    assert fam.reference is plain.reference and fam.baseline_op() is A.by_hand
+    assert plain.baseline_op() is plain.reference
+    assert worker._reference_family({"family": "attention", "spec": fam.spec}).baseline_op() is A.by_hand
+    gen = torch.Generator().manual_seed(0)
+    for shape in ((2, 4, 9, 16, 2, 1), (1, 2, 5, 8, 2, 0), (1, 4, 7, 16, 1, 1)):
+        x = plain.make_inputs(shape, torch.float64, "cpu", gen)
+        torch.testing.assert_close(A.by_hand(**x), plain.reference(**x), rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError):
+        kernels.get("attention", {"written": "some other way"})
+
+
 def test_a_half_precision_targets_search_leaves_the_fp32_axes_alone():
     """fp32_dot and k_major change only an fp32 operand's kernel: for a bf16 target the search
     keeps them at the default (each move would render other source for the same kernel)."""
