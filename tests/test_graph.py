@@ -260,7 +260,8 @@ REAL = {
     "linear_bias_3d": (lambda s, x: F.linear(x, s.w, s.b), {"w": torch.randn(8, 16), "b": torch.randn(8)},
                        lambda: (torch.randn(2, 3, 16),), ("matmul", {})),
     "einsum_4d": (lambda s, a, b: torch.einsum("bijl,lk->bijk", a, b), {},
-                  lambda: (torch.randn(2, 3, 4, 16), torch.randn(16, 8)), ("matmul", {})),
+                  # b a row-major [K, N] (KernelBench 11's): the target is verified in that layout
+                  lambda: (torch.randn(2, 3, 4, 16), torch.randn(16, 8)), ("matmul", {"b": "kn"})),
 }
 
 
