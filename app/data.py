@@ -686,11 +686,24 @@ def target_summary(target_rows: list[dict], exps: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=SUMMARY_FIELDS)
 
 
+def to_baseline(t) -> float:
+    """baseline / eager of a target (a dict or a targets_frame row): 1 until torch.compile of its
+    op is timed, below 1 where compile is the faster. A speedup over eager times this is the
+    speedup over the baseline, a share of eager time times this the share of the model's time
+    under the baseline (engine/plan.py: base_fraction, speedup_vs_baseline)."""
+    get = t.get if hasattr(t, "get") else (lambda k: getattr(t, k, None))
+    ref, comp = get("ref_latency_us"), get("compile_latency_us")
+    ok = lambda v: v is not None and not pd.isna(v) and v > 0            # noqa: E731
+    return min(1.0, float(comp) / float(ref)) if ok(ref) and ok(comp) else 1.0
+
+
 def projected_final(target_rows: list[dict]) -> float:
-    """Amdahl-projected end-to-end speedup with every target at its best kept kernel."""
-    return amdahl({t["id"]: float(t["fraction"]) for t in target_rows
+    """Amdahl-projected end-to-end speedup over the baseline (the faster of eager and
+    torch.compile per target, as the engine's planner) with every target at its best kept
+    kernel; a kernel slower than its baseline counts as not placed."""
+    return amdahl({t["id"]: float(t["fraction"]) * to_baseline(t) for t in target_rows
                    if t.get("fraction") is not None},
-                  {t["id"]: t.get("speedup") for t in target_rows})
+                  {t["id"]: (t.get("speedup") or 0.0) * to_baseline(t) for t in target_rows})
 
 
 # ---- derived series ---------------------------------------------------------------------------
@@ -720,19 +733,26 @@ def amdahl(fractions: dict, speedups: dict) -> float:
 
 
 def amdahl_limit(targets: pd.DataFrame) -> float:
-    """The ceiling 1 / (1 - Σf): the projection if every targeted kernel took no time at all."""
-    total = float(targets["fraction"].dropna().sum()) if not targets.empty else 0.0
+    """The ceiling 1 / (1 - Σf): the projection if every targeted kernel took no time at all
+    (f: each target's share under its baseline, see to_baseline)."""
+    total = (sum(float(r.fraction) * to_baseline(r) for r in targets.itertuples()
+                 if pd.notna(r.fraction)) if not targets.empty else 0.0)
     return float("inf") if total >= 1.0 else 1.0 / (1.0 - total)
 
 
 def amdahl_projection(exps: pd.DataFrame, targets: pd.DataFrame) -> pd.DataFrame:
-    """The projected end-to-end speedup after each experiment (seq 0 = before any: 1x).
+    """The projected end-to-end speedup over the baseline after each experiment (seq 0 = before
+    any: 1x): each target's share and best kept speedup taken against the faster of eager and
+    torch.compile of its op (to_baseline), as the engine's planner does; a kernel slower than
+    its baseline counts as 1x.
 
     Columns: seq, created_at, projected, family (the family that experiment worked on).
     Vectorised (a running best per target, then Amdahl row-wise): a live page recomputes it for
-    10,000 experiments every refresh. targets: targets_frame (id, fraction)."""
+    10,000 experiments every refresh. targets: targets_frame (id, fraction, and the baselines'
+    latencies where timed)."""
     cols = ["seq", "created_at", "projected", "family"]
-    fractions = {int(r.id): float(r.fraction) for r in targets.itertuples()
+    scale = {int(r.id): to_baseline(r) for r in targets.itertuples()}
+    fractions = {int(r.id): float(r.fraction) * scale[int(r.id)] for r in targets.itertuples()
                  if pd.notna(r.fraction)}
     start = pd.DataFrame([dict(seq=0, created_at=None, projected=amdahl(fractions, {}),
                                family=None)], columns=cols)
@@ -745,7 +765,7 @@ def amdahl_projection(exps: pd.DataFrame, targets: pd.DataFrame) -> pd.DataFrame
     tid = pd.to_numeric(df["target_id"], errors="coerce")
     for key, f in fractions.items():
         # this target's best kept speedup so far; 1 before its first keep, never below 1
-        best = kept.where(tid == key).cummax().ffill().fillna(1.0).clip(lower=1.0)
+        best = (kept.where(tid == key).cummax().ffill() * scale[key]).fillna(1.0).clip(lower=1.0)
         denom = denom + f / best
     out = pd.DataFrame({"seq": df["seq"].astype(int), "created_at": df["created_at"],
                         "projected": 1.0 / denom, "family": df["family"]})

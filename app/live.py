@@ -233,7 +233,9 @@ def _render(run, owned, exps, targets, outcomes, events, measured, workers, db_p
         if measured.empty:
             st.metric("Projected model speedup", data.format_speedup(proj["projected"].iloc[-1]),
                       help="Amdahl: 1 / ((1 - Σf) + Σ f/s) over the targets, s = best kept "
-                           "speedup over eager. Projected, not measured.")
+                           "speedup over its baseline (the faster of eager and torch.compile of "
+                           "the op; a kernel slower than it counts as 1x), f = the target's share "
+                           "of the model's time under that baseline. Projected, not measured.")
         else:
             st.metric("Measured model speedup",
                       data.format_speedup(float(measured["speedup"].iloc[-1])),

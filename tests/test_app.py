@@ -340,6 +340,25 @@ def test_amdahl_projection_from_experiments():
     assert one["projected"].iloc[-1] == pytest.approx(1.3333, abs=1e-4)
 
 
+def test_the_projection_is_against_the_faster_of_eager_and_compile():
+    """A kernel 2x faster than eager where torch.compile of the op is 4x faster does not count
+    (the engine does not place it); one 8x faster than eager is 2x the baseline, over the
+    target's share of the model's time under that baseline (half its eager share here)."""
+    comp = pd.DataFrame([dict(id=1, family="rmsnorm", fraction=0.4, ref_latency_us=100.0,
+                              compile_latency_us=25.0)])
+    assert data.amdahl_projection(_exps([("rmsnorm", "kept", None, 2.0)]), comp)[
+        "projected"].iloc[-1] == pytest.approx(1.0)
+    f = 0.4 * 0.25
+    assert data.amdahl_projection(_exps([("rmsnorm", "kept", None, 8.0)]), comp)[
+        "projected"].iloc[-1] == pytest.approx(1 / ((1 - f) + f / 2.0))
+    rows = comp.to_dict("records")
+    assert data.projected_final([dict(rows[0], speedup=2.0)]) == pytest.approx(1.0)
+    assert data.projected_final([dict(rows[0], speedup=8.0)]) == pytest.approx(1 / ((1 - f) + f / 2.0))
+    assert data.amdahl_limit(comp) == pytest.approx(1 / (1 - f))
+    # compile not timed yet: eager is the baseline
+    assert data.to_baseline({"ref_latency_us": 100.0, "compile_latency_us": None}) == 1.0
+
+
 def test_best_so_far_only_counts_kept_and_carries_forward():
     best = data.best_so_far(_exps([
         ("rmsnorm", "reverted", None, 3.0),   # never kept: not a best
