@@ -37,6 +37,7 @@ STATUS_NAMES = {"slower": "not run (slower)"}
 BEST_COLOUR = "#1f77b4"
 FASTER_COLOUR = "#2ca02c"   # a bar above 1×
 SLOWER_COLOUR = "#d62728"   # a bar below 1×: slower than its baseline
+COMPILE_COLOUR = "#9467bd"  # torch.compile's line: the baseline a kernel must also beat
 GUIDE = "#8c8c8c"           # reference lines and notes: a mid grey, readable light and dark
 # Run colours: a run keeps its colour on every page (hashed from its id)
 RUN_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf",
@@ -127,19 +128,22 @@ def _legend_below() -> dict:
 
 
 def speedup_figure(exps: pd.DataFrame, best: pd.DataFrame, interpreter: bool = False,
-                   names: dict[int, str] | None = None) -> go.Figure:
+                   names: dict[int, str] | None = None,
+                   compile_x: dict[int, float] | None = None) -> go.Figure:
     """Per-kernel speedup over experiments, one facet per target, on a log axis around 1×.
 
     exps: experiments (target_id, seq, family, state, speedup, failed_stage, hypothesis, error);
     best: data.best_so_far(exps) (target_id, seq, best); names: target id -> its name (else the
     family). Each facet has the best-so-far step line, a marker per experiment coloured by
-    state, and the baseline at 1×; one legend entry per kind, for all facets.
+    state, eager at 1× and, where ``compile_x`` has the target (data.compile_speedups: eager /
+    torch.compile of its op), torch.compile's line: a kernel under it is slower than the
+    baseline that counts; one legend entry per kind, for all facets.
 
     Failed experiments have no valid speedup: their markers sit on a floor line under every
     real value, and the hover names the verifier stage that failed. The y range is set here;
     the Live run page's chart component keeps the user's zoom over it across refreshes. Built
     from the same parts as speedup_spec (the Live run page's incremental JSON)."""
-    parts = _speedup_parts(exps, best, interpreter, names or {})
+    parts = _speedup_parts(exps, best, interpreter, names or {}, compile_x=compile_x)
     fig = go.Figure(layout=parts["layout"])
     fig.add_traces([go.Scatter(**t, _validate=False) for t in parts["legend"]]
                    + [go.Scatter(**t, _validate=False) for tid in parts["order"]
@@ -148,14 +152,15 @@ def speedup_figure(exps: pd.DataFrame, best: pd.DataFrame, interpreter: bool = F
 
 
 def speedup_spec(exps: pd.DataFrame, best: pd.DataFrame, interpreter: bool,
-                 names: dict[int, str], cache: dict, look: dict) -> tuple[str, int]:
+                 names: dict[int, str], cache: dict, look: dict,
+                 compile_x: dict[int, float] | None = None) -> tuple[str, int]:
     """speedup_figure as the Live run page's chart component takes it (JSON, height), built
     incrementally: each target's traces are kept as JSON in ``cache`` (the page's session) and
     remade only when that target got an experiment (or its facet moved, or the floor under the
     failed markers did). A new experiment then costs one target's traces and the layout, not
     10,000 markers: the figure was most of a refresh's time. look: layout settings the page
     puts over every live figure (app/livechart.LOOK: template, background, font)."""
-    parts = _speedup_parts(exps, best, interpreter, names, cache)
+    parts = _speedup_parts(exps, best, interpreter, names, cache, compile_x)
     traces = [json.dumps(t, separators=(",", ":")) for t in parts["legend"]]
     keep = {}
     for tid in parts["order"]:
@@ -190,7 +195,8 @@ class _Encoder(json.JSONEncoder):
 
 
 def _speedup_parts(exps: pd.DataFrame, best: pd.DataFrame, interpreter: bool,
-                   names: dict[int, str], cache: dict | None = None) -> dict:
+                   names: dict[int, str], cache: dict | None = None,
+                   compile_x: dict[int, float] | None = None) -> dict:
     """What speedup_figure and speedup_spec share: the facets (targets in name order), the y
     floor, per-target rows of exps and best, the legend entries and the layout (a dict). With
     a cache, the layout is kept under "_layout" and remade only when the facets, the y range
@@ -209,8 +215,9 @@ def _speedup_parts(exps: pd.DataFrame, best: pd.DataFrame, interpreter: bool,
 
     spd = pd.to_numeric(exps["speedup"], errors="coerce")
     valid = spd[spd > 0]
-    lo = min(float(valid.min()), 1.0) if len(valid) else 1.0
-    hi = max(float(valid.max()), 1.0) if len(valid) else 1.0
+    comp = [float((compile_x or {}).get(t) or 0.0) for t in order]     # 0: not timed
+    lo = min(([float(valid.min())] if len(valid) else []) + [1.0] + [c for c in comp if c > 0])
+    hi = max(([float(valid.max())] if len(valid) else []) + [1.0] + comp)
     floor = lo / 2  # where failed experiments are drawn: below everything that has a speedup
     # one y range for every facet, so targets compare at a glance (log axis range is in log10)
     y_range = [math.log10(floor) - 0.15, max(math.log10(hi), -math.log10(lo)) + 0.15]
@@ -218,10 +225,10 @@ def _speedup_parts(exps: pd.DataFrame, best: pd.DataFrame, interpreter: bool,
     height = 170 * n + 170
     ticks = _seq_ticks(exps["seq"].max())
     lkey = (tuple(titles[t] for t in order), tuple(round(v, 6) for v in y_range),
-            tuple(sorted(ticks.items())), interpreter)
+            tuple(sorted(ticks.items())), interpreter, tuple(round(c, 6) for c in comp))
     memo = (cache or {}).get("_layout")
     layout = memo[1] if memo and memo[0] == lkey else _speedup_layout(
-        [titles[t] for t in order], y_range, ticks, interpreter, height)
+        [titles[t] for t in order], y_range, ticks, interpreter, height, comp)
     if cache is not None:
         cache["_layout"] = (lkey, layout)
     states = set(exps["state"].dropna())
@@ -249,19 +256,29 @@ def _speedup_parts(exps: pd.DataFrame, best: pd.DataFrame, interpreter: bool,
 
 
 def _speedup_layout(titles: list[str], y_range: list[float], ticks: dict, interpreter: bool,
-                    height: int) -> dict:
-    """The speedup figure's layout as a plain dict: one facet per target, shared x, the 1×
-    baseline in each, one log y setting for all."""
+                    height: int, comp: list[float] | None = None) -> dict:
+    """The speedup figure's layout as a plain dict: one facet per target, shared x, eager at 1×
+    in each and torch.compile's speedup over eager where ``comp`` (per facet, 0: not timed)
+    has it, one log y setting for all."""
     n = len(titles)
     # ~50 px between facets whatever their number (the spacing is a fraction of the plot area)
     fig = make_subplots(rows=n, cols=1, shared_xaxes=True, subplot_titles=titles,
                         vertical_spacing=min(0.3, 50 / (height - 180)))
     # The baseline at 1x in every facet, and one y axis setting for all: made in one call each
     # (per-facet add_hline / update_yaxes calls cost more than the traces at a few facets).
+    comp = comp or [0.0] * n
     fig.update_layout(shapes=[
         dict(type="line", xref=f"x{r if r > 1 else ''} domain", x0=0, x1=1,
              yref=f"y{r if r > 1 else ''}", y0=1.0, y1=1.0,
-             line=dict(color=GUIDE, dash="dash", width=1)) for r in range(1, n + 1)])
+             line=dict(color=GUIDE, dash="dash", width=1)) for r in range(1, n + 1)] + [
+        dict(type="line", xref=f"x{r if r > 1 else ''} domain", x0=0, x1=1,
+             yref=f"y{r if r > 1 else ''}", y0=c, y1=c,
+             line=dict(color=COMPILE_COLOUR, dash="dot", width=1.5))
+        for r, c in enumerate(comp, start=1) if c > 0], annotations=list(fig.layout.annotations) + [
+        dict(text=f"torch.compile {c:.3g}×", xref=f"x{r if r > 1 else ''} domain", x=1,
+             xanchor="right", yref=f"y{r if r > 1 else ''}", y=math.log10(c), yanchor="bottom",
+             showarrow=False, font=dict(size=10, color=COMPILE_COLOUR))
+        for r, c in enumerate(comp, start=1) if c > 0])
     # plain numbers at each decade (or 1-2-5 steps within one), not 10^-1 with minor labels
     fig.update_yaxes(title_text="speedup ×", type="log", range=y_range, **_log_ticks(y_range))
     fig.update_xaxes(**ticks)

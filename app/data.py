@@ -697,6 +697,16 @@ def to_baseline(t) -> float:
     return min(1.0, float(comp) / float(ref)) if ok(ref) and ok(comp) else 1.0
 
 
+def compile_speedups(targets) -> dict[int, float]:
+    """Target id -> torch.compile's speedup over eager of its op (eager / compile), where both
+    were timed (targets: a targets_frame or target rows): the per-kernel chart draws it, the
+    line a kernel must also clear."""
+    rows = targets.to_dict("records") if isinstance(targets, pd.DataFrame) else targets
+    ok = lambda v: v is not None and not pd.isna(v) and v > 0            # noqa: E731
+    return {int(t["id"]): float(t["ref_latency_us"]) / float(t["compile_latency_us"])
+            for t in rows if ok(t.get("ref_latency_us")) and ok(t.get("compile_latency_us"))}
+
+
 def projected_final(target_rows: list[dict]) -> float:
     """Amdahl-projected end-to-end speedup over the baseline (the faster of eager and
     torch.compile per target, as the engine's planner) with every target at its best kept

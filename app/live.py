@@ -197,7 +197,7 @@ def _derived(run, exps, targets, outcomes, measured, workers, interpreter) -> di
         traces["_for"] = (run["id"], present, interpreter)
     per_target = traces.setdefault("targets", {})
     speedup = charts.speedup_spec(exps, data.best_so_far(exps), interpreter, tnames, per_target,
-                                  livechart.look(font))
+                                  livechart.look(font), data.compile_speedups(targets))
     # kept as JSON with their heights: a refresh with nothing new sends the same strings again
     memo = dict(key=key, proj=proj, speedup=speedup,
                 **{name: (livechart.spec(fig), int(fig.layout.height or 450))

@@ -25,7 +25,7 @@ def figures(rep: dict) -> dict:
     return {
         "family_speedup": charts.family_speedup_figure(rep["summary"], interp),
         "speedup_over_experiments": charts.speedup_figure(exps, data.best_so_far(exps), interp,
-                                                          names),
+                                                          names, data.compile_speedups(rep["targets"])),
         "end_to_end": charts.amdahl_figure(rep["projection"], rep["limit"], interp,
                                            measured=rep["measured"]),
         "verifier_stages": charts.stage_figure(rep["outcomes"]),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import time
 from pathlib import Path
@@ -399,6 +400,25 @@ def test_speedup_figure():
     # a GPU run's chart carries no interpreter label
     gpu = charts.speedup_figure(exps, data.best_so_far(exps), interpreter=False)
     assert data.INTERPRETER_LABEL not in gpu.layout.title.text
+
+
+def test_the_speedup_figure_draws_torch_compiles_line_per_target():
+    """Per facet, torch.compile's speedup over eager of the target's op: the line a kernel must
+    also clear (an rmsnorm 5.9x faster than eager is still slower than compile's 6.0x)."""
+    exps = _exps([("rmsnorm", "kept", None, 5.9), ("softmax", "kept", None, 1.3)])
+    targets = pd.DataFrame([dict(id=1, ref_latency_us=1102.0, compile_latency_us=182.3),
+                            dict(id=2, ref_latency_us=50.0, compile_latency_us=None)])
+    comp = data.compile_speedups(targets)
+    assert comp == {1: pytest.approx(1102.0 / 182.3)}          # softmax: compile not timed
+    fig = charts.speedup_figure(exps, data.best_so_far(exps), names={1: "rmsnorm", 2: "softmax"},
+                                compile_x=comp)
+    lines = [(sh.yref, sh.y0) for sh in fig.layout.shapes if sh.line.color == charts.COMPILE_COLOUR]
+    assert lines == [("y", pytest.approx(6.045, abs=1e-3))]     # rmsnorm's facet only
+    assert any(a.text.startswith("torch.compile 6.04") for a in fig.layout.annotations)
+    assert fig.layout.yaxis.range[1] >= math.log10(6.045)       # the line is inside the axis
+    spec, _ = charts.speedup_spec(exps, data.best_so_far(exps), False, {1: "rmsnorm", 2: "softmax"},
+                                  {}, {}, comp)
+    assert "torch.compile 6.04" in spec
 
 
 def test_speedup_figure_empty():
