@@ -103,15 +103,20 @@ def _kill_a_busy_worker(db: Path, deadline: float, after_jobs: int = 1,
         if done >= after_jobs and busy:
             pid = busy[0]["pid"]
             if actor:
-                # the runner sits under its sandbox's launcher (and PID 1), under the actor
+                # the runner sits under its sandbox's launcher (and PID 1), under the actor; a
+                # worker that finished its job (and its process) since the row was read is
+                # looked for again
                 owner = pid
-                for _ in range(4):
-                    owner = _parent(owner)
-                    if "RayWorkerActor" in Path(f"/proc/{owner}/cmdline").read_text(
-                            errors="replace"):
-                        break
-                else:
-                    raise AssertionError("no Ray actor above the worker")
+                try:
+                    for _ in range(4):
+                        owner = _parent(owner)
+                        if "RayWorkerActor" in Path(f"/proc/{owner}/cmdline").read_text(
+                                errors="replace"):
+                            break
+                    else:
+                        raise AssertionError("no Ray actor above the worker")
+                except (FileNotFoundError, ProcessLookupError):
+                    continue
                 os.kill(owner, signal.SIGKILL)
             else:
                 os.kill(pid, signal.SIGKILL)
@@ -274,7 +279,10 @@ def test_a_ray_node_lost_mid_run_is_replaced_and_the_run_finishes(tmp_path):
             except Exception:
                 continue
             if run["experiments_done"] >= 1 and busy:
-                raylet = _parent(_parent(busy[0]["pid"]))     # worker -> its actor -> the node
+                try:
+                    raylet = _parent(_parent(busy[0]["pid"]))     # worker -> its actor -> the node
+                except FileNotFoundError:   # the worker's process ended since the row was read
+                    continue
                 for n in nodes:
                     if raylet in [p.process.pid for p in n.all_processes["raylet"]]:
                         cluster.remove_node(n, allow_graceful=False)
