@@ -279,14 +279,18 @@ def test_a_ray_node_lost_mid_run_is_replaced_and_the_run_finishes(tmp_path):
             except Exception:
                 continue
             if run["experiments_done"] >= 1 and busy:
+                # worker -> its sandbox's launcher (and PID 1) -> its actor -> the node's raylet
+                raylets = {p.process.pid: n for n in nodes for p in n.all_processes["raylet"]}
+                pid = busy[0]["pid"]
                 try:
-                    raylet = _parent(_parent(busy[0]["pid"]))     # worker -> its actor -> the node
+                    for _ in range(6):
+                        pid = _parent(pid)
+                        if pid in raylets:
+                            cluster.remove_node(raylets[pid], allow_graceful=False)
+                            removed = busy[0]["name"]
+                            break
                 except FileNotFoundError:   # the worker's process ended since the row was read
                     continue
-                for n in nodes:
-                    if raylet in [p.process.pid for p in n.all_processes["raylet"]]:
-                        cluster.remove_node(n, allow_graceful=False)
-                        removed = busy[0]["name"]
         assert removed, "no busy worker's node found"
         eng.join(timeout=600)
     finally:
