@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from app import fmt
+from engine import plan
 from engine.store import STAGES, Store, StoreError  # noqa: F401  (StoreError: for the pages)
 from engine.store import effective_status
 
@@ -690,11 +691,12 @@ def to_baseline(t) -> float:
     """baseline / eager of a target (a dict or a targets_frame row): 1 until torch.compile of its
     op is timed, below 1 where compile is the faster. A speedup over eager times this is the
     speedup over the baseline, a share of eager time times this the share of the model's time
-    under the baseline (engine/plan.py: base_fraction, speedup_vs_baseline)."""
-    get = t.get if hasattr(t, "get") else (lambda k: getattr(t, k, None))
-    ref, comp = get("ref_latency_us"), get("compile_latency_us")
-    ok = lambda v: v is not None and not pd.isna(v) and v > 0            # noqa: E731
-    return min(1.0, float(comp) / float(ref)) if ok(ref) and ok(comp) else 1.0
+    under the baseline (the engine's rule: engine/plan.py baseline_us, base_fraction)."""
+    row = t if hasattr(t, "get") else t._asdict()
+    lat = {k: (None if row.get(k) is None or pd.isna(row.get(k)) else float(row.get(k)))
+           for k in ("ref_latency_us", "compile_latency_us")}
+    ref, base = lat["ref_latency_us"], plan.baseline_us(lat)
+    return base / ref if ref and base else 1.0
 
 
 def compile_speedups(targets) -> dict[int, float]:
