@@ -687,14 +687,20 @@ def target_summary(target_rows: list[dict], exps: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=SUMMARY_FIELDS)
 
 
+def _latencies(t) -> dict:
+    """A target's eager and compile latencies (a dict or a targets_frame row), None where not
+    timed (a frame holds NaN there)."""
+    row = t if hasattr(t, "get") else t._asdict()
+    return {k: (None if row.get(k) is None or pd.isna(row.get(k)) or row.get(k) <= 0
+                else float(row.get(k))) for k in ("ref_latency_us", "compile_latency_us")}
+
+
 def to_baseline(t) -> float:
     """baseline / eager of a target (a dict or a targets_frame row): 1 until torch.compile of its
     op is timed, below 1 where compile is the faster. A speedup over eager times this is the
     speedup over the baseline, a share of eager time times this the share of the model's time
     under the baseline (the engine's rule: engine/plan.py baseline_us, base_fraction)."""
-    row = t if hasattr(t, "get") else t._asdict()
-    lat = {k: (None if row.get(k) is None or pd.isna(row.get(k)) else float(row.get(k)))
-           for k in ("ref_latency_us", "compile_latency_us")}
+    lat = _latencies(t)
     ref, base = lat["ref_latency_us"], plan.baseline_us(lat)
     return base / ref if ref and base else 1.0
 
@@ -704,9 +710,9 @@ def compile_speedups(targets) -> dict[int, float]:
     were timed (targets: a targets_frame or target rows): the per-kernel chart draws it, the
     line a kernel must also clear."""
     rows = targets.to_dict("records") if isinstance(targets, pd.DataFrame) else targets
-    ok = lambda v: v is not None and not pd.isna(v) and v > 0            # noqa: E731
-    return {int(t["id"]): float(t["ref_latency_us"]) / float(t["compile_latency_us"])
-            for t in rows if ok(t.get("ref_latency_us")) and ok(t.get("compile_latency_us"))}
+    lats = {int(t["id"]): _latencies(t) for t in rows}
+    return {tid: v["ref_latency_us"] / v["compile_latency_us"] for tid, v in lats.items()
+            if v["ref_latency_us"] and v["compile_latency_us"]}
 
 
 def projected_final(target_rows: list[dict]) -> float:

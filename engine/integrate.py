@@ -840,9 +840,9 @@ def time_variants(model, inputs, kernels: list, timing_mode: str, do_compile: bo
     # once measured, whether a max-autotune mode has tuned the GEMMs in this process, and the
     # timing after the compile ((warm-up + reps) forwards at about eager's latency)
     graphs = road.capture.graphs if road.capture is not None else None
+    figures = graph_figures(graphs) if graphs else {}
     eager_s = (rows[0]["latency_us"] or 0.0) / 1e6
-    cost = dict(gemm_shapes=len(gemm_shapes(graphs)) if graphs else None,
-                aten_ops=sum(1 for g in graphs or () for n in g.nodes() if n.op == "call_function"),
+    cost = dict(gemm_shapes=figures.get("gemm_shapes"), aten_ops=figures.get("aten_ops", 0),
                 default_s=None, tuned=False,
                 timing_s=(warmup + reps) * eager_s + (1.0 if device.type == "cpu" else 0.0))
     for variant in ("compile", "compile_optimized"):
