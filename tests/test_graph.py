@@ -507,6 +507,17 @@ def test_the_loop_gets_what_the_whole_run_budget_leaves_after_the_end_to_end_sta
     assert any("end-to-end stage estimated at" in e["message"] and "5 GEMM" in e["message"]
                for e in st.events(run_id))
     assert _stage_estimate(cfg, st, run_id, "interpreter", started + 600.0) is None
+    # a short budget: max-autotune (5 shapes to tune, ~100 s) cannot fit in half of 2.4 min, so
+    # the stage will skip it; the loop keeps that time instead of a reserve the stage never uses
+    short = RunConfig(budget_minutes=2.4)
+    stage_s = _stage_estimate(short, st, run_id, "gpu", started + 144.0)
+    modes, cheap = integrate.stage_modes_s(fig, "gpu", 0.5 * 144)
+    assert stage_s == cheap < 0.5 * 144 < integrate.stage_estimate_s(fig, "gpu")
+    assert not any(m.startswith("max-autotune") for m in modes) and "default" in modes
+    assert any("the stage skips what does not fit (max-autotune" in e["message"]
+               for e in st.events(run_id))
+    # never less than the first mode: a compile baseline always runs
+    assert integrate.stage_modes_s(fig, "gpu", 1.0)[0] == integrate.COMPILE_MODES[:1]
     st.close()
 
 
