@@ -639,8 +639,12 @@ def compile_modes(device: torch.device) -> tuple:
 # (8192 rows by 2048x2048, 256x2048, 5632x2048, 2048x5632, 32000x2048: N x K); KernelBench level
 # 3's 43_MinGPTCausalAttention in fp32, two addmm and two bmm, 85.2 s in
 # max-autotune-no-cudagraphs against 2.5 s in default: ~20 s a shape. 15-30 s a shape in all:
-# an estimate too short runs past the budget, one too long only skips a mode.
+# an estimate too short runs past the budget, one too long only skips a mode. fp32 GEMMs tune
+# slower (more of Inductor's template choices run on CUDA cores, each timed at fp32 speed):
+# KernelBench 44_MiniGPTBlock, 6 fp32 shapes of 65536 rows, 272.0 s in a fresh process (45 s a
+# shape; the 3.6-minute problem ran 402 s on an estimate of 20 s a shape), 43's 4 shapes 107.7 s.
 AUTOTUNE_S_PER_SHAPE = 20.0
+AUTOTUNE_S_PER_SHAPE_FP32 = 45.0
 # A default compile before one was measured: Inductor's own ~2 s plus ~20 ms an aten op of the
 # graph (43_MinGPTCausalAttention, ~25 ops: 2.5 s on the H200). reduce-overhead compiles the same
 # Inductor graph (0.6 s after default's 2.5 s there: Inductor's cache); max-autotune after
@@ -711,7 +715,9 @@ def graph_figures(graphs, capture_s: float = 0.0) -> dict:
     """What a compile estimate needs of a captured model, plain JSON (a run keeps it): its aten
     ops, its distinct GEMM/convolution shapes, how long the capture took."""
     ops = sum(1 for g in graphs for n in g.nodes() if n.op == "call_function")
-    return {"aten_ops": ops, "gemm_shapes": len(gemm_shapes(graphs)),
+    keys = gemm_shapes(graphs)
+    return {"aten_ops": ops, "gemm_shapes": len(keys),
+            "gemm_shapes_fp32": sum(1 for k in keys if k[-1] == torch.float32),
             "capture_s": round(float(capture_s), 2)}
 
 
@@ -742,13 +748,13 @@ def reference_gemm_shapes(fam, shapes, dtype: str) -> set | None:
 
 
 def compile_estimate_s(mode: str, gemm_shapes: int | None, default_s: float | None = None,
-                       aten_ops: int = 0, tuned: bool = False) -> float:
+                       aten_ops: int = 0, tuned: bool = False, fp32_shapes: int = 0) -> float:
     """Seconds a torch.compile of one model in ``mode`` is expected to take, before it starts.
     The default mode costs ``default_s``, its measured compile, or before there is one
     COMPILE_BASE_S plus COMPILE_S_PER_OP for each of ``aten_ops``; reduce-overhead the same
     (Inductor's graph again, CUDA graphs over it). A max-autotune mode costs that plus
     AUTOTUNE_S_PER_SHAPE for each of the graph's ``gemm_shapes`` distinct GEMM/convolution
-    shapes, unless ``tuned`` (a max-autotune mode already compiled the same GEMMs in this
+    shapes (AUTOTUNE_S_PER_SHAPE_FP32 for the ``fp32_shapes`` of them in float32), unless ``tuned`` (a max-autotune mode already compiled the same GEMMs in this
     process: Inductor keeps its choices, and the next one costs about a default compile).
     ``gemm_shapes`` None (a graph not captured): three times the default compile."""
     base = default_s if default_s is not None else COMPILE_BASE_S + COMPILE_S_PER_OP * aten_ops
@@ -756,16 +762,17 @@ def compile_estimate_s(mode: str, gemm_shapes: int | None, default_s: float | No
         return base
     if gemm_shapes is None:
         return 3.0 * base
-    return base + AUTOTUNE_S_PER_SHAPE * gemm_shapes
+    fp32 = min(fp32_shapes, gemm_shapes)
+    return base + AUTOTUNE_S_PER_SHAPE * (gemm_shapes - fp32) + AUTOTUNE_S_PER_SHAPE_FP32 * fp32
 
 
 def modes_estimate_s(modes, gemm_shapes: int | None, default_s: float | None = None,
-                     aten_ops: int = 0, tuned: bool = False) -> float:
+                     aten_ops: int = 0, tuned: bool = False, fp32_shapes: int = 0) -> float:
     """compile_estimate_s summed over ``modes`` tried one after the other in one process (the
     first max-autotune mode tunes, the ones after it reuse its choices)."""
     total = 0.0
     for mode in modes:
-        total += compile_estimate_s(mode, gemm_shapes, default_s, aten_ops, tuned)
+        total += compile_estimate_s(mode, gemm_shapes, default_s, aten_ops, tuned, fp32_shapes)
         tuned = tuned or (mode.startswith("max-autotune") and gemm_shapes is not None)
     return total
 
@@ -791,10 +798,11 @@ def stage_modes_s(figures: dict | None, timing_mode: str,
         return (), None
     modes = compile_modes(torch.device("cuda" if timing_mode == "gpu" else "cpu"))
     ops, gemms = figures.get("aten_ops", 0), figures.get("gemm_shapes")
+    fp32 = figures.get("gemm_shapes_fp32", 0)
 
     def est(ms):
         return (STAGE_FIXED_S + figures.get("capture_s", 0.0)
-                + modes_estimate_s(ms, gemms, aten_ops=ops)
+                + modes_estimate_s(ms, gemms, aten_ops=ops, fp32_shapes=fp32)
                 + modes_estimate_s(ms, gemms, aten_ops=ops, tuned=True))
     for k in range(len(modes), 1, -1):
         if cap_s is None or est(modes[:k]) <= cap_s:
@@ -860,7 +868,7 @@ def time_variants(model, inputs, kernels: list, timing_mode: str, do_compile: bo
     figures = graph_figures(graphs) if graphs else {}
     eager_s = (rows[0]["latency_us"] or 0.0) / 1e6
     cost = dict(gemm_shapes=figures.get("gemm_shapes"), aten_ops=figures.get("aten_ops", 0),
-                default_s=None, tuned=False,
+                fp32_shapes=figures.get("gemm_shapes_fp32", 0), default_s=None, tuned=False,
                 timing_s=(warmup + reps) * eager_s + (1.0 if device.type == "cpu" else 0.0))
     for variant in ("compile", "compile_optimized"):
         if variant == "compile_optimized" and not kernels:
@@ -934,7 +942,8 @@ def _best_compiled(variant, model, inputs, kernels, road, measure, timing_mode, 
     for n, mode in enumerate(compile_modes(device)):
         left = (deadline - time.monotonic()) if deadline is not None else math.inf
         need = cost["timing_s"] + compile_estimate_s(mode, cost["gemm_shapes"], cost["default_s"],
-                                                     cost["aten_ops"], cost["tuned"])
+                                                     cost["aten_ops"], cost["tuned"],
+                                                     cost.get("fp32_shapes", 0))
         if not all_modes and not (first_always and n == 0) and left < max(need, 5.0):
             tunes = (mode.startswith("max-autotune") and not cost["tuned"]
                      and cost["gemm_shapes"])

@@ -325,7 +325,8 @@ def _reference_modes(target: dict, modes: list, share_s: float | None) -> tuple[
     base = len(shapes) * integrate.COMPILE_BASE_S        # one compile a shape (dynamic=False)
     kept, skipped, spent, tuned = [], [], 0.0, False
     for mode in modes:
-        need = integrate.compile_estimate_s(mode, n, base, tuned=tuned)
+        need = integrate.compile_estimate_s(mode, n, base, tuned=tuned,
+                                            fp32_shapes=n if target["dtype"] == "float32" and n else 0)
         if kept and spent + need > share_s:
             tunes = mode.startswith("max-autotune") and not tuned and n
             skipped.append(f"{mode} (estimated at {need:.0f} s"

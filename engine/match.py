@@ -678,6 +678,8 @@ def _bound(node, b):
     if size is None or not isinstance(b, int):
         return ("abs", b)
     b = max(0, min(size, b + size if b < 0 else b))
+    if 2 * b == size:           # a half, at any width (rotate-half of a 4-wide partial rotary)
+        return ("frac", 0.5)
     if b < 4:
         return ("abs", b)
     if size - b < 4:

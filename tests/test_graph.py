@@ -195,6 +195,13 @@ def _rot_partial(self, x):
     return torch.cat((xr * self.cos[:, :8] + _rotary._half_slices(xr) * self.sin[:, :8], xp), -1)
 
 
+def _rot_partial_narrow(self, x):
+    # GPT-NeoX / StableLM at a narrow rotary width: 4 of 16 dims rotate, halves of 2 elements
+    # (slice bounds under 4 once read as absolute offsets, so the half never matched)
+    xr, xp = x[..., :4], x[..., 4:]
+    return torch.cat((xr * self.cos[:, :4] + _rotary._half_slices(xr) * self.sin[:, :4], xp), -1)
+
+
 def _rot_interleaved(self, x):
     c, s = self.cos[:, :8].repeat_interleave(2, -1), self.sin[:, :8].repeat_interleave(2, -1)
     return x * c + _rotary.rotate_every_two(x) * s
@@ -246,6 +253,8 @@ REAL = {
                                    ("rotary", {})),
     "rotary_partial": (_rot_partial, {"cos": _COS, "sin": _SIN}, lambda: (torch.randn(2, 4, 8, 16),),
                        ("rotary", {})),
+    "rotary_partial_narrow": (_rot_partial_narrow, {"cos": _COS, "sin": _SIN},
+                              lambda: (torch.randn(2, 4, 8, 16),), ("rotary", {})),
     "rotary_interleaved": (_rot_interleaved, {"cos": _COS, "sin": _SIN},
                            lambda: (torch.randn(2, 4, 8, 16),), ("rotary", {"style": "interleaved"})),
     "attention_tril_buffer": (_attn_kb43, {"bias": _TRIL}, _QKV, ("attention", _BY_HAND)),
@@ -545,6 +554,13 @@ def test_compile_estimate_counts_the_distinct_gemm_shapes_of_the_captured_graph(
     assert est("max-autotune-no-cudagraphs", 2, default_s=1.5) == pytest.approx(tuned)
     assert est("max-autotune", 2, default_s=1.5, tuned=True) == 1.5  # Inductor kept its choices
     assert est("max-autotune", None, default_s=1.5) == pytest.approx(4.5)   # not captured
+    # fp32 GEMMs tune slower (KernelBench 44: 45 s a shape on the H200): the figures count them
+    assert fig["gemm_shapes_fp32"] == 2
+    assert est("max-autotune", 2, default_s=1.5, fp32_shapes=fig["gemm_shapes_fp32"]) == pytest.approx(
+        1.5 + 2 * integrate.AUTOTUNE_S_PER_SHAPE_FP32)
+    assert est("max-autotune", 2, default_s=1.5, fp32_shapes=1) == pytest.approx(
+        1.5 + integrate.AUTOTUNE_S_PER_SHAPE + integrate.AUTOTUNE_S_PER_SHAPE_FP32)
+    assert integrate.stage_estimate_s(fig, "gpu") > 2 * integrate.AUTOTUNE_S_PER_SHAPE_FP32
     # every mode in one process: the first max-autotune mode tunes, the second reuses it
     assert integrate.modes_estimate_s(integrate.COMPILE_MODES, 2, default_s=1.5) == pytest.approx(
         4 * 1.5 + 2 * integrate.AUTOTUNE_S_PER_SHAPE)
@@ -798,8 +814,9 @@ def test_kernelbench_budget_leaves_the_scoring_its_estimated_compiles(tmp_path, 
     assert fig["gemm_shapes"] == 2
     modes = integrate.compile_modes(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     assert est_s == pytest.approx(integrate.STAGE_FIXED_S + integrate.modes_estimate_s(
-        list(modes) + list(modes[:1]), 2, aten_ops=fig["aten_ops"]))   # + compile(optimized)'s first
-    assert est_s > 2 * integrate.AUTOTUNE_S_PER_SHAPE
+        list(modes) + list(modes[:1]), 2, aten_ops=fig["aten_ops"],
+        fp32_shapes=2))                     # + compile(optimized)'s first; both GEMMs are fp32
+    assert fig["gemm_shapes_fp32"] == 2 and est_s > 2 * integrate.AUTOTUNE_S_PER_SHAPE_FP32
     assert kb.need_s(0.5, est_s) == pytest.approx(kb.SETUP_S + est_s)   # longer than the budget
     assert kb.need_s(10.0, est_s) == kb.SETUP_S + 600 and kb.need_s(None, None) == 0.0
     assert kb._run_budget_s(120.0, 1.0, None) == pytest.approx(72.0)    # no estimate: 60%
@@ -817,10 +834,10 @@ def test_kernelbench_budget_leaves_the_scoring_its_estimated_compiles(tmp_path, 
     monkeypatch.setattr(loop, "execute", fake_execute)
     monkeypatch.setattr(integrate, "run_source", lambda run: 1 / 0)    # no scoring past the event
     db = str(tmp_path / "kb.db")
-    r = kb.score_problem(problem, dict(db=db, families=None, budget_minutes=2.0), 1,
+    r = kb.score_problem(problem, dict(db=db, families=None, budget_minutes=4.0), 1,
                          log=lambda s: None, estimate=(est_s, fig))
     assert "scoring failed" in r.detail
-    assert seen["budget_s"] == pytest.approx(120.0 - est_s, abs=1.0)
+    assert seen["budget_s"] == pytest.approx(240.0 - est_s, abs=1.0)
     st = Store(db, readonly=True)
     ev = [e for e in st.events(r.run_id) if e["message"].startswith("kernelbench:")]
     assert ev and f"estimated at {est_s:.0f} s" in ev[0]["message"] and ev[0]["level"] == "info"
