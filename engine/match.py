@@ -801,6 +801,8 @@ def _random_like(node, gen):
     shape, dtype, dev = tuple(v.shape), v.dtype, v.device
     if dtype == torch.bool:
         t = torch.rand(shape, generator=gen) > 0.5
+    elif dtype.is_complex:                          # rotary's freqs_cis (cos + i sin)
+        t = torch.randn(shape, generator=gen, dtype=dtype)
     elif not dtype.is_floating_point:
         t = torch.randint(0, 2, shape, generator=gen, dtype=dtype)
     else:
@@ -828,6 +830,8 @@ VIEW_OPS = {
     "to": lambda t, dtype: t.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype),
     "long": lambda t: t.long(), "expand": lambda t, s: t.expand(s),
     "slice": lambda t, d, a, b: t.narrow(d, a, b - a), "permute": lambda t, p: t.permute(p),
+    "view_as_real": lambda t: torch.view_as_real(t),
+    "repeat_interleave": lambda t, r, d: t.repeat_interleave(r, d),
 }
 
 

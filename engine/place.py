@@ -44,12 +44,15 @@ _VIEW_ATEN = {
     "squeeze": lambda x, d: (aten.squeeze.dim, (x, d)),
     "unsqueeze": lambda x, d: (aten.unsqueeze.default, (x, d)),
     "transpose": lambda x, a, b: (aten.transpose.int, (x, a, b)),
-    "contiguous": lambda x: (aten.clone.default, (x,)),
+    # aten.clone keeps a transposed input's strides (preserve_format): contiguous() does not
+    "contiguous": lambda x: (aten.contiguous.default, (x,)),
     "to": lambda x, d: (aten.to.dtype, (x, getattr(torch, d) if isinstance(d, str) else d)),
     "long": lambda x: (aten.to.dtype, (x, torch.int64)),
     "expand": lambda x, s: (aten.expand.default, (x, list(s))),
     "slice": lambda x, d, a, b: (aten.slice.Tensor, (x, d, a, b)),
     "permute": lambda x, p: (aten.permute.default, (x, list(p))),
+    "view_as_real": lambda x: (aten.view_as_real.default, (x,)),
+    "repeat_interleave": lambda x, r, d: (aten.repeat_interleave.self_int, (x, r, d)),
 }
 
 

@@ -331,7 +331,17 @@ def _spelling(rot):
     return Spelling(f"{rot}", fn, (("x", T((2, 4, 8, 16))), ("cos", T((8, 16))), ("sin", T((8, 16)))))
 
 
-SPELLINGS = tuple(_spelling(r) for r in _ROT)
+def _complex_spelling(x, f):
+    # Meta's LLaMA (and Mistral's, torchtitan's) reference code: pairs (x[2i], x[2i+1]) as
+    # complex numbers times freqs_cis = cos + i sin; x [B, S, H, Dh] in its projection's layout,
+    # f [1, S, 1, Dh/2] complex. The same rotation as interleaved pairs.
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(xc * f).flatten(3)
+
+
+SPELLINGS = tuple(_spelling(r) for r in _ROT) + (
+    Spelling("complex", _complex_spelling,
+             (("x", T((2, 8, 4, 16))), ("f", T((1, 8, 1, 8), "complex64")))),)
 
 
 def _table_ref(m, name, b, s, dh):
@@ -359,13 +369,84 @@ def _table_ref(m, name, b, s, dh):
     return Ref(name, (("select", 0, 0),) if rank == 4 else (("select", 0, 0),))
 
 
+def _bshd_table_ref(m, name, b, s, dh):
+    """A table broadcasting over x [B, S, H, Dh] (the projection's layout, before the heads
+    move forward: GPT-J, Meta's LLaMA) as [S, 1, Dh] or [1 | B, S, 1, Dh], viewed as the
+    contract's [S, Dh]; None when it is not one."""
+    t = m.meta(name)
+    if t is None or len(t["shape"]) not in (3, 4):
+        return None
+    shape = (1,) * (4 - len(t["shape"])) + tuple(t["shape"])
+    if shape[1:] != (s, 1, dh) or shape[0] not in (1, b):
+        return None
+    views = ()
+    if shape[0] != 1:                       # per batch row: one table when every row is the same
+        c = m.const(name)
+        if c is None or not bool((c.reshape(b, -1) == c.reshape(b, -1)[:1]).all()):
+            raise NoFit(f"{name} differs per batch row: the contract takes one table for every row")
+        views = (("select", 0, 0),)
+    return Ref(name, views + (("reshape", [s, dh]),))
+
+
+def _view_needs_contiguous(m) -> bool:
+    """Whether an op after the match needs its output contiguous (aten.view): the kernel's
+    result in the projection's layout is a transposed view of a contiguous [B, H, S, Dh]."""
+    seen, todo = set(), [m.output]
+    while todo:
+        n = todo.pop()
+        for u in n.users:
+            if u in seen:
+                continue
+            seen.add(u)
+            name = getattr(u.target, "__name__", str(u.target))
+            if name.startswith("view.") or name == "view":
+                return True
+    return False
+
+
+def _bshd_post(m) -> tuple:
+    return (("transpose", 1, 2),) + ((("contiguous",),) if _view_needs_contiguous(m) else ())
+
+
+def _complex_fit(m, x):
+    """Meta's LLaMA spelling: x [B, S, H, Dh] as Dh/2 complex pairs times f [1, S, 1, Dh/2]
+    (cos + i sin), computed in fp32 and cast back to x's dtype: the interleaved contract on
+    the transposed view of x, its tables the real and imaginary parts of f, each twice."""
+    shape = tuple(x["shape"])
+    if len(shape) != 4:
+        raise NoFit(f"x of rank {len(shape)}: the contract takes x [B, S, H, Dh] here")
+    b, s, h, dh = shape
+    f = m.meta("f")
+    if f is None or not f["dtype"].is_complex:
+        return None
+    fs = (1,) * (4 - len(f["shape"])) + tuple(f["shape"])
+    if len(fs) != 4 or fs != (1, s, 1, dh // 2):
+        raise NoFit(f"freqs_cis {list(f['shape'])} does not broadcast as [1, S, 1, Dh/2] over x "
+                    f"{list(shape)}: the contract takes one table for every batch row and head")
+    out = m.out_meta()
+    if out is None or out["dtype"] != x["dtype"]:
+        raise NoFit("the complex product stays in float32 after the match (no cast back to x's "
+                    "dtype): the contract's output is in x's dtype")
+    dt = str(x["dtype"]).replace("torch.", "")
+
+    def table(part):
+        return Ref("f", (("reshape", [s, dh // 2]), ("view_as_real",), ("select", -1, part),
+                         ("repeat_interleave", 2, -1), ("to", dt)))
+    return Fit({"style": "interleaved"}, (b, h, s, dh),
+               {"x": Ref("x", (("transpose", 1, 2),)), "cos": table(0), "sin": table(1)},
+               post=_bshd_post(m))
+
+
 def from_match(m):
     """RoPE of x [B, H, S, Dh] (or a slice of it, partial rotary) by tables broadcasting as
-    [S, Dh]; rotate-half, or interleaved pairs (spec style)."""
+    [S, Dh]; rotate-half, or interleaved pairs (spec style); x [B, S, H, Dh] with tables
+    [.., S, 1, Dh] (the heads still third) through its transposed view; the complex spelling."""
     x = m.meta("x")
     if x is None or not x["dtype"].is_floating_point:
         return None
     style = m.pattern.split("/")[1]
+    if style == "complex":
+        return _complex_fit(m, x)
     shape = tuple(x["shape"])
     if len(shape) != 4:
         raise NoFit(f"x of rank {len(shape)}: the contract takes x [B, H, S, Dh]")
@@ -373,16 +454,20 @@ def from_match(m):
     if dh % 2:
         return None
     refs = {n: _table_ref(m, n, b, s, dh) for n in ("cos", "sin")}
+    post = ()
     if any(r is None for r in refs.values()):
-        cos = m.meta("cos")
-        if cos is not None and len(cos["shape"]) == 4 and cos["shape"][2] == 1:
-            raise NoFit("tables broadcast over the heads of x [B, S, H, Dh]: the contract takes "
-                        "x [B, H, S, Dh]")
-        return None
+        # the projection's layout: x [B, S, H, Dh] (here b, h, s = B, S, H)
+        refs = {n: _bshd_table_ref(m, n, b, h, dh) for n in ("cos", "sin")}
+        if any(r is None for r in refs.values()):
+            return None
+        shape, post = (b, s, h, dh), _bshd_post(m)
+        refs["x"] = Ref("x", (("transpose", 1, 2),))
+    else:
+        refs["x"] = Ref("x")
     if m.meta("cos")["dtype"] != x["dtype"] or m.meta("sin")["dtype"] != x["dtype"]:
         raise NoFit("tables in another dtype than x: the contract takes one")
     spec = {"style": "interleaved"} if style == "interleaved" else {}
-    return Fit(spec, shape, {"x": Ref("x"), "cos": refs["cos"], "sin": refs["sin"]})
+    return Fit(spec, shape, {"x": refs["x"], "cos": refs["cos"], "sin": refs["sin"]}, post=post)
 
 
 def _interleaved_reference(x, cos, sin):

@@ -1,6 +1,7 @@
 """The graph road: capture, family matching in the spellings real code uses, decoys that must not
 match, placement by rewriting with verified kernels, the node profile's counted-once invariant,
 the baseline rule and the budget. CPU, under Triton's interpreter; shapes are tiny."""
+import importlib.util
 import math
 import os
 import tempfile
@@ -121,8 +122,8 @@ def test_every_spelling_is_matched_in_a_model_written_that_way(family, spelling)
                 tensors.append(torch.rand(a.shape, generator=gen) > 0.5)
             elif a.dtype.startswith("int"):
                 tensors.append(torch.randint(0, a.shape[0] if a.shape else 2, a.shape, generator=gen))
-            else:
-                tensors.append(torch.randn(a.shape, generator=gen))
+            else:                                        # float32, or complex (freqs_cis)
+                tensors.append(torch.randn(a.shape, generator=gen, dtype=getattr(torch, a.dtype)))
         elif isinstance(a, Scalar):
             scalars[name] = _SCALARS.get(a.name, None)
         else:
@@ -202,6 +203,22 @@ def _rot_partial_narrow(self, x):
     return torch.cat((xr * self.cos[:, :4] + _rotary._half_slices(xr) * self.sin[:, :4], xp), -1)
 
 
+def _rot_complex(self, x):
+    # Meta's LLaMA reference code: x [B, S, H, Dh] as complex pairs times freqs_cis, in fp32,
+    # cast back; the result read through a view (Meta's code views the attention output)
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    f = self.freqs.view(1, x.shape[1], 1, x.shape[-1] // 2)
+    y = torch.view_as_real(xc * f).flatten(3).type_as(x)
+    return y.view(x.shape[0], x.shape[1], -1)
+
+
+def _rot_gptj(self, x):
+    # GPT-J: interleaved pairs on x [B, S, H, Dh] (the heads still third), tables [1, S, 1, Dh]
+    c = self.cos[:, :8].repeat_interleave(2, -1)[None, :, None, :]
+    s = self.sin[:, :8].repeat_interleave(2, -1)[None, :, None, :]
+    return (x * c + _rotary.rotate_every_two(x) * s).permute(0, 2, 1, 3)
+
+
 def _rot_interleaved(self, x):
     c, s = self.cos[:, :8].repeat_interleave(2, -1), self.sin[:, :8].repeat_interleave(2, -1)
     return x * c + _rotary.rotate_every_two(x) * s
@@ -255,6 +272,10 @@ REAL = {
                        ("rotary", {})),
     "rotary_partial_narrow": (_rot_partial_narrow, {"cos": _COS, "sin": _SIN},
                               lambda: (torch.randn(2, 4, 8, 16),), ("rotary", {})),
+    "rotary_complex_meta_llama": (_rot_complex, {"freqs": torch.polar(torch.ones(8, 8), _COS[:, :8].acos())},
+                                  lambda: (torch.randn(2, 8, 4, 16),), ("rotary", {"style": "interleaved"})),
+    "rotary_interleaved_gptj_layout": (_rot_gptj, {"cos": _COS, "sin": _SIN},
+                                       lambda: (torch.randn(2, 8, 4, 16),), ("rotary", {"style": "interleaved"})),
     "rotary_interleaved": (_rot_interleaved, {"cos": _COS, "sin": _SIN},
                            lambda: (torch.randn(2, 4, 8, 16),), ("rotary", {"style": "interleaved"})),
     "attention_tril_buffer": (_attn_kb43, {"bias": _TRIL}, _QKV, ("attention", _BY_HAND)),
@@ -934,3 +955,25 @@ def test_outputs_are_compared_in_chunks_with_the_same_verdict(monkeypatch):
     out_nan[900:] = float("nan")
     assert integrate.compare([out_nan], [ref_nan])[0] == pytest.approx(
         integrate.compare([out[:900]], [ref[:900]])[0])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                    reason="transformers is not installed (requirements-dev.txt)")
+@pytest.mark.parametrize("arch, want", [
+    # GPT-J: interleaved pairs on x [B, S, H, Dh] before the heads move forward
+    ("GPTJ", {"style": "interleaved"}),
+    # GPT-NeoX at a narrow partial rotary: 4 of 16 head dims rotate (halves of 2)
+    ("GPTNeoX", {}),
+])
+def test_transformers_rotary_in_other_layouts_and_widths_is_matched(arch, want):
+    import transformers
+    kw = {"GPTJ": dict(n_embd=64, n_layer=1, n_head=4, vocab_size=128, n_positions=64, rotary_dim=8),
+          "GPTNeoX": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                          num_attention_heads=4, vocab_size=128, max_position_embeddings=64,
+                          rotary_pct=0.25)}[arch]
+    cfg = getattr(transformers, f"{arch}Config")(use_cache=False, **kw)
+    model = getattr(transformers, f"{arch}ForCausalLM")(cfg).eval()
+    with torch.no_grad():
+        _, ms = found(model, torch.randint(0, 128, (2, 16)))
+    rot = [(spec, why) for f, spec, why in families(ms) if f == "rotary"]
+    assert rot == [(want, False), (want, False)], families(ms)      # q and k, placeable
