@@ -440,13 +440,27 @@ def _gated(act):
     return Spelling(f"{act}_gate_up_down", fn, args, loose=("approximate",))
 
 
-SPELLINGS = tuple(_gated(a) for a in _ACTS)
+def _packed(act, first):
+    # gate and up as one projection [2F, D] split by chunk (Phi-3: gate first; many GLU layers
+    # write "x, gate = chunk" with the activation on the second half)
+    def fn(x, wgu, wd):
+        a, b = F.linear(x, wgu).chunk(2, dim=-1)
+        g, u = (a, b) if first else (b, a)
+        return F.linear(u * _ACTS[act](g), wd)
+    args = (("x", T((2, 4, 8))), ("wgu", T((32, 8))), ("wd", T((8, 16))))
+    return Spelling(f"{act}_packed_{'first' if first else 'second'}", fn, args, loose=("approximate",))
+
+
+SPELLINGS = tuple(_gated(a) for a in _ACTS) + tuple(_packed(a, f) for a in _ACTS for f in (True, False))
 _ACT_SPEC = {"silu": None, "sigmoid": None, "gelu:none": "gelu", "gelu:tanh": "gelu_tanh"}
 
 
 def from_match(m):
     """down(act(gate(x)) * up(x)) with bias-free projections; act silu (SwiGLU) or gelu (GeGLU)."""
     x = m.meta("x")
+    packed = m.meta("wgu")
+    if packed is not None:                     # one [2F, D] projection: its two row blocks
+        return _packed_fit(m, x, packed)
     ws = [m.meta(n) for n in ("wg", "wu", "wd")]
     if x is None or any(w is None or len(w["shape"]) != 2 for w in ws):
         return None
@@ -462,6 +476,30 @@ def from_match(m):
         return None
     spec = {"act": _ACT_SPEC[act]} if _ACT_SPEC[act] else {}
     args = {"x": Ref("x"), "w_gate": Ref("wg"), "w_up": Ref("wu"), "w_down": Ref("wd")}
+    return Fit(spec, tuple(x["shape"]) + (f,), args)
+
+
+def _packed_fit(m, x, wgu):
+    """The packed spelling: w_gate and w_up are row blocks of one [2F, D] weight (contiguous
+    views: the kernel reads them in place), the gate's block first or second as chunk split it."""
+    wd = m.meta("wd")
+    if x is None or wd is None or len(wgu["shape"]) != 2 or len(wd["shape"]) != 2:
+        return None
+    (f2, d1), (d3, f), d = wgu["shape"], wd["shape"], x["shape"][-1]
+    if not (f2 == 2 * f and d == d1 == d3):
+        return None
+    if wgu["dtype"] != x["dtype"] or wd["dtype"] != x["dtype"] or not x["dtype"].is_floating_point:
+        raise NoFit("weights and x in different dtypes: the contract takes one")
+    name = m.pattern.split("/")[1]
+    act = name.split("_")[0]
+    if act == "gelu":
+        act = f"gelu:{m.captures.get('approximate', 'none')}"
+    if act not in _ACT_SPEC:
+        return None
+    spec = {"act": _ACT_SPEC[act]} if _ACT_SPEC[act] else {}
+    first, second = Ref("wgu", (("slice", 0, 0, f),)), Ref("wgu", (("slice", 0, f, 2 * f),))
+    gate, up = (first, second) if name.endswith("_first") else (second, first)
+    args = {"x": Ref("x"), "w_gate": gate, "w_up": up, "w_down": Ref("wd")}
     return Fit(spec, tuple(x["shape"]) + (f,), args)
 
 

@@ -230,6 +230,18 @@ def _mlp(act):
     return fwd
 
 
+def _phi3_mlp(self, x):
+    # Phi-3: gate and up as one projection, split by chunk, gate first
+    gate, up = F.linear(x, self.gu).chunk(2, dim=-1)
+    return F.linear(up * F.silu(gate), self.d)
+
+
+def _glu_second(self, x):
+    # "x, gate = chunk(2)": the activation on the second half (GeGLU layers written this way)
+    h, gate = F.linear(x, self.gu).chunk(2, dim=-1)
+    return F.linear(h * F.gelu(gate), self.d)
+
+
 _COS, _SIN = models.rotary_tables(16, 8, 10000.0)
 _TRIL = torch.tril(torch.ones(16, 16)).view(1, 1, 16, 16)
 _HIDE = torch.ones(16, 16, dtype=torch.bool).triu(1)
@@ -266,6 +278,10 @@ REAL = {
     "geglu_tanh": (_mlp(lambda g: F.gelu(g, approximate="tanh")),
                    {"g": torch.randn(32, 16) / 4, "u": torch.randn(32, 16) / 4, "d": torch.randn(16, 32) / 6},
                    lambda: (torch.randn(2, 3, 16),), ("fused_mlp", {"act": "gelu_tanh"})),
+    "swiglu_packed_phi3": (_phi3_mlp, {"gu": torch.randn(64, 16) / 4, "d": torch.randn(16, 32) / 6},
+                           lambda: (torch.randn(2, 3, 16),), ("fused_mlp", {})),
+    "geglu_packed_gate_second": (_glu_second, {"gu": torch.randn(64, 16) / 4, "d": torch.randn(16, 32) / 6},
+                                 lambda: (torch.randn(2, 3, 16),), ("fused_mlp", {"act": "gelu"})),
     "rotary_hf_per_batch_tables": (_rot_hf, {"cos": _COS, "sin": _SIN}, lambda: (torch.randn(2, 4, 8, 16),),
                                    ("rotary", {})),
     "rotary_partial": (_rot_partial, {"cos": _COS, "sin": _SIN}, lambda: (torch.randn(2, 4, 8, 16),),
