@@ -616,7 +616,7 @@ def test_compile_estimate_counts_the_distinct_gemm_shapes_of_the_captured_graph(
 
 def test_reference_baselines_skip_the_max_autotune_modes_their_share_cannot_hold():
     from engine.loop import GPU_COMPILE_MODES, _reference_modes
-    t = {"family": "matmul", "spec": {}, "dtype": "float32",
+    t = {"family": "matmul", "spec": {}, "dtype": "bfloat16",
          "shapes": [{"shape": [64, 32, 16], "count": 1}, {"shape": [128, 32, 16], "count": 1}]}
     # two shapes: default ~4 s, max-autotune ~44 s (two GEMMs to tune)
     assert _reference_modes(t, GPU_COMPILE_MODES, None) == (GPU_COMPILE_MODES, [])
@@ -625,6 +625,10 @@ def test_reference_baselines_skip_the_max_autotune_modes_their_share_cannot_hold
     assert kept == ["default"] and "max-autotune-no-cudagraphs" in skipped[0]
     assert "2 GEMM shape(s) to autotune" in skipped[0]
     assert _reference_modes(t, GPU_COMPILE_MODES, 0.0)[0] == ["default"]   # the first always runs
+    # fp32 GEMMs tune at ~45 s a shape: the same share no longer holds max-autotune, twice it does
+    t32 = dict(t, dtype="float32")
+    assert _reference_modes(t32, GPU_COMPILE_MODES, 60.0)[0] == ["default"]
+    assert _reference_modes(t32, GPU_COMPILE_MODES, 120.0) == (GPU_COMPILE_MODES, [])
 
 
 def test_end_to_end_timing_skips_the_modes_whose_estimated_compile_does_not_fit(monkeypatch):
