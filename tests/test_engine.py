@@ -503,3 +503,38 @@ def test_planner_rests_targets_and_comes_back():
                best_latency_us=40, ref_latency_us=40, sol_latency_us=10)]
     t, _, _ = plan.choose_next(ts, patience=5)
     assert t["family"] == "b"
+
+
+def test_search_does_not_repeat_a_one_parameter_move_that_lost():
+    """A single-parameter move that made its parent 1.3x slower, or failed a verifier stage, is
+    not proposed again as a mutation; a move that changed two parameters, a worker's death and a
+    small loss teach nothing. Pure proposer logic: no kernel runs."""
+    from engine.proposers import LOSING_RATIO, SearchProposer, losing_moves
+    from engine.verify import source_hash
+    import kernels
+    fam = kernels.get("softmax")
+    base = dict(fam.default)
+    other = {k: next(v for v in vals if v != base[k]) for k, vals in fam.space.items() if len(vals) > 1}
+    k1, k2, k3, k4 = list(other)[:4]
+    parent = {"id": 1, "params": base, "latency_us": 100.0, "state": "kept",
+              "source_hash": source_hash(fam.render(base))}
+
+    def child(i, changes, **kw):
+        p = dict(base, **changes)
+        return dict({"id": i, "parent_id": 1, "params": p, "latency_us": 100.0, "state": "reverted",
+                     "source_hash": source_hash(fam.render(p))}, **kw)
+    hist = [parent,
+            child(2, {k1: other[k1]}, latency_us=LOSING_RATIO * 100.0 + 1),        # lost
+            child(3, {k2: other[k2]}, state="failed", failed_stage="smoke", latency_us=None),
+            child(4, {k3: other[k3]}, state="failed", failed_stage="worker", latency_us=None),
+            child(5, {k1: other[k1], k4: other[k4]}, latency_us=500.0),            # two moves
+            child(6, {k4: other[k4]}, latency_us=110.0)]                          # within 1.3x
+    assert losing_moves(hist) == {(k1, other[k1]), (k2, other[k2])}
+    best = {"params": base, "id": 1, "seq": 1}
+    seen = list(hist)
+    for _ in range(40):
+        p = SearchProposer(0).propose(fam, seen, best)
+        if "random restart" not in p.hypothesis:
+            changed = {(k, v) for k, v in p.params.items() if base.get(k) != v}
+            assert not changed & losing_moves(hist), p.hypothesis
+        seen.append({"params": p.params, "source_hash": source_hash(p.source), "state": "reverted"})
