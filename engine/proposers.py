@@ -50,8 +50,8 @@ class SearchProposer:
         parent = best["id"] if best else None
         for change in getattr(family, "openers", ()):
             point = dict(base, **change)
-            if point == base:
-                continue
+            if point == base or any(v not in family.space.get(k, (v,)) for k, v in change.items()):
+                continue                 # a no-op, or a point outside the space: never rendered
             src = family.render(point)
             if source_hash(src) not in tried:
                 what = ", ".join(f"{k} {base[k]}->{v}" for k, v in change.items() if base[k] != v)

@@ -1609,7 +1609,7 @@ SPACE = {
     "max_block": [1024, 2048, 4096, 8192, 16384],
     "block": [64, 128, 256, 512, 1024, 2048],   # chunk of the looped kernel
     "rows_cap": [1, 2, 4, 8, 16, 32, 64],       # rows per program, at most
-    "max_tile": [2048, 4096, 8192, 16384],      # elements of a program's [ROWS, BLOCK] tile
+    "max_tile": [1024, 2048, 4096, 8192, 16384],   # elements of a program's [ROWS, BLOCK] tile
     "col_dims": [1, 2, 3],                      # pointwise regions: trailing dims per row
     "num_warps": [1, 2, 4, 8, 16],
 }

@@ -100,6 +100,39 @@ def test_every_family_declares_its_contract_patterns_and_op_schema():
     assert set(export.placeable_families()) == set(kernels.FAMILY_NAMES + kernels.GENERATED_NAMES)
 
 
+def test_every_opener_and_starting_point_is_a_point_of_its_space():
+    """The search opens with each family's openers: every one of them (and every starting point)
+    must be a point of the family's space, for each target kind, or the proposer could not
+    render it (a pointwise region's opener once asked for a tile size its space lacked, and
+    every pointwise region's second experiment raised out of the loop)."""
+    from engine import regions
+
+    def check(fam, shape, dtype):
+        f = fam.for_target(shape, dtype)
+        for point in (f.default,) + tuple(dict(f.default, **o) for o in f.openers):
+            bad = {k: v for k, v in point.items() if v not in f.space.get(k, (v,))}
+            assert not bad, (fam.name, shape, dtype, bad)
+            f.render(point)
+    for fam in kernels.all_families():
+        for shape in fam.bench_shapes[:3]:
+            for dtype in ("float32", "bfloat16"):
+                check(fam, shape, dtype)
+
+    class Mixed(nn.Module):        # a pointwise chain, a GEMM with an epilogue, a reduction
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(16, 16)
+
+        def forward(self, x):
+            y = F.leaky_relu(x * 2.0 + 1.0, 0.1)
+            return torch.relu(self.lin(y)).sum(-1) + y.amax(-1)
+    cap, ms = found(Mixed().eval(), torch.randn(4, 16))
+    specs = [r for g in cap.graphs for r in regions.find(g, ms[g.index]).regions]
+    assert specs
+    for r in specs:
+        check(kernels.get("region", r.spec), r.shape, "float32")
+
+
 _SCALARS = {"eps": 1e-5, "scale": 0.125, "div": 4.0, "fill": float("-inf")}
 
 
