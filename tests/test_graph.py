@@ -129,6 +129,16 @@ def test_every_opener_and_starting_point_is_a_point_of_its_space():
     cap, ms = found(Mixed().eval(), torch.randn(4, 16))
     specs = [r for g in cap.graphs for r in regions.find(g, ms[g.index]).regions]
     assert specs
+    class Conv(nn.Module):         # a convolution with its epilogue: the implicit GEMM's space
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+        def forward(self, x):
+            return torch.relu(self.conv(x)) * 0.5
+    cap, ms = found(Conv().eval(), torch.randn(2, 3, 8, 8))
+    specs += [r for g in cap.graphs for r in regions.find(g, ms[g.index]).regions]
+    assert any(r.spec.get("conv") for r in specs) and any(r.spec.get("gemm") for r in specs)
     for r in specs:
         check(kernels.get("region", r.spec), r.shape, "float32")
 
