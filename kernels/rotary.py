@@ -339,9 +339,19 @@ def _complex_spelling(x, f):
     return torch.view_as_real(xc * f).flatten(3)
 
 
+def _pairs_spelling(x, f):
+    # the complex product written out on real pairs (gpt-fast): f [1, S, 1, Dh/2, 2] holds
+    # (cos, sin) of each pair's angle; x [B, S, H, Dh] in its projection's layout
+    xs = x.float().reshape(*x.shape[:-1], -1, 2)
+    y = torch.stack([xs[..., 0] * f[..., 0] - xs[..., 1] * f[..., 1],
+                     xs[..., 1] * f[..., 0] + xs[..., 0] * f[..., 1]], -1)
+    return y.flatten(3)
+
+
 SPELLINGS = tuple(_spelling(r) for r in _ROT) + (
     Spelling("complex", _complex_spelling,
-             (("x", T((2, 8, 4, 16))), ("f", T((1, 8, 1, 8), "complex64")))),)
+             (("x", T((2, 8, 4, 16))), ("f", T((1, 8, 1, 8), "complex64")))),
+    Spelling("pairs", _pairs_spelling, (("x", T((2, 8, 4, 16))), ("f", T((1, 8, 1, 8, 2))))),)
 
 
 def _table_ref(m, name, b, s, dh):
@@ -408,18 +418,23 @@ def _bshd_post(m) -> tuple:
     return (("transpose", 1, 2),) + ((("contiguous",),) if _view_needs_contiguous(m) else ())
 
 
-def _complex_fit(m, x):
+def _complex_fit(m, x, style):
     """Meta's LLaMA spelling: x [B, S, H, Dh] as Dh/2 complex pairs times f [1, S, 1, Dh/2]
     (cos + i sin), computed in fp32 and cast back to x's dtype: the interleaved contract on
-    the transposed view of x, its tables the real and imaginary parts of f, each twice."""
+    the transposed view of x, its tables the real and imaginary parts of f, each twice. The
+    "pairs" spelling: the same product on real pairs, f [1, S, 1, Dh/2, 2] of (cos, sin)."""
     shape = tuple(x["shape"])
     if len(shape) != 4:
         raise NoFit(f"x of rank {len(shape)}: the contract takes x [B, S, H, Dh] here")
     b, s, h, dh = shape
     f = m.meta("f")
-    if f is None or not f["dtype"].is_complex:
+    pairs = style == "pairs"
+    if f is None or (pairs and (not f["dtype"].is_floating_point or tuple(f["shape"])[-1:] != (2,))):
         return None
-    fs = (1,) * (4 - len(f["shape"])) + tuple(f["shape"])
+    if not pairs and not f["dtype"].is_complex:
+        return None
+    lead = tuple(f["shape"])[:-1] if pairs else tuple(f["shape"])
+    fs = (1,) * (4 - len(lead)) + lead
     if len(fs) != 4 or fs != (1, s, 1, dh // 2):
         raise NoFit(f"freqs_cis {list(f['shape'])} does not broadcast as [1, S, 1, Dh/2] over x "
                     f"{list(shape)}: the contract takes one table for every batch row and head")
@@ -430,8 +445,9 @@ def _complex_fit(m, x):
     dt = str(x["dtype"]).replace("torch.", "")
 
     def table(part):
-        return Ref("f", (("reshape", [s, dh // 2]), ("view_as_real",), ("select", -1, part),
-                         ("repeat_interleave", 2, -1), ("to", dt)))
+        real = (("reshape", [s, dh // 2, 2]),) if pairs else (("reshape", [s, dh // 2]),
+                                                              ("view_as_real",))
+        return Ref("f", real + (("select", -1, part), ("repeat_interleave", 2, -1), ("to", dt)))
     return Fit({"style": "interleaved"}, (b, h, s, dh),
                {"x": Ref("x", (("transpose", 1, 2),)), "cos": table(0), "sin": table(1)},
                post=_bshd_post(m))
@@ -445,8 +461,8 @@ def from_match(m):
     if x is None or not x["dtype"].is_floating_point:
         return None
     style = m.pattern.split("/")[1]
-    if style == "complex":
-        return _complex_fit(m, x)
+    if style in ("complex", "pairs"):
+        return _complex_fit(m, x, style)
     shape = tuple(x["shape"])
     if len(shape) != 4:
         raise NoFit(f"x of rank {len(shape)}: the contract takes x [B, H, S, Dh]")

@@ -255,6 +255,15 @@ def _rot_complex(self, x):
     return y.view(x.shape[0], x.shape[1], -1)
 
 
+def _rot_pairs(self, x):
+    # the complex product on real pairs (gpt-fast): a cache of (cos, sin) per pair [S, Dh/2, 2]
+    xs = x.float().reshape(*x.shape[:-1], -1, 2)
+    f = self.cache.view(1, xs.size(1), 1, xs.size(3), 2)
+    y = torch.stack([xs[..., 0] * f[..., 0] - xs[..., 1] * f[..., 1],
+                     xs[..., 1] * f[..., 0] + xs[..., 0] * f[..., 1]], -1)
+    return y.flatten(3).type_as(x)
+
+
 def _rot_gptj(self, x):
     # GPT-J: interleaved pairs on x [B, S, H, Dh] (the heads still third), tables [1, S, 1, Dh]
     c = self.cos[:, :8].repeat_interleave(2, -1)[None, :, None, :]
@@ -333,6 +342,8 @@ REAL = {
                               lambda: (torch.randn(2, 4, 8, 16),), ("rotary", {})),
     "rotary_complex_meta_llama": (_rot_complex, {"freqs": torch.polar(torch.ones(8, 8), _COS[:, :8].acos())},
                                   lambda: (torch.randn(2, 8, 4, 16),), ("rotary", {"style": "interleaved"})),
+    "rotary_pairs_gpt_fast": (_rot_pairs, {"cache": torch.stack((_COS[:, :8], _SIN[:, :8]), -1)},
+                              lambda: (torch.randn(2, 8, 4, 16),), ("rotary", {"style": "interleaved"})),
     "rotary_interleaved_gptj_layout": (_rot_gptj, {"cos": _COS, "sin": _SIN},
                                        lambda: (torch.randn(2, 8, 4, 16),), ("rotary", {"style": "interleaved"})),
     "rotary_interleaved": (_rot_interleaved, {"cos": _COS, "sin": _SIN},
