@@ -41,7 +41,9 @@ aten = torch.ops.aten
 
 # Arithmetic ops whose Tensor and Scalar overloads are one op here.
 _MERGED = {"add", "sub", "mul", "div", "pow", "eq", "ne", "lt", "le", "gt", "ge", "masked_fill",
-           "where", "rsub", "bitwise_and", "logical_and", "__and__", "remainder"}
+           "where", "rsub", "bitwise_and", "logical_and", "__and__", "remainder", "var", "std"}
+# var / std: x.var(unbiased=False) is var.dim, x.var(correction=0) var.correction; the same op
+_VARIANCE = {"var", "std"}
 _COMMUTATIVE = {"add", "mul", "eq", "ne", "bitwise_and", "logical_and", "__and__"}
 # Ops looked through between spelled ops: casts, aliases, copies, dropout (only when it is a no-op).
 _TRANSPARENT = {"to", "_to_copy", "alias", "clone", "contiguous", "detach", "lift_fresh_copy",
@@ -94,6 +96,14 @@ def norm_args(node: fx.Node) -> list[tuple[str, object]]:
         else:
             v = _MISSING
         out.append((a.name, v))
+    if t._opname in _VARIANCE:
+        # one argument list for every overload: (self, dim, correction, keepdim)
+        d = dict(out)
+        corr = d.get("correction", _MISSING)
+        if corr is _MISSING or corr is None:
+            corr = 1 if d.get("unbiased", True) in (True, None) else 0
+        out = [("self", d.get("self")), ("dim", d.get("dim")), ("correction", corr),
+               ("keepdim", bool(d.get("keepdim", False)))]
     return out
 
 

@@ -340,6 +340,9 @@ REAL = {
                        ("rotary", {})),
     "rotary_partial_narrow": (_rot_partial_narrow, {"cos": _COS, "sin": _SIN},
                               lambda: (torch.randn(2, 4, 8, 16),), ("rotary", {})),
+    "layernorm_var_by_correction": (lambda s, x: (x - x.mean(-1, keepdim=True)) * torch.rsqrt(
+        x.var(-1, keepdim=True, correction=0) + 1e-6) * s.w, {"w": torch.randn(32)},
+                                    lambda: (torch.randn(3, 32),), ("layernorm", {"bias": False})),
     "rotary_complex_meta_llama": (_rot_complex, {"freqs": torch.polar(torch.ones(8, 8), _COS[:, :8].acos())},
                                   lambda: (torch.randn(2, 8, 4, 16),), ("rotary", {"style": "interleaved"})),
     "rotary_pairs_gpt_fast": (_rot_pairs, {"cache": torch.stack((_COS[:, :8], _SIN[:, :8]), -1)},
@@ -427,6 +430,8 @@ DECOYS = {
                                      {}, lambda: (torch.randn(3, 32),)),
     "layernorm_unbiased_variance": (lambda s, x: (x - x.mean(-1, keepdim=True)) / torch.sqrt(
         x.var(-1, keepdim=True) + 1e-5), {}, lambda: (torch.randn(3, 32),)),
+    "layernorm_unbiased_variance_by_correction": (lambda s, x: (x - x.mean(-1, keepdim=True)) * torch.rsqrt(
+        x.var(-1, keepdim=True, correction=1) + 1e-5), {}, lambda: (torch.randn(3, 32),)),
     "rotary_wrong_sign": (lambda s, x: x * s.cos + torch.cat((x[..., 8:], -x[..., :8]), -1) * s.sin,
                           {"cos": _COS, "sin": _SIN}, lambda: (torch.randn(2, 4, 8, 16),)),
 }
