@@ -398,7 +398,7 @@ SPELLINGS = (
     Spelling("log_softmax_gather", _gather_mean, _XT),
     Spelling("log_softmax_gather_squeeze", _gather_squeeze, _XT),
 )
-_MEAN = 1          # at::Reduction::Mean, as the aten ops take it
+_MEAN, _SUM = 1, 2          # at::Reduction::Mean and Sum, as the aten ops take them
 
 
 def from_match(m):
@@ -415,16 +415,19 @@ def from_match(m):
     if not gather:
         if m.node("weight") is not None:
             raise NoFit("class weights: the contract weighs every class the same")
-        if m.scalar("reduction") != _MEAN:
-            raise NoFit(f"reduction {m.scalar('reduction')}: the contract takes the mean")
+        if m.scalar("reduction") not in (_MEAN, _SUM):
+            raise NoFit(f"reduction {m.scalar('reduction')} (per-row losses): the contract takes "
+                        f"the mean or the sum")
         if (m.scalar("label_smoothing") or 0.0) != 0.0:
             raise NoFit("label smoothing: the contract has none")
         if m.scalar("ignore_index") != IGNORE_INDEX:
             raise NoFit(f"ignore_index {m.scalar('ignore_index')}: the contract ignores -100")
     post = () if out["dtype"] == torch.float32 else (("to", str(out["dtype"]).removeprefix("torch.")),)
     targets = Ref("t", (("long",),)) if t["dtype"] != torch.int64 else Ref("t")
-    return Fit({"ignore_index": None} if gather else {}, tuple(x["shape"]),
-               {"logits": Ref("x"), "targets": targets}, post=post)
+    spec = {"ignore_index": None} if gather else {}
+    if not gather and m.scalar("reduction") == _SUM:
+        spec["reduction"] = "sum"
+    return Fit(spec, tuple(x["shape"]), {"logits": Ref("x"), "targets": targets}, post=post)
 
 
 def _inputs_no_ignore(shape, dtype, device, gen, kind="normal"):
@@ -442,15 +445,41 @@ def _inputs_no_ignore(shape, dtype, device, gen, kind="normal"):
     return inp
 
 
+def _sum_reference(logits, targets):
+    """Summed cross-entropy in fp32 (fp64 for fp64 logits): ignored rows add 0; all ignored: 0."""
+    v = logits.shape[-1]
+    x = logits.reshape(-1, v)
+    if x.dtype != torch.float64:
+        x = x.float()
+    return F.cross_entropy(x, targets.reshape(-1).long(), ignore_index=IGNORE_INDEX, reduction="sum")
+
+
+def _render_sum(params):
+    # the family's kernels; the one-program reduction stores the sum instead of the mean
+    src = render(params)
+    src = src.replace("tl.store(out_ptr, total / count)", "tl.store(out_ptr, total)")
+    return src.replace('"""Cross-entropy candidate', '"""Summed cross-entropy candidate (reduction="sum")', 1)
+
+
 def configure(spec: dict) -> Family:
     """``spec["ignore_index"] = None``: no row is ignored (targets are always classes); the
-    kernels are the family's (they ignore -100, which then never occurs)."""
-    if set(spec) - {"ignore_index"} or spec.get("ignore_index", IGNORE_INDEX) not in (None, IGNORE_INDEX):
-        raise ValueError(f"cross_entropy takes a spec {{ignore_index: None}}; got {spec!r}")
-    if spec.get("ignore_index", IGNORE_INDEX) == IGNORE_INDEX:
+    kernels are the family's (they ignore -100, which then never occurs). ``spec["reduction"] =
+    "sum"``: the losses of the counted rows summed (F.cross_entropy(reduction="sum"))."""
+    if (set(spec) - {"ignore_index", "reduction"}
+            or spec.get("ignore_index", IGNORE_INDEX) not in (None, IGNORE_INDEX)
+            or spec.get("reduction", "mean") not in ("mean", "sum")):
+        raise ValueError(f"cross_entropy takes a spec {{ignore_index: None, reduction: sum}}; "
+                         f"got {spec!r}")
+    if not spec or spec == {"reduction": "mean"}:
         return FAMILY
-    return dataclasses.replace(FAMILY, make_inputs=_inputs_no_ignore, spec=dict(spec),
-                               description="Mean cross-entropy, every target a class (no ignore index).")
+    fam = FAMILY
+    if spec.get("ignore_index", IGNORE_INDEX) is None:
+        fam = dataclasses.replace(fam, make_inputs=_inputs_no_ignore,
+                                  description="Mean cross-entropy, every target a class (no ignore index).")
+    if spec.get("reduction") == "sum":
+        fam = dataclasses.replace(fam, reference=_sum_reference, render=_render_sum,
+                                  description="Summed cross-entropy (reduction='sum').")
+    return dataclasses.replace(fam, spec=dict(spec))
 
 
 FAMILY = dataclasses.replace(

@@ -343,6 +343,9 @@ REAL = {
     "layernorm_var_by_correction": (lambda s, x: (x - x.mean(-1, keepdim=True)) * torch.rsqrt(
         x.var(-1, keepdim=True, correction=0) + 1e-6) * s.w, {"w": torch.randn(32)},
                                     lambda: (torch.randn(3, 32),), ("layernorm", {"bias": False})),
+    "cross_entropy_sum": (lambda s, x: F.cross_entropy(x, s.t, reduction="sum"),
+                          {"t": torch.tensor([1, -100, 3, 0, 9, 2])}, lambda: (torch.randn(6, 10),),
+                          ("cross_entropy", {"reduction": "sum"})),
     "rotary_complex_meta_llama": (_rot_complex, {"freqs": torch.polar(torch.ones(8, 8), _COS[:, :8].acos())},
                                   lambda: (torch.randn(2, 8, 4, 16),), ("rotary", {"style": "interleaved"})),
     "rotary_pairs_gpt_fast": (_rot_pairs, {"cache": torch.stack((_COS[:, :8], _SIN[:, :8]), -1)},

@@ -1134,3 +1134,22 @@ def test_k_major_copies_serve_every_layout(cand_dir):
         ref = torch.matmul(a.double(), b.double())
         bound = a.double().abs() @ b.double().abs()
         assert ((fn(a, b).double() - ref).abs() <= 8 * 2.0 ** -23 * bound + 1e-30).all()
+
+
+def test_summed_cross_entropy_passes_all_five_stages_and_a_mean_kernel_does_not(tmp_path):
+    """reduction="sum" (a match of F.cross_entropy(..., reduction="sum")): the family's kernels
+    with the sum stored instead of the mean pass the five stages against the summed reference;
+    the mean kernel under that contract is rejected at smoke."""
+    fam = kernels.get("cross_entropy")
+    summed = kernels.get("cross_entropy", {"reduction": "sum"})
+    src = summed.starter()
+    assert "tl.store(out_ptr, total)" in src and "total / count" not in src
+    verify.install_launch_counter()
+    spec = {"dtype": "float32", "shapes": [{"shape": [33, 257], "count": 1}], "seed": 5}
+    v = verify.Verifier(summed, spec, DEVICE, interpret=DEVICE == "cpu")
+    fn = load_candidate(src, tmp_path)
+    for stage in verify.STAGES:
+        r = v.run_stage(fn, stage)
+        assert r.status == "passed", (stage, r.detail)
+    wrong = load_candidate(fam.starter(), tmp_path)
+    assert v.run_stage(wrong, "smoke").status == "failed"
