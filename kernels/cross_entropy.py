@@ -398,7 +398,7 @@ SPELLINGS = (
     Spelling("log_softmax_gather", _gather_mean, _XT),
     Spelling("log_softmax_gather_squeeze", _gather_squeeze, _XT),
 )
-_MEAN, _SUM = 1, 2          # at::Reduction::Mean and Sum, as the aten ops take them
+_NONE, _MEAN, _SUM = 0, 1, 2     # at::Reduction, as the aten ops take it
 
 
 def from_match(m):
@@ -415,9 +415,9 @@ def from_match(m):
     if not gather:
         if m.node("weight") is not None:
             raise NoFit("class weights: the contract weighs every class the same")
-        if m.scalar("reduction") not in (_MEAN, _SUM):
-            raise NoFit(f"reduction {m.scalar('reduction')} (per-row losses): the contract takes "
-                        f"the mean or the sum")
+        if m.scalar("reduction") not in (_NONE, _MEAN, _SUM):
+            raise NoFit(f"reduction {m.scalar('reduction')}: the contract takes none, the mean "
+                        f"or the sum")
         if (m.scalar("label_smoothing") or 0.0) != 0.0:
             raise NoFit("label smoothing: the contract has none")
         if m.scalar("ignore_index") != IGNORE_INDEX:
@@ -425,8 +425,8 @@ def from_match(m):
     post = () if out["dtype"] == torch.float32 else (("to", str(out["dtype"]).removeprefix("torch.")),)
     targets = Ref("t", (("long",),)) if t["dtype"] != torch.int64 else Ref("t")
     spec = {"ignore_index": None} if gather else {}
-    if not gather and m.scalar("reduction") == _SUM:
-        spec["reduction"] = "sum"
+    if not gather and m.scalar("reduction") in (_SUM, _NONE):
+        spec["reduction"] = "sum" if m.scalar("reduction") == _SUM else "none"
     return Fit(spec, tuple(x["shape"]), {"logits": Ref("x"), "targets": targets}, post=post)
 
 
@@ -454,10 +454,41 @@ def _sum_reference(logits, targets):
     return F.cross_entropy(x, targets.reshape(-1).long(), ignore_index=IGNORE_INDEX, reduction="sum")
 
 
+def _none_reference(logits, targets):
+    """Per-row cross-entropy [N] in fp32 (fp64 for fp64 logits); ignored rows 0."""
+    v = logits.shape[-1]
+    x = logits.reshape(-1, v)
+    if x.dtype != torch.float64:
+        x = x.float()
+    return F.cross_entropy(x, targets.reshape(-1).long(), ignore_index=IGNORE_INDEX, reduction="none")
+
+
+def _none_cost(shape, dtype):
+    """cost, with 4 bytes a row out (the per-row losses) instead of one 4-byte result."""
+    n, _ = C.rows_and_cols(shape)
+    b, f = cost(shape, dtype)
+    return b - 4 + 4 * n, f
+
+
+def _render_none(params):
+    # the family's per-row kernels; their losses are the result (no reduction kernel)
+    src = render(params)
+    call = ("    _ce_mean[(1,)](loss, t, out, N, BLOCK=MEAN_BLOCK, IGNORE_INDEX=IGNORE_INDEX, num_warps=4)\n"
+            "    return out\n")
+    assert call in src
+    src = src.replace(call, "    return loss                   # [N] fp32, ignored rows 0\n")
+    assert _MEAN_KERNEL.strip() in src
+    src = src.replace(_MEAN_KERNEL.strip(), "")
+    src = src.replace("mean over counted rows of\n", "per row,\n", 1)
+    src = src.replace("as a 0-d fp32 tensor.", "as fp32 [N] (ignored rows 0).", 1)
+    return src.replace('"""Cross-entropy candidate', '"""Per-row cross-entropy candidate (reduction="none")', 1)
+
+
 def _render_sum(params):
     # the family's kernels; the one-program reduction stores the sum instead of the mean
     src = render(params)
     src = src.replace("tl.store(out_ptr, total / count)", "tl.store(out_ptr, total)")
+    src = src.replace("mean over counted rows of\n", "sum over counted rows of\n", 1)
     return src.replace('"""Cross-entropy candidate', '"""Summed cross-entropy candidate (reduction="sum")', 1)
 
 
@@ -467,7 +498,7 @@ def configure(spec: dict) -> Family:
     "sum"``: the losses of the counted rows summed (F.cross_entropy(reduction="sum"))."""
     if (set(spec) - {"ignore_index", "reduction"}
             or spec.get("ignore_index", IGNORE_INDEX) not in (None, IGNORE_INDEX)
-            or spec.get("reduction", "mean") not in ("mean", "sum")):
+            or spec.get("reduction", "mean") not in ("mean", "sum", "none")):
         raise ValueError(f"cross_entropy takes a spec {{ignore_index: None, reduction: sum}}; "
                          f"got {spec!r}")
     if not spec or spec == {"reduction": "mean"}:
@@ -479,6 +510,9 @@ def configure(spec: dict) -> Family:
     if spec.get("reduction") == "sum":
         fam = dataclasses.replace(fam, reference=_sum_reference, render=_render_sum,
                                   description="Summed cross-entropy (reduction='sum').")
+    if spec.get("reduction") == "none":
+        fam = dataclasses.replace(fam, reference=_none_reference, render=_render_none, cost=_none_cost,
+                                  description="Per-row cross-entropy (reduction='none').")
     return dataclasses.replace(fam, spec=dict(spec))
 
 

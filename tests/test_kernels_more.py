@@ -1136,14 +1136,17 @@ def test_k_major_copies_serve_every_layout(cand_dir):
         assert ((fn(a, b).double() - ref).abs() <= 8 * 2.0 ** -23 * bound + 1e-30).all()
 
 
-def test_summed_cross_entropy_passes_all_five_stages_and_a_mean_kernel_does_not(tmp_path):
-    """reduction="sum" (a match of F.cross_entropy(..., reduction="sum")): the family's kernels
-    with the sum stored instead of the mean pass the five stages against the summed reference;
-    the mean kernel under that contract is rejected at smoke."""
+@pytest.mark.parametrize("reduction, says", [("sum", "tl.store(out_ptr, total)"),
+                                              ("none", "return loss ")])
+def test_summed_and_per_row_cross_entropy_pass_all_five_stages_and_a_mean_kernel_does_not(
+        reduction, says, tmp_path):
+    """reduction="sum" / "none" (a match of F.cross_entropy(..., reduction=...)): the family's
+    kernels storing the sum, or returning the per-row losses, pass the five stages against that
+    reference; the mean kernel under that contract is rejected at smoke."""
     fam = kernels.get("cross_entropy")
-    summed = kernels.get("cross_entropy", {"reduction": "sum"})
+    summed = kernels.get("cross_entropy", {"reduction": reduction})
     src = summed.starter()
-    assert "tl.store(out_ptr, total)" in src and "total / count" not in src
+    assert says in src and "total / count" not in src
     verify.install_launch_counter()
     spec = {"dtype": "float32", "shapes": [{"shape": [33, 257], "count": 1}], "seed": 5}
     v = verify.Verifier(summed, spec, DEVICE, interpret=DEVICE == "cpu")
