@@ -882,6 +882,16 @@ class _Dispatch:
             store.update_target(target["id"], state="done")
             store.event(self.run_id, f"{fam.name}: search space exhausted ({e})")
             return "again"
+        except proposers.ProposerStopped:
+            raise
+        except Exception as e:
+            # a proposer's own bug (a point it cannot render...) sets this target aside; the run
+            # and its other targets go on: nobody is there overnight to restart it
+            store.update_target(target["id"], state="done")
+            store.event(self.run_id, f"{fam.name}: the proposer failed ({type(e).__name__}: "
+                                     f"{str(e)[:300]}); the target is set aside", "warn")
+            self.log(f"{fam.name}: the proposer failed ({type(e).__name__}: {e}); target set aside")
+            return "again"
         exp = dict(run_id=self.run_id, target_id=target["id"], family=fam.name,
                    parent_id=prop.parent_id, proposer=prop.proposer, hypothesis=prop.hypothesis,
                    params=prop.params, source=prop.source,

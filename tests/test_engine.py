@@ -538,3 +538,22 @@ def test_search_does_not_repeat_a_one_parameter_move_that_lost():
             changed = {(k, v) for k, v in p.params.items() if base.get(k) != v}
             assert not changed & losing_moves(hist), p.hypothesis
         seen.append({"params": p.params, "source_hash": source_hash(p.source), "state": "reverted"})
+
+
+def test_a_proposer_that_raises_sets_its_target_aside_and_the_run_goes_on(tmp_path):
+    """A proposer bug (a point its family cannot render, say) ends that target's search with
+    an event, not the run: the starter stays kept, the run ends done."""
+    class Breaks(Scripted):
+        def propose(self, family, history, best):
+            if history:
+                raise ValueError("region parameter max_tile=1024 not in [2048, 4096]")
+            return super().propose(family, history, best)
+    cfg = RunConfig(model="op:softmax:6x100", families=["softmax"], budget_experiments=3,
+                    db=str(tmp_path / "runs.db"), worker_timeout_s=150, patience=100,
+                    verify_order="bench-first", e2e_check=False)
+    run_id = execute(cfg, log=lambda s: None, proposer=Breaks([]))
+    s = Store(tmp_path / "runs.db", readonly=True)
+    assert s.get_run(run_id)["status"] == "done"
+    assert [e["state"] for e in s.experiments(run_id)] == ["kept"]
+    assert any("the proposer failed (ValueError" in e["message"] and e["level"] == "warn"
+               for e in s.events(run_id))
