@@ -445,22 +445,17 @@ def _inputs_no_ignore(shape, dtype, device, gen, kind="normal"):
     return inp
 
 
-def _sum_reference(logits, targets):
-    """Summed cross-entropy in fp32 (fp64 for fp64 logits): ignored rows add 0; all ignored: 0."""
-    v = logits.shape[-1]
-    x = logits.reshape(-1, v)
-    if x.dtype != torch.float64:
-        x = x.float()
-    return F.cross_entropy(x, targets.reshape(-1).long(), ignore_index=IGNORE_INDEX, reduction="sum")
-
-
-def _none_reference(logits, targets):
-    """Per-row cross-entropy [N] in fp32 (fp64 for fp64 logits); ignored rows 0."""
-    v = logits.shape[-1]
-    x = logits.reshape(-1, v)
-    if x.dtype != torch.float64:
-        x = x.float()
-    return F.cross_entropy(x, targets.reshape(-1).long(), ignore_index=IGNORE_INDEX, reduction="none")
+def _reference_reduced(reduction):
+    """The reference under ``reduction``: "sum" (ignored rows add 0; all ignored: 0) or "none"
+    (per-row losses [N], ignored rows 0); fp32, fp64 for fp64 logits."""
+    def ref(logits, targets):
+        v = logits.shape[-1]
+        x = logits.reshape(-1, v)
+        if x.dtype != torch.float64:
+            x = x.float()
+        return F.cross_entropy(x, targets.reshape(-1).long(), ignore_index=IGNORE_INDEX,
+                               reduction=reduction)
+    return ref
 
 
 def _none_cost(shape, dtype):
@@ -508,10 +503,10 @@ def configure(spec: dict) -> Family:
         fam = dataclasses.replace(fam, make_inputs=_inputs_no_ignore,
                                   description="Mean cross-entropy, every target a class (no ignore index).")
     if spec.get("reduction") == "sum":
-        fam = dataclasses.replace(fam, reference=_sum_reference, render=_render_sum,
+        fam = dataclasses.replace(fam, reference=_reference_reduced("sum"), render=_render_sum,
                                   description="Summed cross-entropy (reduction='sum').")
     if spec.get("reduction") == "none":
-        fam = dataclasses.replace(fam, reference=_none_reference, render=_render_none, cost=_none_cost,
+        fam = dataclasses.replace(fam, reference=_reference_reduced("none"), render=_render_none, cost=_none_cost,
                                   description="Per-row cross-entropy (reduction='none').")
     return dataclasses.replace(fam, spec=dict(spec))
 
