@@ -754,8 +754,9 @@ def compile_estimate_s(mode: str, gemm_shapes: int | None, default_s: float | No
     COMPILE_BASE_S plus COMPILE_S_PER_OP for each of ``aten_ops``; reduce-overhead the same
     (Inductor's graph again, CUDA graphs over it). A max-autotune mode costs that plus
     AUTOTUNE_S_PER_SHAPE for each of the graph's ``gemm_shapes`` distinct GEMM/convolution
-    shapes (AUTOTUNE_S_PER_SHAPE_FP32 for the ``fp32_shapes`` of them in float32), unless ``tuned`` (a max-autotune mode already compiled the same GEMMs in this
-    process: Inductor keeps its choices, and the next one costs about a default compile).
+    shapes (AUTOTUNE_S_PER_SHAPE_FP32 for the ``fp32_shapes`` of them in float32), unless
+    ``tuned`` (a max-autotune mode already compiled the same GEMMs in this process: Inductor
+    keeps its choices, and the next one costs about a default compile).
     ``gemm_shapes`` None (a graph not captured): three times the default compile."""
     base = default_s if default_s is not None else COMPILE_BASE_S + COMPILE_S_PER_OP * aten_ops
     if not mode.startswith("max-autotune") or tuned:
@@ -936,14 +937,14 @@ def _best_compiled(variant, model, inputs, kernels, road, measure, timing_mode, 
     inductor's fusions together are the variant a placed GEMM most needs, and a default compile
     costs seconds)."""
     device = _device(model, inputs)
-    cost = cost if cost is not None else dict(gemm_shapes=None, aten_ops=0, default_s=None,
-                                              tuned=False, timing_s=0.0)
+    cost = cost if cost is not None else dict(gemm_shapes=None, aten_ops=0, fp32_shapes=0,
+                                              default_s=None, tuned=False, timing_s=0.0)
     best, notes, skipped = None, [], []
     for n, mode in enumerate(compile_modes(device)):
         left = (deadline - time.monotonic()) if deadline is not None else math.inf
         need = cost["timing_s"] + compile_estimate_s(mode, cost["gemm_shapes"], cost["default_s"],
                                                      cost["aten_ops"], cost["tuned"],
-                                                     cost.get("fp32_shapes", 0))
+                                                     cost["fp32_shapes"])
         if not all_modes and not (first_always and n == 0) and left < max(need, 5.0):
             tunes = (mode.startswith("max-autotune") and not cost["tuned"]
                      and cost["gemm_shapes"])

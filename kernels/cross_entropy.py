@@ -489,12 +489,13 @@ def _render_sum(params):
 
 def configure(spec: dict) -> Family:
     """``spec["ignore_index"] = None``: no row is ignored (targets are always classes); the
-    kernels are the family's (they ignore -100, which then never occurs). ``spec["reduction"] =
-    "sum"``: the losses of the counted rows summed (F.cross_entropy(reduction="sum"))."""
+    kernels are the family's (they ignore -100, which then never occurs). ``spec["reduction"]``:
+    "sum", the losses of the counted rows summed, or "none", the per-row losses (ignored rows
+    0), as F.cross_entropy(reduction=...)."""
     if (set(spec) - {"ignore_index", "reduction"}
             or spec.get("ignore_index", IGNORE_INDEX) not in (None, IGNORE_INDEX)
             or spec.get("reduction", "mean") not in ("mean", "sum", "none")):
-        raise ValueError(f"cross_entropy takes a spec {{ignore_index: None, reduction: sum}}; "
+        raise ValueError(f"cross_entropy takes a spec {{ignore_index: None, reduction: sum|none}}; "
                          f"got {spec!r}")
     if not spec or spec == {"reduction": "mean"}:
         return FAMILY
@@ -506,8 +507,8 @@ def configure(spec: dict) -> Family:
         fam = dataclasses.replace(fam, reference=_reference_reduced("sum"), render=_render_sum,
                                   description="Summed cross-entropy (reduction='sum').")
     if spec.get("reduction") == "none":
-        fam = dataclasses.replace(fam, reference=_reference_reduced("none"), render=_render_none, cost=_none_cost,
-                                  description="Per-row cross-entropy (reduction='none').")
+        fam = dataclasses.replace(fam, reference=_reference_reduced("none"), render=_render_none,
+                                  cost=_none_cost, description="Per-row cross-entropy (reduction='none').")
     return dataclasses.replace(fam, spec=dict(spec))
 
 

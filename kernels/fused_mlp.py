@@ -469,14 +469,22 @@ def from_match(m):
         return None
     if any(w["dtype"] != x["dtype"] for w in ws) or not x["dtype"].is_floating_point:
         raise NoFit("weights and x in different dtypes: the contract takes one")
+    spec = _act_spec(m)
+    if spec is None:
+        return None
+    args = {"x": Ref("x"), "w_gate": Ref("wg"), "w_up": Ref("wu"), "w_down": Ref("wd")}
+    return Fit(spec, tuple(x["shape"]) + (f,), args)
+
+
+def _act_spec(m) -> dict | None:
+    """The spec of the matched activation (the spelling's name, gelu's approximate captured);
+    None for one no contract computes."""
     act = m.pattern.split("/")[1].split("_")[0]
     if act == "gelu":
         act = f"gelu:{m.captures.get('approximate', 'none')}"
     if act not in _ACT_SPEC:
         return None
-    spec = {"act": _ACT_SPEC[act]} if _ACT_SPEC[act] else {}
-    args = {"x": Ref("x"), "w_gate": Ref("wg"), "w_up": Ref("wu"), "w_down": Ref("wd")}
-    return Fit(spec, tuple(x["shape"]) + (f,), args)
+    return {"act": _ACT_SPEC[act]} if _ACT_SPEC[act] else {}
 
 
 def _packed_fit(m, x, wgu):
@@ -490,15 +498,11 @@ def _packed_fit(m, x, wgu):
         return None
     if wgu["dtype"] != x["dtype"] or wd["dtype"] != x["dtype"] or not x["dtype"].is_floating_point:
         raise NoFit("weights and x in different dtypes: the contract takes one")
-    name = m.pattern.split("/")[1]
-    act = name.split("_")[0]
-    if act == "gelu":
-        act = f"gelu:{m.captures.get('approximate', 'none')}"
-    if act not in _ACT_SPEC:
+    spec = _act_spec(m)
+    if spec is None:
         return None
-    spec = {"act": _ACT_SPEC[act]} if _ACT_SPEC[act] else {}
     first, second = Ref("wgu", (("slice", 0, 0, f),)), Ref("wgu", (("slice", 0, f, 2 * f),))
-    gate, up = (first, second) if name.endswith("_first") else (second, first)
+    gate, up = (first, second) if m.pattern.endswith("_first") else (second, first)
     args = {"x": Ref("x"), "w_gate": gate, "w_up": up, "w_down": Ref("wd")}
     return Fit(spec, tuple(x["shape"]) + (f,), args)
 

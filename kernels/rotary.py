@@ -369,6 +369,13 @@ def _table_ref(m, name, b, s, dh):
         return Ref(name)
     if shape[0] != b:
         return None
+    _same_every_row(m, name, b)
+    return Ref(name, (("select", 0, 0),) if rank == 4 else (("select", 0, 0),))
+
+
+def _same_every_row(m, name, b):
+    """A table with a batch dim is served only when it is a constant the same in every row
+    (position ids from arange); NoFit otherwise."""
     c = m.const(name)
     if c is None:
         raise NoFit(f"{name} differs per batch row (position ids among the inputs): the contract "
@@ -376,7 +383,6 @@ def _table_ref(m, name, b, s, dh):
     c = c.reshape(b, -1)
     if not bool((c == c[:1]).all()):
         raise NoFit(f"{name} differs per batch row: the contract takes one table for every row")
-    return Ref(name, (("select", 0, 0),) if rank == 4 else (("select", 0, 0),))
 
 
 def _bshd_table_ref(m, name, b, s, dh):
@@ -391,31 +397,16 @@ def _bshd_table_ref(m, name, b, s, dh):
         return None
     views = ()
     if shape[0] != 1:                       # per batch row: one table when every row is the same
-        c = m.const(name)
-        if c is None or not bool((c.reshape(b, -1) == c.reshape(b, -1)[:1]).all()):
-            raise NoFit(f"{name} differs per batch row: the contract takes one table for every row")
+        _same_every_row(m, name, b)
         views = (("select", 0, 0),)
     return Ref(name, views + (("reshape", [s, dh]),))
 
 
-def _view_needs_contiguous(m) -> bool:
-    """Whether an op after the match needs its output contiguous (aten.view): the kernel's
-    result in the projection's layout is a transposed view of a contiguous [B, H, S, Dh]."""
-    seen, todo = set(), [m.output]
-    while todo:
-        n = todo.pop()
-        for u in n.users:
-            if u in seen:
-                continue
-            seen.add(u)
-            name = getattr(u.target, "__name__", str(u.target))
-            if name.startswith("view.") or name == "view":
-                return True
-    return False
-
-
 def _bshd_post(m) -> tuple:
-    return (("transpose", 1, 2),) + ((("contiguous",),) if _view_needs_contiguous(m) else ())
+    """The kernel's result back in the projection's layout: a transposed view of its contiguous
+    [B, H, S, Dh], made contiguous where an op after the match is a view (which refuses it)."""
+    viewed = any(getattr(u.target, "__name__", "").split(".")[0] == "view" for u in m.output.users)
+    return (("transpose", 1, 2),) + ((("contiguous",),) if viewed else ())
 
 
 def _complex_fit(m, x, style):
