@@ -136,8 +136,9 @@ def kb_correct(model, make_inputs, trials: int, optimized, dtype: str) -> tuple[
     return True, f"{trials} trial(s) within atol=rtol={tol:g}"
 
 
-def _why_nothing(store, run_id, left_out, check) -> str:
-    """One line: why no kernel was placed in this problem's model."""
+def _why_nothing(store, run_id, left_out, check, budget_note: str = "") -> str:
+    """One line: why no kernel was placed in this problem's model (``budget_note``: how the
+    problem's budget was split, said when no experiment ran)."""
     if left_out:
         return "; ".join(f"{n} {w.split(':')[0]}" for n, w in left_out)[:300]
     events = [e["message"] for e in store.events(run_id)] if hasattr(store, "events") else []
@@ -147,6 +148,11 @@ def _why_nothing(store, run_id, left_out, check) -> str:
     if not store.targets(run_id):
         return "no family of the nine matched the model's graph"
     if not any(t["best_experiment_id"] for t in store.targets(run_id)):
+        # zero experiments and "every candidate failed" call for different fixes (a longer
+        # budget vs a kernel bug): say which
+        tried = store.experiments(run_id) if hasattr(store, "experiments") else None
+        if tried is not None and not tried:
+            return ("no experiment ran: " + (budget_note or "the budget ended first"))[:300]
         return "no candidate passed the verifier within the budget"
     if check is not None and check.status not in ("passed", "partial"):
         return f"the end-to-end check failed: {check.detail[:200]}"
@@ -304,7 +310,9 @@ def score_problem(path: Path, cfg_kw: dict, trials: int, log,
                                           trials, applied.module, dtype)
         else:
             res.correct, why = True, "nothing placed: the optimized model is the original"
-            res.why_not = _why_nothing(store, res.run_id, left_out, check)
+            note = (f"the scoring was estimated at {est_s:.0f} s of the {budget * 60:.0f} s budget, "
+                    f"the run got {run_s:.0f} s") if est_s is not None else ""
+            res.why_not = _why_nothing(store, res.run_id, left_out, check, note)
         integrate._free()
         mem = integrate.gpu_memory_line()
         log(f"  [{path.name}] scored: correct={res.correct} ({time.monotonic() - t0:.0f} s in)"

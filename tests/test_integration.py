@@ -598,3 +598,24 @@ def test_reports_of_the_recorded_gpu_runs_say_where_the_kernels_help():
     assert "no less accurate" in llama_b1                   # the bf16 check against float32
     bert = run_markdown(s, "20261201-055237-305ba2")
     assert "Left out of the optimized model (it ran slower with them): softmax, layernorm." in bert
+
+
+def test_kernelbench_says_when_no_experiment_ran(tmp_path):
+    """A target with zero experiments (the scoring's reserve took the problem's budget) is not
+    "no candidate passed the verifier": the two call for different fixes."""
+    from engine.kernelbench import _why_nothing
+    s = Store(tmp_path / "kb.db")
+    run = s.create_run("p.py", {}, {}, "interpreter", None)
+    s.add_target(run, "matmul", "float32", [{"shape": [64, 64, 64]}], 1.0)
+    note = "the scoring was estimated at 65 s of the 60 s budget, the run got 0 s"
+    assert _why_nothing(s, run, [], None, note) == "no experiment ran: " + note
+    assert _why_nothing(s, run, [], None) == "no experiment ran: the budget ended first"
+
+
+def test_recorded_bert_run_ships_compile_and_places_nothing_slower():
+    """data/recorded_h200_bert.db: the H200 run of docs/benchmarks.md (hf:bert-1b, 8x512)."""
+    from engine.report import run_markdown
+    s = Store(ROOT / "data" / "recorded_h200_bert.db", readonly=True)
+    text = run_markdown(s, s.list_runs()[0]["id"])
+    assert "Never placed (slower than their baseline, the faster of eager and torch.compile): attention, matmul." in text
+    assert "shipped: the fastest variant; best mode reduce-overhead" in text
