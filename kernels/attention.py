@@ -290,14 +290,15 @@ MAX_REGS_PER_THREAD = 192  # fp32 registers for the accumulator [BM, D] and scor
 
 ''' + C.SMEM_BUDGET_SRC + '''
 
-def _fit_attn(bm, bn, bd, stages, warps, sq, sk, itemsize, budget, q_tiles=1):
+def _fit_attn(bm, bn, bd, stages, warps, sq, sk, itemsize, budget, q_tiles=1, mask_tiles=0):
     """Clamp the query tile bm and key step bn to the sequence (min 16, the smallest tl.dot),
-    registers (bm * (bd + bn) fp32 within MAX_REGS_PER_THREAD per thread) and shared memory
-    (``q_tiles`` copies of the q tile, ``stages`` buffered K and V tiles [bn, bd] and p
-    [bm, bn] on its way to the second dot; stages drop first, then bn, then bm)."""
+    registers (bm * (bd + bn) fp32 within MAX_REGS_PER_THREAD per thread, plus ``mask_tiles``
+    [bm, bn] tiles of a runtime mask) and shared memory (``q_tiles`` copies of the q tile,
+    ``stages`` buffered K and V tiles [bn, bd] and p [bm, bn] on its way to the second dot;
+    stages drop first, then bn, then bm)."""
     bm = min(bm, max(16, triton.next_power_of_2(sq)))
     bn = min(bn, max(16, triton.next_power_of_2(sk)))
-    while bm * (bd + bn) > MAX_REGS_PER_THREAD * 32 * warps and max(bm, bn) > 16:
+    while bm * (bd + (1 + mask_tiles) * bn) > MAX_REGS_PER_THREAD * 32 * warps and max(bm, bn) > 16:
         if bm >= bn:
             bm //= 2
         else:
@@ -323,14 +324,53 @@ _ARGS = ("q_ptr, k_ptr, v_ptr, o_ptr, qk_scale, H, GROUP, SQ, SK, D,\n"
          "          CAUSAL: tl.constexpr, IEEE: tl.constexpr, DOT_FP32: tl.constexpr")
 
 
+# a runtime mask's extra arguments: its pointer, the value hidden scores take (bool masks) and
+# its strides over [B, H, Sq, Sk] (0 on broadcast dims)
+_MASK_ARGS = ("m_ptr, fill, stride_mb, stride_mh, stride_mm, stride_mn,\n          ")
+
+
+def _args(mask, tma: bool) -> str:
+    base = _TMA_ARGS if tma else _ARGS
+    if not mask:
+        return base
+    cut = base.index("BLOCK_M")
+    return base[:cut] + _MASK_ARGS + base[cut:]
+
+
 _TMA_ARGS = ("q_desc, k_desc, v_desc, o_desc, qk_scale, H, GROUP, SQ, SK,\n"
              "              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,\n"
              "              CAUSAL: tl.constexpr, IEEE: tl.constexpr, DOT_FP32: tl.constexpr")
 
 
-def _step(p, masked: bool, tma: bool = False) -> str:
-    """One key block at start_n: scores, (mask), online-softmax update, p @ v. With ``tma`` the
-    K and V tiles come through descriptors (zeros past Sk and D: the key mask still applies)."""
+def _mask_src(p, mask) -> str:
+    """The runtime mask applied to one block's scores s [BLOCK_M, BLOCK_N] (scaled, fp32), read
+    through pointers with its own strides (TMA points too: the mask is one byte or one element
+    per score, broadcast dims stride 0). Bool masks come as uint8 (1 = True)."""
+    load = '''
+mk = tl.load(m_base + offs_m[:, None] * stride_mm + kn[None, :] * stride_mn,
+             mask=(offs_m < SQ)[:, None] & (kn < SK)[None, :], other=0)   # [BLOCK_M, BLOCK_N]'''
+    kind = mask["kind"]
+    if kind == "bias":
+        if p["use_exp2"]:
+            return load + '''
+mb = mk.to(tl.float32)
+# base-2 scores take the bias times log2(e); the most negative biases stay as they are
+# (finfo.min * log2(e) overflows to -inf, and an all-padding row of finfo.min, uniform
+# weights in the reference, would turn into 0 / 0)
+s = s + tl.where(mb > -2.0e38, mb * 1.4426950408889634, mb)'''
+        return load + '''
+s = s + mk.to(tl.float32)                                          # the additive bias, in fp32'''
+    if kind == "keep":
+        return load + '''
+s = tl.where(mk != 0, s, fill)                                     # True keeps the key'''
+    return load + '''
+s = tl.where(mk != 0, fill, s)                                     # True hides the key'''
+
+
+def _step(p, masked: bool, tma: bool = False, mask=None) -> str:
+    """One key block at start_n: scores, (runtime mask), (causal and tail mask), online-softmax
+    update, p @ v. With ``tma`` the K and V tiles come through descriptors (zeros past Sk and D:
+    the key mask still applies). A runtime ``mask`` applies to every block, masked or not."""
     e2 = p["use_exp2"]
     exp = (lambda a: f"tl.exp2({a})") if e2 else (lambda a: f"tl.exp({a})")
     if tma:
@@ -357,6 +397,8 @@ if IEEE:                           # {note}
 else:
     s = tl.dot(qd, kt, s)
 s = s * qk_scale''']
+    if mask:
+        lines.append(_mask_src(p, mask))
     if masked:
         lines.append('''
 visible = (kn < SK)[None, :]
@@ -383,9 +425,10 @@ m_i = m_new''')
     return "\n".join(x.strip("\n") for x in lines)
 
 
-def _kernel(p, tma: bool = False) -> str:
+def _kernel(p, tma: bool = False, mask=None) -> str:
     """The kernel's source: ``_attn_fwd`` (pointer loads, any strides) or, with ``tma``,
-    ``_attn_fwd_tma`` (q, k, v tiles and the o store through 4-D tensor descriptors)."""
+    ``_attn_fwd_tma`` (q, k, v tiles and the o store through 4-D tensor descriptors); with a
+    runtime ``mask`` ({"kind", "safe"}) both read it through pointers in every key block."""
     cb = p["causal_blocks"]
     if p["m_order"] == "reverse":
         pid = "pid_m = tl.num_programs(0) - 1 - tl.program_id(0)              # heaviest query blocks first"
@@ -397,7 +440,7 @@ def _kernel(p, tma: bool = False) -> str:
     else:
         bounds = ("hi = SK\nif CAUSAL:\n"
                   "    hi = tl.minimum(SK, (pid_m + 1) * BLOCK_M)               # skip blocks above the diagonal")
-    step_masked = _step(p, True, tma)
+    step_masked = _step(p, True, tma, mask)
     if cb == "split":
         # blocks [0, n_full * BLOCK_N) are entirely visible to every row of the tile
         loops = f'''
@@ -405,7 +448,7 @@ n_full = SK // BLOCK_N
 if CAUSAL:
     n_full = tl.minimum(n_full, (pid_m * BLOCK_M + 1) // BLOCK_N)
 for start_n in range(0, n_full * BLOCK_N, BLOCK_N):                 # no mask needed
-{C.indent(_step(p, False, tma), 4)}
+{C.indent(_step(p, False, tma, mask), 4)}
 for start_n in range(n_full * BLOCK_N, hi, BLOCK_N):                # diagonal / tail blocks
 {C.indent(step_masked, 4)}'''
     else:
@@ -413,8 +456,17 @@ for start_n in range(n_full * BLOCK_N, hi, BLOCK_N):                # diagonal /
 for start_n in range(0, hi, BLOCK_N):
 {C.indent(step_masked, 4)}'''
     scale_note = ("log2(e) * scale: scores in base 2" if p["use_exp2"] else "scale")
+    m_base = ""
+    if mask:
+        m_base = ("\n    m_base = m_ptr + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh"
+                  "   # the mask's [Sq, Sk] plane")
+    if mask and mask["safe"]:
+        # a row whose keys are all masked: SDPA's output there is 0, not 0 / 0 (acc is 0 too)
+        finish = "o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]       # all-masked rows: 0"
+    else:
+        finish = "o = acc / l_i[:, None]"
     if tma:
-        name, args = "_attn_fwd_tma", _TMA_ARGS
+        name, args = "_attn_fwd_tma", _args(mask, True)
         index = '''b = bh // H
     h = bh % H
     hk = h // GROUP                                                # the key/value head (GQA)'''
@@ -422,7 +474,7 @@ for start_n in range(0, hi, BLOCK_N):
         store = '''o_desc.store([b, h, pid_m * BLOCK_M, 0],
                  o.to(o_desc.dtype).reshape(1, 1, BLOCK_M, BLOCK_D))  # clipped at Sq and D'''
     else:
-        name, args = "_attn_fwd", _ARGS
+        name, args = "_attn_fwd", _args(mask, False)
         index = '''b = (bh // H).to(tl.int64)
     h = bh % H
     hk = (h // GROUP).to(tl.int64)                                 # the key/value head (GQA)'''
@@ -445,13 +497,13 @@ def {name}({args}):
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)               # [BLOCK_M] query positions
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    {bases}
+    {bases}{m_base}
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)     # running max
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)                    # running sum of p
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 {C.indent(bounds, 4)}
 {C.indent(loops, 4)}
-    o = acc / l_i[:, None]
+    {finish}
     {store}
 '''
 
@@ -466,15 +518,49 @@ def _rows_ok(t):
 '''
 
 
-def _launcher(p) -> str:
+def _mask_prep(p, mask) -> str:
+    """kernel_fn's lines that check the runtime mask and view it as [B, H, SQ, SK]: broadcast
+    dims expanded to stride 0 (never a copy), a bool mask viewed as uint8; ``fill`` the value
+    a hidden score takes, in the kernel's score units (base 2 with exp2)."""
+    kind, fill = mask["kind"], mask.get("fill")
+    want = ("mask.is_floating_point()" if kind == "bias" else "mask.dtype == torch.bool")
+    what = "a float bias" if kind == "bias" else "a bool mask"
+    lines = f'''if not {want}:
+        raise ValueError(f"the mask must be {what}, got {{mask.dtype}}")
+    if mask.dim() > 4:
+        raise ValueError(f"a mask of rank {{mask.dim()}}: it broadcasts to [B, H, Sq, Sk]")
+    mk = mask
+    while mk.dim() < 4:
+        mk = mk.unsqueeze(0)
+    mk = mk.expand(B, H, SQ, SK)        # broadcast dims read with stride 0: no [B, H, Sq, Sk] copy
+    '''
+    if kind == "bias":
+        return lines + '''fill = 0.0                          # (bool masks only)
+    '''
+    lines += f'''mk = mk.view(torch.uint8)           # bool as bytes: 1 = True
+    fill = {"float('-inf')" if fill is None else repr(float(fill))}   # what a hidden score becomes
+    '''
+    if p["use_exp2"]:
+        lines += '''if fill != float("-inf"):       # base-2 scores; a finite fill stays finite in fp32
+        fill = max(fill * 1.4426950408889634, -3.4028234663852886e38)
+    '''
+    return lines
+
+
+_MASK_LAUNCH = ("mk, fill, mk.stride(0), mk.stride(1), mk.stride(2), mk.stride(3),\n"
+                "                    ")
+
+
+def _launcher(p, mask=None) -> str:
     scale = "scale * 1.4426950408889634   # log2(e): exp2 of base-2 scores" if p["use_exp2"] else "scale"
     tma = p["loads"] == "tma"
+    margs = _MASK_LAUNCH if mask else ""
     if tma:
-        launch = '''if tma:
+        launch = f'''if tma:
         q_blk, kv_blk = [1, 1, bm, bd], [1, 1, bn, bd]
         descs = [TensorDescriptor.from_tensor(t, blk)
                  for t, blk in ((q, q_blk), (k, kv_blk), (v, kv_blk), (o, q_blk))]
-        _attn_fwd_tma[grid](*descs, qk_scale, H, H // Hkv, SQ, SK, BLOCK_M=bm, BLOCK_N=bn,
+        _attn_fwd_tma[grid](*descs, qk_scale, H, H // Hkv, SQ, SK, {margs}BLOCK_M=bm, BLOCK_N=bn,
                             BLOCK_D=bd, CAUSAL=bool(causal), IEEE=ieee, DOT_FP32=dot_fp32,
                             num_warps=NUM_WARPS, num_stages=stages)
         return o
@@ -495,12 +581,24 @@ def _launcher(p) -> str:
         pick += ("q_tiles = 2 if q.dtype == torch.float32" + (" and not tma" if tma else "")
                  + " else 1\n    ")
         fit = "q.element_size(), _smem_budget(q.device), q_tiles)"
+    prep = ""
+    if mask:
+        # the mask's [BLOCK_M, BLOCK_N] tile (a float bias upcast to fp32) is one more score tile
+        fit = fit[:-1] + ", mask_tiles=1)"
+        prep = _mask_prep(p, mask)
+    sig = "q, k, v, causal, scale, mask" if mask else "q, k, v, causal, scale"
+    mdoc = ""
+    if mask:
+        mdoc = {"bias": "\n    mask: a float bias added to the scaled scores (in fp32)",
+                "keep": "\n    mask: bool, True keeps a key",
+                "hide": "\n    mask: bool, True hides a key"}[mask["kind"]] + \
+            ", of any shape that broadcasts to [B, H, Sq, Sk]."
     return f'''
 
-def kernel_fn(q, k, v, causal, scale):
+def kernel_fn({sig}):
     """Attention of q [B, H, Sq, D] over k, v [B, Hkv, Sk, D] (H % Hkv == 0, query head h reads
     head h // (H // Hkv)); causal hides key j > i; scale None means 1/sqrt(D). Returns o
-    [B, H, Sq, D] contiguous in q's dtype. Any strides."""
+    [B, H, Sq, D] contiguous in q's dtype. Any strides.{mdoc}"""
     B, H, SQ, D = q.shape
     Hkv, SK = k.shape[1], k.shape[2]
     if k.shape[0] != B or v.shape[0] != B or v.shape[1] != Hkv or v.shape[2] != SK:
@@ -522,21 +620,23 @@ def kernel_fn(q, k, v, causal, scale):
     dot_fp32 = q.dtype == torch.bfloat16 and q.device.type == "cpu"
     ieee = q.dtype == torch.float32 or dot_fp32
     bd = max(16, triton.next_power_of_2(D))
-    {pick}bm, bn, stages = _fit_attn(BLOCK_M, BLOCK_N, bd, NUM_STAGES, NUM_WARPS, SQ, SK,
+    {prep}{pick}bm, bn, stages = _fit_attn(BLOCK_M, BLOCK_N, bd, NUM_STAGES, NUM_WARPS, SQ, SK,
                                {fit}
     grid = (triton.cdiv(SQ, bm), B * H)
     {launch}_attn_fwd[grid](q, k, v, o, qk_scale, H, H // Hkv, SQ, SK, D,
                     q.stride(0), q.stride(1), q.stride(2), q.stride(3),
                     k.stride(0), k.stride(1), k.stride(2), k.stride(3),
                     v.stride(0), v.stride(1), v.stride(2), v.stride(3),
-                    BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, CAUSAL=bool(causal), IEEE=ieee,
+                    {margs}BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, CAUSAL=bool(causal), IEEE=ieee,
                     DOT_FP32=dot_fp32, num_warps=NUM_WARPS, num_stages=stages)
     return o
 '''
 
 
-def render(params) -> str:
-    """Complete candidate source for one point of SPACE (missing params take DEFAULT values)."""
+def render(params, mask=None) -> str:
+    """Complete candidate source for one point of SPACE (missing params take DEFAULT values);
+    ``mask`` ({"kind": "bias" | "keep" | "hide", "fill": None or a number, "safe": bool}, from
+    the contract's spec) gives kernel_fn its runtime mask argument."""
     p = C.resolve(NAME, SPACE, DEFAULT, params)
     cb = {"mask_all": "visits every key block and masks each",
           "skip": "stops at the diagonal (causal) and masks every block it visits",
@@ -561,10 +661,13 @@ BLOCK_N = {p["block_n"]}          # keys per step of the key loop
 NUM_WARPS = {p["num_warps"]}
 NUM_STAGES = {p["num_stages"]}        # software-pipelining depth of the key loop
 '''
-    parts = [doc, _HELPERS_SRC, "\n", _kernel(p)]
+    if mask:
+        doc = doc.replace("o = softmax(scale * q k^T) v.",
+                          "o = softmax(scale * q k^T + mask) v.", 1)
+    parts = [doc, _HELPERS_SRC, "\n", _kernel(p, mask=mask)]
     if p["loads"] == "tma":      # tiles through tensor descriptors where the GPU has TMA
-        parts += ["\n", C.TMA_HELPERS_SRC, _ROWS_OK_SRC, "\n", _kernel(p, tma=True)]
-    return C.tidy("\n".join(parts + [_launcher(p)]))
+        parts += ["\n", C.TMA_HELPERS_SRC, _ROWS_OK_SRC, "\n", _kernel(p, tma=True, mask=mask)]
+    return C.tidy("\n".join(parts + [_launcher(p, mask)]))
 
 
 FAMILY = Family(
@@ -591,6 +694,219 @@ FAMILY = Family(
     from_profile=from_profile,
     default_for=default_for,
 )
+
+
+# ---------------------------------------------------------------------------------------------
+# runtime masks: the contract with a mask argument (spec "mask")
+# ---------------------------------------------------------------------------------------------
+# A mask the model computes from its inputs (a padding mask from attention_mask, a position bias)
+# is the kernel's sixth argument, of any shape that broadcasts to [B, H, Sq, Sk]:
+#   "bias": float, in q's dtype, added to the scaled scores (in fp32 in the kernels);
+#   "keep": bool, True keeps a key (SDPA's bool attn_mask, torch.where(mask, s, fill));
+#   "hide": bool, True hides a key (masked_fill(mask, fill)).
+# "mask_dims" says which dims the mask has: four letters, each its dim's letter of "bhqk" or
+# "1" where the mask broadcasts (HF's padding mask [B, 1, 1, Sk]: "b11k"; BERT's bool mask
+# [B, 1, Sq, Sk]: "b1qk"; a T5-style bias [1, H, Sq, Sk]: "1hqk"). Kernels read the mask with
+# its strides, broadcast dims at stride 0, and never make a [B, H, Sq, Sk] copy of it.
+# What a fully masked row gives follows the model: SDPA's rows are 0 (the reference is SDPA),
+# a softmax written by hand gives NaN for a row of -inf and uniform weights for a row of a
+# finite fill (spec "fill": the number masked scores take, absent for -inf; the reference is
+# ``by_hand_masked``, what the model computes). A runtime mask comes without causal: SDPA takes
+# one or the other, and the spellings have one mask op (family shapes end in causal 0).
+MASK_KINDS = ("bias", "keep", "hide")
+MASK_DIM_LETTERS = "bhqk"
+# input kinds of the stability stage for a masked contract, beside ADVERSARIAL (whose masks are
+# the realistic ones): "one_key" keeps one key a row; "empty_rows" masks every key of some rows
+# (-inf for a bias); "min_bias" pads with -1e9 and makes one row all finfo.min, as HF does for a
+# batch row that is all padding
+MASK_ADVERSARIAL = {"bias": ("one_key", "empty_rows", "min_bias"),
+                    "keep": ("one_key", "empty_rows"), "hide": ("one_key", "empty_rows")}
+# a bias this large swallows any score in fp32 and fp64 alike (s + b rounds to b): rows of it
+# are uniform in the kernel and the reference, and it adds nothing to the error bound
+_SWALLOWS = 1e30
+
+
+def mask_dims_ok(dims) -> bool:
+    return (isinstance(dims, str) and len(dims) == 4
+            and all(c in (letter, "1") for c, letter in zip(dims, MASK_DIM_LETTERS)))
+
+
+def mask_shape(dims: str, b: int, h: int, sq: int, sk: int) -> tuple:
+    """The mask's [B|1, H|1, Sq|1, Sk|1] shape under ``dims`` ("b11k" -> (B, 1, 1, Sk))."""
+    return tuple(1 if c == "1" else n for c, n in zip(dims, (b, h, sq, sk)))
+
+
+def _hide_causal(s):
+    sq, sk = s.shape[-2:]
+    return torch.ones(sq, sk, dtype=torch.bool, device=s.device).triu(1)
+
+
+def sdpa_masked(kind: str):
+    """The reference of an SDPA call with a runtime mask: F.scaled_dot_product_attention with
+    attn_mask (a "hide" mask inverted). Causal with a mask (no spelling makes one) joins the
+    mask, as SDPA takes one or the other."""
+    def reference(q, k, v, causal, scale, mask):
+        attn = ~mask if kind == "hide" else mask
+        if causal:
+            hide = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu(1)
+            attn = attn & ~hide if attn.dtype == torch.bool else attn.masked_fill(hide, float("-inf"))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn, scale=scale,
+                                              enable_gqa=k.shape[1] != q.shape[1])
+    return reference
+
+
+def _masked_scores(s, kind, fill, mask):
+    if kind == "bias":
+        return s + mask
+    fill = float("-inf") if fill is None else float(fill)
+    if kind == "keep":
+        return torch.where(mask, s, torch.tensor(fill, dtype=s.dtype, device=s.device))
+    return s.masked_fill(mask, fill)
+
+
+def by_hand_masked(kind: str, fill):
+    """Attention with a runtime mask as a model writes it out: scores scaled, then the bias
+    added or the hidden scores set to ``fill`` (-inf when None), softmax in at least fp32 (a
+    row of -inf gives NaN, as the model's softmax does), cast back, @ v. The reference and the
+    baseline of a hand-written match with a runtime mask."""
+    def fn(q, k, v, causal, scale, mask):
+        rep = q.shape[1] // k.shape[1]
+        if rep > 1:
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        sc = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+        s = _masked_scores((q @ k.transpose(-2, -1)) * sc, kind, fill, mask)
+        if causal:
+            s = s.masked_fill(_hide_causal(s), float("-inf"))
+        p = torch.softmax(s, dim=-1, dtype=torch.promote_types(s.dtype, torch.float32))
+        return p.to(q.dtype) @ v
+    return fn
+
+
+def masked_error_bound(kind: str, fill):
+    """``error_bound`` with a mask: P the masked weights (0 on rows with none), A the scores'
+    magnitude plus the bias's where it does not swallow the scores (s + b rounds at |s + b|)."""
+    def bound(q, k, v, causal, scale, mask):
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        sc = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+        scores = (q @ k.transpose(-1, -2)) * sc
+        a = (q.abs() @ k.abs().transpose(-1, -2)) * abs(sc)
+        if kind == "bias":
+            bm = mask.to(scores.dtype)
+            a = a + torch.where(bm.abs() < _SWALLOWS, bm.abs(), torch.zeros_like(bm))
+        scores = _masked_scores(scores, kind, fill, mask)
+        if causal:
+            scores = scores.masked_fill(_hide_causal(scores), float("-inf"))
+        p = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+        return (p * (1.0 + a)) @ v.abs()
+    return bound
+
+
+def make_mask(kind: str, dims: str, shape, dtype, device, gen, input_kind="normal"):
+    """A runtime mask for the family shape ``shape``: [B|1, H|1, Sq|1, Sk|1] per ``dims``, bool
+    ("keep"/"hide") or a float bias in ``dtype``. Realistic content: padding (batch row 0
+    keeps every key, the others their first L >= 1 keys, as a tokenizer pads a batch), with
+    random holes (20%, key 0 kept) where the mask has query or head dims; a bias is N(0, 1) with
+    the padded keys at finfo.min (as HF builds it). ``input_kind`` one of MASK_ADVERSARIAL's
+    kinds makes the corresponding adversarial mask (any other kind: the realistic one)."""
+    dtype = C.as_dtype(dtype)
+    b, h, s, _, _, _ = problem(shape)
+    mb, mh, mq, mk = mask_shape(dims, b, h, s, s)
+    keys = torch.arange(mk, device=gen.device)
+    hidden = torch.zeros(mb, mh, mq, mk, dtype=torch.bool, device=gen.device)
+    if input_kind == "one_key" and mk > 1:
+        j = (C.rand(gen, mb, mh, mq, 1) * mk).long().clamp(max=mk - 1)
+        hidden = keys != j                                             # one key left a row
+    elif mk > 1:
+        lens = (1 + (C.rand(gen, mb) * mk).long()).clamp(max=mk)
+        lens[0] = mk if mb > 1 else max(1, mk - mk // 3)
+        hidden = (keys[None, :] >= lens[:, None])[:, None, None, :].expand(mb, mh, mq, mk)
+        if mh * mq > 1:
+            holes = C.rand(gen, mb, mh, mq, mk) < 0.2
+            holes[..., 0] = False
+            hidden = hidden | holes
+    empty = torch.zeros(mb, mh, mq, 1, dtype=torch.bool, device=gen.device)
+    if input_kind in ("empty_rows", "min_bias"):
+        if mq > 1:
+            empty[:, :, :1] = True                                     # the first query of each plane
+        else:
+            empty[-1] = True                                           # the last batch row's queries
+    hidden = hidden | empty
+    if kind != "bias":
+        return (~hidden if kind == "keep" else hidden).contiguous().to(device)
+    lowest = torch.finfo(dtype).min
+    pad = max(-1e9, lowest) if input_kind == "min_bias" else lowest
+    out = C.randn(gen, mb, mh, mq, mk)
+    out = torch.where(hidden, torch.full_like(out, pad), out)
+    if input_kind == "one_key":
+        out = torch.where(hidden, torch.full_like(out, float("-inf")), out)
+    elif input_kind == "empty_rows":
+        out = torch.where(empty.expand_as(out), torch.full_like(out, float("-inf")), out)
+    elif input_kind == "min_bias":
+        out = torch.where(empty.expand_as(out), torch.full_like(out, lowest), out)
+    return out.to(dtype).to(device)
+
+
+def _masked_cost(dims: str, kind: str):
+    def cost_fn(shape, dtype):
+        byts, flops = cost(shape, dtype)
+        b, h, s, _, _, causal = problem(shape)
+        n = math.prod(mask_shape(dims, b, h, s, s))
+        scores = b * h * (s * (s + 1) // 2 if causal else s * s)
+        return byts + n * (1 if kind != "bias" else C.itemsize(dtype)), flops + scores
+    return cost_fn
+
+
+def _no_causal(shapes) -> tuple:
+    """Family shapes with causal 0 (a runtime mask comes without it), duplicates dropped."""
+    return tuple(dict.fromkeys(problem(s)[:5] + (0,) for s in shapes))
+
+
+def _masked_family(spec: dict) -> Family:
+    kind, dims, fill = spec["mask"], spec.get("mask_dims", "b1qk"), spec.get("fill")
+    by = spec.get("written") == "by_hand"
+    if kind not in MASK_KINDS:
+        raise ValueError(f"attention's mask is one of {', '.join(MASK_KINDS)}, not {kind!r}")
+    if not mask_dims_ok(dims):
+        raise ValueError(f"mask_dims is four letters of 'bhqk' or '1' each ('b11k'), not {dims!r}")
+    if fill is not None:
+        if kind == "bias" or not by:
+            raise ValueError("a fill belongs to a bool mask written by hand (masked_fill, where)")
+        if not isinstance(fill, (int, float)) or not fill <= _VERY_NEGATIVE:
+            raise ValueError(f"a fill is a number <= {_VERY_NEGATIVE}, not {fill!r}")
+        fill = float(fill)
+    mask = {"kind": kind, "fill": fill, "safe": not by}
+    reference_fn = by_hand_masked(kind, fill) if by else sdpa_masked(kind)
+    extra = MASK_ADVERSARIAL[kind]
+
+    def make(shape, dtype, device, gen, kind_in="normal"):
+        if kind_in not in extra:
+            inp = make_inputs(shape, dtype, device, gen, kind_in)
+        else:
+            inp = make_inputs(shape, dtype, device, gen)
+        inp["causal"] = False
+        inp["mask"] = make_mask(kind, dims, shape, dtype, device, gen, kind_in)
+        return inp
+
+    what = {"bias": "a float bias added to the scaled scores",
+            "keep": "a bool mask, True keeps a key", "hide": "a bool mask, True hides a key"}[kind]
+    rows = ("a row with every key masked gives 0 (SDPA)" if not by else
+            "a row with every key masked gives what the model's softmax gives: NaN for -inf, "
+            "uniform weights for a finite fill")
+    return dataclasses.replace(
+        FAMILY, signature="kernel_fn(q, k, v, causal, scale, mask)",
+        arg_names=ARG_NAMES + ("mask",), reference=reference_fn, make_inputs=make,
+        cost=_masked_cost(dims, kind), bench_shapes=_no_causal(BENCH_SHAPES),
+        sweep_shapes=_no_causal(SWEEP_SHAPES), edge_shapes=_no_causal(EDGE_SHAPES),
+        adversarial=ADVERSARIAL + extra, render=lambda params: render(params, mask=mask),
+        description=f"Scaled dot-product attention with GQA and a runtime mask: {what}, shape "
+                    f"{list(mask_shape(dims, 'B', 'H', 'Sq', 'Sk'))} broadcast to "
+                    f"[B, H, Sq, Sk]; {rows}" + (f"; hidden scores take {fill}" if fill else "")
+                    + " (flash style).",
+        notes=dict(FAMILY.notes, mask=kind, mask_dims=dims, fill=fill, causal="never with a mask"),
+        error_bound=masked_error_bound(kind, fill),
+        op_schema="(Tensor q, Tensor k, Tensor v, bool causal, float scale, Tensor mask) -> Tensor",
+        spec=dict(spec), baseline=None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -673,6 +989,56 @@ def _hidden(m, kind, sq, sk):
     return hide[0]
 
 
+def _runtime_mask(m, kind, sdpa, dims4, rank, qdtype):
+    """(spec keys, Ref) of a mask the model computes when it runs (from its inputs): the mask
+    node itself, viewed as 4-D (leading 1s) with dims it broadcasts by stride 0 sliced to one
+    (the kernel expands them again, as it does every size-1 dim); NoFit where the contract has
+    no such mask."""
+    name = "attn_mask" if sdpa else "mask"
+    node = m.node(name)
+    if node in m.folder.tainted:
+        raise NoFit("the mask is not a constant of the model and is written in place after it "
+                    "is made: the contract reads no mask that changes under it")
+    meta = m.meta(name)
+    if meta is None:
+        return None
+    shape, stride, dt = tuple(meta["shape"]), tuple(meta["stride"]), meta["dtype"]
+    if len(shape) > rank:
+        raise NoFit(f"a mask of rank {len(shape)} over q of rank {rank}: it broadcasts the output")
+    if sdpa:
+        kind = "keep" if dt == torch.bool else "bias"
+    else:
+        kind = {"masked_fill": "hide", "where": "keep", "add": "bias"}[kind]
+    if kind == "bias" and dt != qdtype:
+        raise NoFit(f"a float mask in {dt} over q in {qdtype}: the contract takes it in q's dtype")
+    if kind != "bias" and dt != torch.bool:
+        raise NoFit(f"a {dt} mask where a bool one is read")
+    spec = {"mask": kind}
+    if not sdpa and kind != "bias":
+        fill = m.scalar("fill")
+        if fill is None or fill > _VERY_NEGATIVE:
+            raise NoFit(f"masked scores set to {fill}: the contract hides them (a fill <= "
+                        f"{_VERY_NEGATIVE:g})")
+        if not math.isinf(fill):
+            spec["fill"] = float(fill)
+    pad = 4 - len(shape)
+    views = (("unsqueeze", 0),) * pad
+    shape, stride = (1,) * pad + shape, (0,) * pad + stride
+    letters = ""
+    for i, (n, want, st) in enumerate(zip(shape, dims4, stride)):
+        if n == 1 or (st == 0 and n == want):
+            letters += "1"
+            if n != 1:
+                views += (("slice", i, 0, 1),)         # an expanded dim: one row, read at stride 0
+        elif n == want:
+            letters += MASK_DIM_LETTERS[i]
+        else:
+            raise NoFit(f"a mask of shape {list(meta['shape'])} over scores "
+                        f"{list(dims4)}: it does not broadcast to them")
+    spec["mask_dims"] = letters
+    return spec, Ref(name, views)
+
+
 def from_match(m):
     """Attention as the family computes it: q [B, H, S, D], k/v with Hkv heads (a repeat of
     the heads looked through), no mask or a causal one, a constant scale."""
@@ -749,7 +1115,14 @@ def from_match(m):
             scale = 1.0
         if scale is None:
             raise NoFit("the scale is not a number known when the graph is captured")
-    if kind != "none":
+    runtime = None
+    if kind != "none" and m.const("attn_mask" if sdpa else "mask") is None:
+        if causal:
+            raise NoFit("a causal flag and a runtime mask together: the contract takes one")
+        runtime = _runtime_mask(m, kind, sdpa, (b, h, sq, sk), rank, q["dtype"])
+        if runtime is None:
+            return None
+    elif kind != "none":
         hide = _hidden(m, kind, sq, sk)
         if hide is None:
             return None
@@ -764,16 +1137,27 @@ def from_match(m):
     args = {"q": Ref("q", views), "k": Ref("k", k_views + views), "v": Ref("v", views),
             "causal": Ref.lit(bool(causal)), "scale": Ref.lit(float(scale))}
     # a hand-written match is timed against the model's own way of computing it (by_hand)
-    return Fit({} if sdpa else {"written": "by_hand"}, (b, h, sq, d, hkv, int(causal)), args,
+    spec = {} if sdpa else {"written": "by_hand"}
+    if runtime is not None:
+        spec.update(runtime[0])
+        args["mask"] = runtime[1]
+    return Fit(spec, (b, h, sq, d, hkv, int(causal)), args,
                post=((("squeeze", 0),) if rank == 3 else ()))
 
 
 def configure(spec: dict):
     """The contract under ``spec``: {"written": "by_hand"} is the plain contract, judged against
-    ``reference`` as ever, whose baselines time ``by_hand`` (the computation the model wrote)."""
-    unknown = set(spec) - {"written"}
+    ``reference`` as ever, whose baselines time ``by_hand`` (the computation the model wrote).
+    "mask" (with "mask_dims", and "fill" for a bool mask written by hand) adds the runtime mask
+    argument (see "runtime masks" above)."""
+    unknown = set(spec) - {"written", "mask", "mask_dims", "fill"}
     if unknown or spec.get("written", "by_hand") != "by_hand":
-        raise ValueError(f"attention takes the spec {{'written': 'by_hand'}}, not {spec!r}")
+        raise ValueError(f"attention takes the spec keys written ('by_hand'), mask, mask_dims "
+                         f"and fill, not {spec!r}")
+    if "mask" in spec:
+        return _masked_family(spec)
+    if "mask_dims" in spec or "fill" in spec:
+        raise ValueError(f"mask_dims and fill come with a mask: {spec!r}")
     return dataclasses.replace(FAMILY, spec=dict(spec), baseline=by_hand)
 
 
