@@ -818,6 +818,11 @@ def _random_like(node, gen):
     else:
         t = torch.randn(shape, generator=gen, dtype=torch.float32)
     t = t.to(device=dev, dtype=dtype)
+    zero = [d for d in range(v.dim()) if v.stride(d) == 0 and shape[d] > 1]
+    if zero:
+        # an expanded view (a padding mask broadcast over the queries): one random row per
+        # broadcast dim, expanded again, so the probe's input has the values the graph can have
+        return t[tuple(slice(0, 1) if d in zero else slice(None) for d in range(v.dim()))].expand(shape)
     if tuple(v.stride()) != tuple(t.stride()) and v.numel() > 0:
         try:
             t = torch.empty_strided(shape, tuple(v.stride()), dtype=dtype, device=dev).copy_(t)

@@ -879,13 +879,10 @@ def _masked_family(spec: dict) -> Family:
     reference_fn = by_hand_masked(kind, fill) if by else sdpa_masked(kind)
     extra = MASK_ADVERSARIAL[kind]
 
-    def make(shape, dtype, device, gen, kind_in="normal"):
-        if kind_in not in extra:
-            inp = make_inputs(shape, dtype, device, gen, kind_in)
-        else:
-            inp = make_inputs(shape, dtype, device, gen)
+    def make(shape, dtype, device, gen, kind="normal"):
+        inp = make_inputs(shape, dtype, device, gen, "normal" if kind in extra else kind)
         inp["causal"] = False
-        inp["mask"] = make_mask(kind, dims, shape, dtype, device, gen, kind_in)
+        inp["mask"] = make_mask(mask["kind"], dims, shape, dtype, device, gen, kind)
         return inp
 
     what = {"bias": "a float bias added to the scaled scores",

@@ -1,0 +1,375 @@
+"""Attention with a runtime mask: the contract's mask argument (spec "mask", "mask_dims",
+"fill"), the rendered kernels against the float64 reference with realistic and adversarial
+masks, the five verifier stages, and models whose mask is computed from their inputs (a padding
+mask by hand, SDPA's attn_mask, a tiny BERT called with attention_mask) matched, placed, and
+agreeing with the original. CPU, Triton's interpreter, tiny shapes."""
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernels
+from engine import integrate, place, verify
+from kernels import attention
+from tests.kernel_helpers import DEVICE, as_f64, gen, load_candidate
+from tests.test_graph import Fn, families, found, place_starters
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+SHAPE = (2, 4, 20, 16, 2, 0)           # (B, H, S, D, Hkv, causal): GQA, a key tail past 16
+
+SDPA_BIAS = {"mask": "bias", "mask_dims": "b11k"}                   # HF's padding bias
+SDPA_BOOL = {"mask": "keep", "mask_dims": "b1qk"}                   # BERT's bool mask
+HAND_HIDE = {"written": "by_hand", "mask": "hide", "mask_dims": "11qk", "fill": -1e9}
+HAND_BIAS = {"written": "by_hand", "mask": "bias", "mask_dims": "1hqk"}   # T5-style bias
+HAND_KEEP = {"written": "by_hand", "mask": "keep", "mask_dims": "b11k"}
+
+
+@pytest.fixture(scope="session")
+def cand_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("candidates_mask")
+
+
+def tol_ratio(fam, out, inputs) -> float:
+    """The verifier's comparison (engine/verify.py compare: NaN placement, then the bound) as a
+    ratio to the allowed error: > 1 rejects, inf where NaN or Inf placement differs."""
+    f64 = as_f64(inputs)
+    expected = fam.reference(**f64).to(out.dtype)
+    dt = inputs["q"].dtype
+    (atol, rtol), stol = fam.tolerance[dt], fam.bound_tol[dt]
+    extra = stol * fam.error_bound(**f64)
+    ok, _, why = verify.compare(out, expected, atol, rtol, extra)
+    if not ok:
+        return math.inf
+    o, e = out.double(), expected.double()
+    fin = e.isfinite() & o.isfinite()
+    atol = max(atol, torch.finfo(dt).tiny) if dt != torch.float16 else atol
+    bound = atol + rtol * e.abs() + extra
+    return float(((o - e).abs()[fin] / bound[fin]).max()) if fin.any() else 0.0
+
+
+# ---- the contract -------------------------------------------------------------------------------
+
+def test_mask_contract_signature_schema_and_spec_checks():
+    fam = kernels.get("attention", SDPA_BIAS)
+    assert fam.arg_names == attention.ARG_NAMES + ("mask",)
+    names = [a.strip().split(" ")[-1] for a in fam.op_schema[1:fam.op_schema.index(")")].split(",")]
+    assert tuple(names) == fam.arg_names and "Tensor mask" in fam.op_schema
+    assert fam.signature == "kernel_fn(q, k, v, causal, scale, mask)"
+    assert all(s[5] == 0 for s in fam.sweep_shapes + fam.edge_shapes + fam.bench_shapes)
+    assert set(attention.MASK_ADVERSARIAL["bias"]) <= set(fam.adversarial)
+    # the plain contracts are what they were: no mask argument, the same starter
+    assert kernels.get("attention") is attention.FAMILY
+    assert kernels.get("attention", {"written": "by_hand"}).arg_names == attention.ARG_NAMES
+    assert "mask" not in attention.FAMILY.starter().split("def kernel_fn(")[1].split(")")[0]
+    for bad in ({"mask": "soft"}, {"mask": "bias", "mask_dims": "bx1k"},
+                {"mask": "bias", "fill": -1e9, "written": "by_hand"},    # a bias has no fill
+                {"mask": "keep", "fill": -1e9},                         # SDPA has none either
+                {"written": "by_hand", "mask": "hide", "fill": 0.0},    # not a hiding fill
+                {"mask_dims": "b11k"}, {"mask": "bias", "other": 1}):
+        with pytest.raises(ValueError):
+            attention.configure(bad)
+    # bytes: the mask is read once, in its own (broadcast) shape
+    plain = attention.cost(SHAPE, torch.float16)[0]
+    assert attention._masked_cost("b11k", "bias")(SHAPE, torch.float16)[0] == plain + 2 * 20 * 2
+    assert attention._masked_cost("b1qk", "keep")(SHAPE, torch.float16)[0] == plain + 2 * 20 * 20
+
+
+def test_reference_rows_with_every_key_masked_follow_the_model():
+    """SDPA's output on a row whose keys are all masked is 0 (bool or -inf bias), a softmax
+    written by hand gives NaN (-inf) or uniform weights (a finite fill); finfo.min as a bias
+    (HF's padding) gives uniform weights in both."""
+    g = gen(0)
+    q, k, v = (torch.randn(1, 2, 4, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    keep = torch.ones(1, 1, 4, 4, dtype=torch.bool)
+    keep[0, 0, 1] = False
+    bias = torch.zeros(1, 1, 4, 4, dtype=torch.float64).masked_fill(~keep, float("-inf"))
+    lowest = torch.zeros(1, 1, 4, 4, dtype=torch.float64).masked_fill(~keep, torch.finfo(torch.float32).min)
+    uniform = v.mean(-2)
+    assert attention.sdpa_masked("keep")(q, k, v, False, 0.3, keep)[:, :, 1].abs().max() == 0
+    assert attention.sdpa_masked("hide")(q, k, v, False, 0.3, ~keep)[:, :, 1].abs().max() == 0
+    assert attention.sdpa_masked("bias")(q, k, v, False, 0.3, bias)[:, :, 1].abs().max() == 0
+    assert torch.allclose(attention.sdpa_masked("bias")(q, k, v, False, 0.3, lowest)[:, :, 1], uniform)
+    assert attention.by_hand_masked("hide", None)(q, k, v, False, 0.3, ~keep)[:, :, 1].isnan().all()
+    assert attention.by_hand_masked("bias", None)(q, k, v, False, 0.3, bias)[:, :, 1].isnan().all()
+    fin = attention.by_hand_masked("keep", -1e9)(q, k, v, False, 0.3, keep)
+    assert torch.allclose(fin[:, :, 1], uniform)
+    # rows with a visible key agree between the two
+    ok = attention.by_hand_masked("keep", None)(q, k, v, False, 0.3, keep)
+    ref = attention.sdpa_masked("keep")(q, k, v, False, 0.3, keep)
+    assert torch.allclose(ok[:, :, [0, 2, 3]], ref[:, :, [0, 2, 3]])
+
+
+def test_make_mask_shapes_content_and_adversarial_kinds():
+    fam = kernels.get("attention", SDPA_BIAS)
+    inp = fam.make_inputs(SHAPE, torch.bfloat16, DEVICE, gen(1))
+    m = inp["mask"]
+    assert m.shape == (2, 1, 1, 20) and m.dtype == torch.bfloat16 and inp["causal"] is False
+    lowest = torch.finfo(torch.bfloat16).min
+    assert not (m[0] == lowest).any() and (m[1] == lowest).any()   # row 0 full, row 1 padded
+    again = fam.make_inputs(SHAPE, torch.bfloat16, DEVICE, gen(1))["mask"]
+    assert torch.equal(m, again)
+    empty = fam.make_inputs(SHAPE, torch.float32, DEVICE, gen(1), "empty_rows")["mask"]
+    assert torch.isneginf(empty[-1]).all()
+    one = fam.make_inputs(SHAPE, torch.float32, DEVICE, gen(1), "one_key")["mask"]
+    assert (torch.isfinite(one).sum(-1) == 1).all()
+    mb = fam.make_inputs(SHAPE, torch.float16, DEVICE, gen(1), "min_bias")["mask"]
+    assert (mb[-1] == torch.finfo(torch.float16).min).all() and torch.isfinite(mb).all()
+    keep = kernels.get("attention", SDPA_BOOL).make_inputs(SHAPE, torch.float32, DEVICE, gen(2))["mask"]
+    assert keep.shape == (2, 1, 20, 20) and keep.dtype == torch.bool and keep[..., 0].all()
+    t5 = kernels.get("attention", HAND_BIAS).make_inputs(SHAPE, torch.float32, DEVICE, gen(2))["mask"]
+    assert t5.shape == (1, 4, 20, 20)
+
+
+# ---- the kernels ----------------------------------------------------------------------------------
+
+POINTS = ({}, {"use_exp2": True, "causal_blocks": "split", "block_m": 16, "block_n": 16},
+          {"loads": "tma", "block_m": 16, "block_n": 16, "causal_blocks": "mask_all"})
+
+
+@pytest.mark.parametrize("spec", [SDPA_BIAS, SDPA_BOOL, HAND_HIDE, HAND_BIAS, HAND_KEEP],
+                         ids=["sdpa_bias", "sdpa_bool", "hand_hide_fill", "hand_bias_t5", "hand_keep"])
+def test_masked_kernels_agree_with_the_reference_on_every_mask_kind(spec, cand_dir):
+    """Pointer, exp2 with the split loop, and TMA points; realistic and adversarial masks (one
+    key left, rows with none, -1e9 padding and finfo.min rows) in fp32, fp16 and bf16; NaN
+    exactly where the reference has it (a hand-written softmax over a row of -inf)."""
+    fam = kernels.get("attention", spec)
+    for i, params in enumerate(POINTS):
+        fn = load_candidate(fam.render(params), cand_dir)
+        kinds = ("normal",) + tuple(attention.MASK_ADVERSARIAL[spec["mask"]])
+        for kind in (kinds if i == 0 else kinds[:1] + kinds[-2:]):
+            for dt in DTYPES:
+                inp = fam.make_inputs(SHAPE, dt, DEVICE, gen(3), kind)
+                before = inp["mask"].clone()
+                r = tol_ratio(fam, fn(**inp), inp)
+                assert r <= 1.0, (params, kind, dt, r)
+                assert torch.equal(before, inp["mask"])
+
+
+def test_a_kernel_that_ignores_the_mask_or_its_rows_is_rejected(cand_dir):
+    for spec, src_from, src_to, kind in [
+        (SDPA_BIAS, "s = s + mk.to(tl.float32)", "s = s + 0.0 * mk.to(tl.float32)", "normal"),
+        (SDPA_BOOL, "s = tl.where(mk != 0, s, fill)", "s = s", "normal"),
+        # without the guard an all-masked row is 0 / 0, where SDPA gives 0
+        (SDPA_BOOL, "o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]", "o = acc / l_i[:, None]",
+         "empty_rows")]:
+        fam = kernels.get("attention", spec)
+        src = fam.render({})
+        bad = src.replace(src_from, src_to)
+        assert bad != src
+        inp = fam.make_inputs(SHAPE, torch.float32, DEVICE, gen(4), kind)
+        assert tol_ratio(fam, load_candidate(src, cand_dir)(**inp), inp) <= 1.0
+        assert tol_ratio(fam, load_candidate(bad, cand_dir)(**inp), inp) > 1.0, (spec, src_from)
+
+
+def test_the_mask_is_read_through_its_strides_never_copied(cand_dir):
+    """An expanded mask (stride 0 where HF expands [B, 1, 1, Sk] to [B, 1, Sq, Sk]) and a
+    rank-2 mask go in as they are: the candidate allocates only its output."""
+    fam = kernels.get("attention", SDPA_BOOL)
+    fn = load_candidate(fam.render({}), cand_dir)
+    inp = fam.make_inputs(SHAPE, torch.float32, DEVICE, gen(5))
+    pad = inp["mask"][:, :, :1, :].expand(2, 1, 20, 20)
+    assert pad.stride(2) == 0
+    allocs = []
+    real = torch.empty
+
+    def spy(*a, **k):
+        allocs.append(a)
+        return real(*a, **k)
+    torch.empty = spy
+    try:
+        out = fn(**dict(inp, mask=pad))
+    finally:
+        torch.empty = real
+    assert len(allocs) == 1                                   # the output alone
+    assert tol_ratio(fam, out, dict(inp, mask=pad)) <= 1.0
+    two = inp["mask"][0, 0]                                   # [Sq, Sk]
+    assert tol_ratio(fam, fn(**dict(inp, mask=two)), dict(inp, mask=two)) <= 1.0
+
+
+def test_masked_launch_clamps_count_the_mask_tile(cand_dir):
+    mod = sys.modules[load_candidate(kernels.get("attention", SDPA_BIAS).starter(), cand_dir).__module__]
+    for bd in (16, 64, 128, 256):
+        for bm in (16, 64, 128):
+            for bn in (16, 64, 128):
+                for warps in (2, 4, 8):
+                    m, n, s = mod._fit_attn(bm, bn, bd, 2, warps, 4096, 4096, 2, 232448, 1, 1)
+                    assert m * (bd + 2 * n) <= 192 * 32 * warps or (m == 16 and n == 16)
+                    assert (m * bd + s * 2 * n * bd + m * n) * 2 <= 232448 or m == n == 16
+    # no mask: the clamp is the one it was
+    assert mod._fit_attn(128, 64, 128, 2, 8, 4096, 4096, 4, 232448) == (128, 64, 2)
+
+
+@pytest.mark.parametrize("spec", [SDPA_BIAS, HAND_HIDE], ids=["sdpa_bias", "hand_hide_fill"])
+def test_masked_starter_passes_the_five_verifier_stages(spec, cand_dir):
+    fam = kernels.get("attention", spec)
+    fn = load_candidate(fam.starter(), cand_dir)
+    verify.install_launch_counter()
+    v = verify.Verifier(fam, {"dtype": "float32", "shapes": [{"shape": [2, 4, 24, 16, 2, 0], "count": 1}],
+                              "seed": 5}, DEVICE, interpret=DEVICE == "cpu")
+    for stage in verify.STAGES:
+        r = v.run_stage(fn, stage)
+        assert r.status == "passed", (stage, r.detail)
+    assert {c.kind for c in v.cases("stability")} >= set(attention.MASK_ADVERSARIAL[spec["mask"]])
+
+
+# ---- models: matched, placed, and the rewritten model agrees ------------------------------------
+
+def _padding_keep(lengths, s):
+    return torch.arange(s)[None, :] < lengths[:, None]                  # [B, S] True = token
+
+
+def _hand_masked_fill(self, q, k, v, lengths):
+    keep = _padding_keep(lengths, k.shape[-2])[:, None, None, :]         # [B, 1, 1, S]
+    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+    att = att.masked_fill(keep == 0, float("-inf"))
+    return F.softmax(att, dim=-1) @ v
+
+
+def _hand_additive(self, q, k, v, attention_mask):
+    # HF's eager attention: (1 - mask) * finfo.min as a [B, 1, 1, S] bias, softmax in fp32
+    bias = (1.0 - attention_mask[:, None, None, :].to(q.dtype)) * torch.finfo(q.dtype).min
+    s = torch.matmul(q, k.transpose(2, 3)) * 0.25 + bias
+    return torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype) @ v
+
+
+def _hand_where_finite(self, q, k, v, keep):
+    s = q @ k.transpose(-2, -1) / 4.0
+    return torch.softmax(torch.where(keep, s, -1e9), -1) @ v
+
+
+def _sdpa_bool(self, q, k, v, attention_mask):
+    keep = attention_mask.bool()[:, None, None, :].expand(-1, 1, q.shape[2], -1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+
+
+def _sdpa_bias_gqa(self, q, k, v, bias):
+    return F.scaled_dot_product_attention(q, k[:, :2], v[:, :2], attn_mask=bias, enable_gqa=True)
+
+
+def _t5_bias(self, q, k, v, pos_bias):
+    return torch.softmax(q @ k.transpose(-2, -1) + pos_bias, dim=-1) @ v
+
+
+def _lengths():
+    return torch.tensor([8, 5])
+
+
+def _mask01():
+    m = torch.ones(2, 8)
+    m[1, 6:] = 0
+    return m
+
+
+_QKV = lambda: tuple(torch.randn(2, 4, 8, 16) for _ in range(3))  # noqa: E731
+MODELS = {
+    "by_hand_masked_fill_padding": (_hand_masked_fill, lambda: _QKV() + (_lengths(),),
+                                    {"written": "by_hand", "mask": "hide", "mask_dims": "b11k"}),
+    "by_hand_hf_additive_padding": (_hand_additive, lambda: _QKV() + (_mask01(),),
+                                    {"written": "by_hand", "mask": "bias", "mask_dims": "b11k"}),
+    "by_hand_where_finite_fill": (_hand_where_finite,
+                                  lambda: _QKV() + (torch.rand(8, 8, generator=gen(7)) > 0.3,),
+                                  {"written": "by_hand", "mask": "keep", "mask_dims": "11qk",
+                                   "fill": -1e9}),
+    "by_hand_t5_position_bias": (_t5_bias, lambda: _QKV() + (torch.randn(1, 4, 8, 8),),
+                                 {"written": "by_hand", "mask": "bias", "mask_dims": "1hqk"}),
+    # the expanded query dim reads at stride 0: sliced to one row, the kernel broadcasts it
+    "sdpa_bool_padding_expanded": (_sdpa_bool, lambda: _QKV() + (_mask01(),),
+                                   {"mask": "keep", "mask_dims": "b11k"}),
+    "sdpa_float_bias_gqa": (_sdpa_bias_gqa, lambda: _QKV() + (torch.randn(2, 1, 8, 8),),
+                            {"mask": "bias", "mask_dims": "b1qk"}),
+}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_a_model_with_a_runtime_mask_is_matched_placed_and_agrees(name):
+    fwd, make, want = MODELS[name]
+    model = Fn(fwd).eval()
+    inputs = make()
+    cap, ms = found(model, *inputs)
+    att = [m for g in ms.values() for m in g if m.family == "attention"]
+    assert len(att) == 1 and att[0].placeable, families(ms)
+    assert att[0].fit.spec == want and att[0].probe == "agrees with the family reference"
+    assert att[0].fit.shape[5] == 0
+    pl, _ = place_starters(cap, ms)
+    assert any(s["family"] == "attention" for s in pl.sites), pl.skipped
+    opt = place.optimized(cap, pl)
+    with torch.no_grad():
+        ref, out = model(*inputs), opt(*inputs)
+        # other inputs of the same shapes: the placed mask is read afresh each call
+        again = make()
+        ref2, out2 = model(*again), opt(*again)
+    assert opt.calls["placed"] == 2 and opt.calls["guard_miss"] == 0
+    for o, r in ((out, ref), (out2, ref2)):
+        err, where = integrate.compare(integrate.flatten(o), integrate.flatten(r))
+        assert err <= 1e-4, (name, where)
+
+
+def test_a_mask_multiplied_into_the_probabilities_is_not_attention():
+    """Dropping keys after the softmax (weights no longer sum to 1) is not a masked softmax."""
+    def fwd(s, q, k, v, keep):
+        p = torch.softmax(q @ k.transpose(-2, -1) * 0.25, -1) * keep
+        return p @ v
+    _, ms = found(Fn(fwd), *_QKV(), (torch.rand(2, 1, 1, 8) > 0.3).float())
+    assert "attention" not in [f for f, _, _ in families(ms)], families(ms)
+
+
+def test_a_runtime_mask_with_the_causal_flag_or_another_dtype_has_no_contract():
+    def both(s, q, k, v, keep):
+        s_ = (q @ k.transpose(-2, -1) * 0.25).masked_fill(~keep, float("-inf"))
+        return torch.softmax(s_, -1) @ v
+    # a runtime mask is served; one in another float dtype than q is recognized, not served
+    _, ms = found(Fn(both), *_QKV(), torch.rand(2, 1, 1, 8) > 0.3)
+    (att,) = [m for g in ms.values() for m in g if m.family == "attention"]
+    assert att.placeable and att.fit.spec["mask"] == "hide"
+
+    def wide(s, q, k, v, bias):
+        return torch.softmax(q @ k.transpose(-2, -1) * 0.25 + bias, -1).to(q.dtype) @ v
+    _, ms = found(Fn(wide), *(t.half() for t in _QKV()), torch.randn(2, 1, 1, 8))
+    att = [m for g in ms.values() for m in g if m.family == "attention"]
+    assert att and not att[0].placeable and "dtype" in att[0].why_not, families(ms)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                    reason="transformers is not installed")
+@pytest.mark.parametrize("impl, want", [
+    ("sdpa", {"mask": "keep", "mask_dims": "b1qk"}),
+    ("eager", {"written": "by_hand", "mask": "bias", "mask_dims": "b1qk"}),
+])
+def test_bert_with_a_padding_attention_mask_is_matched_placed_and_agrees(impl, want):
+    import transformers
+    cfg = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=64, vocab_size=64, max_position_embeddings=32,
+                                  attn_implementation=impl)
+    torch.manual_seed(0)
+    bert = transformers.BertModel(cfg).eval()
+
+    class Hidden(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, ids, attention_mask):
+            return self.m(input_ids=ids, attention_mask=attention_mask).last_hidden_state
+    model = Hidden(bert).eval()
+    ids = torch.randint(0, 64, (2, 12), generator=gen(8))
+    am = torch.ones(2, 12, dtype=torch.long)
+    am[1, 7:] = 0                                            # the second sequence padded
+    with torch.no_grad():
+        cap, ms = found(model, ids, am)
+    att = [m for g in ms.values() for m in g if m.family == "attention"]
+    assert [m.fit.spec for m in att if m.placeable] == [want], families(ms)
+    pl, _ = place_starters(cap, ms)
+    assert [s["family"] for s in pl.sites].count("attention") == 1, pl.skipped
+    opt = place.optimized(cap, pl)
+    with torch.no_grad():
+        ref, out = model(ids, am), opt(ids, am)
+    assert opt.calls["placed"] == 1 and opt.calls["guard_miss"] == 0
+    err, where = integrate.compare(integrate.flatten(out), integrate.flatten(ref))
+    assert err <= 1e-4, where
