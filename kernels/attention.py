@@ -19,6 +19,17 @@ v as the [B, S, Hkv, D] -> [B, Hkv, S, D] transposed view a fused projection lea
 must work). Bytes the op must move: (2*B*H + 2*B*Hkv)*S*D*itemsize (read q, k, v, write o);
 flops 4*B*H*S*S*D (half of it when causal): compute bound from S ~ 512 on.
 
+Runtime masks (spec "mask": "bias" | "keep" | "hide", with "mask_dims" and, for a bool mask a
+model writes out by hand, "fill"; section "runtime masks" below): kernel_fn(q, k, v, causal,
+scale, mask) takes a mask the model computes when it runs (a padding mask from attention_mask,
+a position bias), of any shape that broadcasts to [B, H, Sq, Sk]: a float bias added to the
+scaled scores in fp32, or a bool mask (SDPA's True keeps a key; masked_fill's True hides it).
+Kernels read it with its strides, broadcast dims at stride 0, in every key block. The reference
+is SDPA with attn_mask (a row with every key masked gives 0) for an SDPA call, and the model's
+own computation (``by_hand_masked``: NaN for a row of -inf, uniform weights for a finite fill)
+for a hand-written one. Causal and a runtime mask never come together (SDPA takes one; the
+spellings have one mask op): those family shapes end in causal 0.
+
 Numerics (flash attention): per program a tile of BLOCK_M queries, an online softmax over key
 blocks of BLOCK_N (running max m, sum l rescaled by exp(m_old - m_new); rows that have seen only
 masked keys subtract 0, not -inf, so no NaN), scores and accumulators in fp32; p is rounded to
@@ -541,7 +552,7 @@ def _mask_prep(p, mask) -> str:
     fill = {"float('-inf')" if fill is None else repr(float(fill))}   # what a hidden score becomes
     '''
     if p["use_exp2"]:
-        lines += '''if fill != float("-inf"):       # base-2 scores; a finite fill stays finite in fp32
+        lines += '''if fill != float("-inf"):    # base-2 scores; a finite fill stays finite in fp32
         fill = max(fill * 1.4426950408889634, -3.4028234663852886e38)
     '''
     return lines
@@ -749,7 +760,8 @@ def sdpa_masked(kind: str):
         attn = ~mask if kind == "hide" else mask
         if causal:
             hide = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu(1)
-            attn = attn & ~hide if attn.dtype == torch.bool else attn.masked_fill(hide, float("-inf"))
+            attn = (attn & ~hide if attn.dtype == torch.bool
+                    else attn.masked_fill(hide, float("-inf")))
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn, scale=scale,
                                               enable_gqa=k.shape[1] != q.shape[1])
     return reference
@@ -956,12 +968,12 @@ _VERY_NEGATIVE = -1e4       # a fill or bias at or below this gives exp(...) == 
 
 def _hidden(m, kind, sq, sk):
     """The positions a constant mask hides, as a bool [Sq, Sk] the same for every (batch, head);
-    None when it is not a constant of the model; raises NoFit for a mask that is not a plain
-    hide-or-keep one."""
+    None when it cannot be read as one (a masked_fill mask that is not bool, one that does not
+    broadcast to [Sq, Sk]); raises NoFit for a mask that is not a plain hide-or-keep one. A mask
+    that is no constant of the model is a runtime mask (``_runtime_mask``)."""
     mask = m.const("mask") if kind != "sdpa" else m.const("attn_mask")
     if mask is None:
-        raise NoFit("the mask is not a constant of the model (it depends on the inputs, a padding "
-                    "mask, or is written in place): the contract takes no runtime mask")
+        return None
     mask = mask.detach().to("cpu")
     if kind in ("masked_fill", "where"):
         fill = m.scalar("fill")
