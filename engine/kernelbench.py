@@ -145,13 +145,13 @@ def _why_nothing(store, run_id, left_out, check, budget_note: str = "") -> str:
     nofit = [m for m in events if "no target:" in m]
     if nofit:
         return nofit[0][:300]
-    if not store.targets(run_id):
+    targets = store.targets(run_id)
+    if not targets:
         return "no family of the nine matched the model's graph"
-    if not any(t["best_experiment_id"] for t in store.targets(run_id)):
+    if not any(t["best_experiment_id"] for t in targets):
         # zero experiments and "every candidate failed" call for different fixes (a longer
         # budget vs a kernel bug): say which
-        tried = store.experiments(run_id) if hasattr(store, "experiments") else None
-        if tried is not None and not tried:
+        if not store.experiments(run_id):
             return ("no experiment ran: " + (budget_note or "the budget ended first"))[:300]
         return "no candidate passed the verifier within the budget"
     if check is not None and check.status not in ("passed", "partial"):

@@ -100,14 +100,26 @@ def by_hand(q, k, v, causal, scale):
     {"written": "by_hand"}): its eager and torch.compile timings are what the model runs. On the
     H200, KernelBench 43's (128 x 8 x 512 x 96, fp32, causal) took 5,245 us this way against
     SDPA's 1,793 us, so SDPA was no measure of the model's own attention."""
+    return _written_out(q, k, v, causal, scale)
+
+
+def _hide_causal(sq: int, sk: int, device):
+    """The keys a causal mask hides: bool [Sq, Sk], True above the diagonal."""
+    return torch.ones(sq, sk, dtype=torch.bool, device=device).triu(1)
+
+
+def _written_out(q, k, v, causal, scale, on_scores=None):
+    """Attention as a model writes it out (``by_hand``; ``by_hand_masked`` passes its mask as
+    ``on_scores``, applied to the scaled scores before the causal mask)."""
     rep = q.shape[1] // k.shape[1]
     if rep > 1:
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    s = (q @ k.transpose(-2, -1)) * scale                   # [B, H, Sq, Sk]
+    sc = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    s = (q @ k.transpose(-2, -1)) * sc                      # [B, H, Sq, Sk]
+    if on_scores is not None:
+        s = on_scores(s)
     if causal:
-        sq, sk = s.shape[-2:]
-        s = s.masked_fill(torch.ones(sq, sk, dtype=torch.bool, device=s.device).triu(1),
-                          float("-inf"))
+        s = s.masked_fill(_hide_causal(*s.shape[-2:], s.device), float("-inf"))
     p = torch.softmax(s, dim=-1, dtype=torch.promote_types(s.dtype, torch.float32))
     return p.to(q.dtype) @ v
 
@@ -747,11 +759,6 @@ def mask_shape(dims: str, b: int, h: int, sq: int, sk: int) -> tuple:
     return tuple(1 if c == "1" else n for c, n in zip(dims, (b, h, sq, sk)))
 
 
-def _hide_causal(s):
-    sq, sk = s.shape[-2:]
-    return torch.ones(sq, sk, dtype=torch.bool, device=s.device).triu(1)
-
-
 def sdpa_masked(kind: str):
     """The reference of an SDPA call with a runtime mask: F.scaled_dot_product_attention with
     attn_mask (a "hide" mask inverted). Causal with a mask (no spelling makes one) joins the
@@ -759,7 +766,7 @@ def sdpa_masked(kind: str):
     def reference(q, k, v, causal, scale, mask):
         attn = ~mask if kind == "hide" else mask
         if causal:
-            hide = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu(1)
+            hide = _hide_causal(q.shape[-2], k.shape[-2], q.device)
             attn = (attn & ~hide if attn.dtype == torch.bool
                     else attn.masked_fill(hide, float("-inf")))
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn, scale=scale,
@@ -782,15 +789,7 @@ def by_hand_masked(kind: str, fill):
     row of -inf gives NaN, as the model's softmax does), cast back, @ v. The reference and the
     baseline of a hand-written match with a runtime mask."""
     def fn(q, k, v, causal, scale, mask):
-        rep = q.shape[1] // k.shape[1]
-        if rep > 1:
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        sc = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-        s = _masked_scores((q @ k.transpose(-2, -1)) * sc, kind, fill, mask)
-        if causal:
-            s = s.masked_fill(_hide_causal(s), float("-inf"))
-        p = torch.softmax(s, dim=-1, dtype=torch.promote_types(s.dtype, torch.float32))
-        return p.to(q.dtype) @ v
+        return _written_out(q, k, v, causal, scale, lambda s: _masked_scores(s, kind, fill, mask))
     return fn
 
 
@@ -808,7 +807,8 @@ def masked_error_bound(kind: str, fill):
             a = a + torch.where(bm.abs() < _SWALLOWS, bm.abs(), torch.zeros_like(bm))
         scores = _masked_scores(scores, kind, fill, mask)
         if causal:
-            scores = scores.masked_fill(_hide_causal(scores), float("-inf"))
+            scores = scores.masked_fill(_hide_causal(*scores.shape[-2:], scores.device),
+                                        float("-inf"))
         p = torch.softmax(scores, dim=-1).nan_to_num(0.0)
         return (p * (1.0 + a)) @ v.abs()
     return bound
