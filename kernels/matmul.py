@@ -772,8 +772,9 @@ def openers_for(shape, dtype: str) -> tuple:
     the same move (an experiment costs 10-40 s on the GPU and a KernelBench problem's budget
     holds three or four): tf32x3 at the tile measured best for it where K is not split, with
     K-contiguous operand copies (that tile ran 2048 x 8192 x 4096 in 1,866 us with b K-major,
-    2,684-2,875 us with b row-major); then tf32x3 alone, where that move was not kept; then TMA
-    loads (2,602 us at 4096^3 with b row-major against 2,703 us through pointers). Not
+    2,684-2,875 us with b row-major); then tf32x3 alone, where that move was not kept; then
+    128 x 128 tiles through TMA (FP32_WIDE, below); then TMA loads alone (2,602 us at 4096^3
+    with b row-major against 2,703 us through pointers). Not
     "tf32x3_split": on the H200 (Triton 3.6) its plain TF32 dots ran 3.8-5.7 ms at 4096^3
     (cuBLAS fp32 2.7 ms) and, on KernelBench's positive inputs at 2048 x 8192 x 4096, erred by
     1.5e-4 of the output (fp32: ~1e-6) while passing the verifier's smaller shapes: the
@@ -781,11 +782,21 @@ def openers_for(shape, dtype: str) -> tuple:
     first = _split_point(shape)
     if dtype != "float32":
         return (first,) if first else HALF_OPENERS
+    wide = ()
     if not first:
         first = {"block_m": 128, "block_n": 64, "block_k": 64, "num_warps": 8,
                  "num_stages": 4, "loads": "pointers"}
+        wide = (FP32_WIDE,)
     return ({**first, "fp32_dot": "tf32x3", "k_major": True}, {"fp32_dot": "tf32x3"},
-            {"loads": "tma"})
+            *wide, {"loads": "tma"})
+
+
+# On the H200 (KernelBench level 1 at the shipped 4096-8192-wide fp32 shapes, 2.5-minute
+# budgets) the search reached 128 x 128 x 64 tiles through TMA at its 17th experiment in five of
+# seven GEMM problems, and that point was each one's best or within 3% of it: 1,452-1,591 us
+# against 1,657-1,822 us for 128 x 64 through TMA and cuBLAS's fp32 2,768-2,849 us (1.7-1.9x).
+# Tried right after the starter, a one-minute budget reaches it.
+FP32_WIDE = {"block_n": 128, "loads": "tma"}
 
 
 # Operand layouts a target is verified and timed at, as the model passes them: a "mk" (row-major

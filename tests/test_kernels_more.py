@@ -1031,7 +1031,8 @@ def test_matmul_openers_follow_the_targets_shape():
     sq = fam.for_target([4096, 4096, 4096], "float32")
     assert sq.openers == ({"fp32_dot": "tf32x3", "k_major": True, "block_m": 128, "block_n": 64,
                            "block_k": 64, "num_warps": 8, "num_stages": 4, "loads": "pointers"},
-                          {"fp32_dot": "tf32x3"}, {"loads": "tma"})
+                          {"fp32_dot": "tf32x3"}, {"block_n": 128, "loads": "tma"},
+                          {"loads": "tma"})
     assert fam.openers == ({"fp32_dot": "tf32x3"},)
     long_k = fam.for_target([256, 524288, 256], "float32").openers
     assert long_k[0]["split_k"] == 16 and long_k[0]["loads"] == "pointers"
