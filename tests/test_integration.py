@@ -619,3 +619,21 @@ def test_recorded_bert_run_ships_compile_and_places_nothing_slower():
     text = run_markdown(s, s.list_runs()[0]["id"])
     assert "Never placed (slower than their baseline, the faster of eager and torch.compile): attention, matmul." in text
     assert "shipped: the fastest variant; best mode reduce-overhead" in text
+
+
+def test_recorded_fp32_gemm_runs_place_only_kernels_that_passed_and_beat_their_baseline():
+    """data/recorded_h200_kernelbench_gemm.db: KernelBench level 1's fp32 GEMM problems at
+    2.5-minute budgets on the H200 (docs/benchmarks.md). Six place the tf32x3 matmul and pass
+    KernelBench's check (5 fresh trials, 1e-4); small-K 7 places nothing: its best was slower
+    than its baseline."""
+    from engine.report import run_markdown
+    s = Store(ROOT / "data" / "recorded_h200_kernelbench_gemm.db", readonly=True)
+    texts = {r["model"].rsplit("/", 1)[-1]: run_markdown(s, r["id"]) for r in s.list_runs()}
+    assert len(texts) == 7
+    placed = [p for p, t in texts.items() if "graph road: kernels served matmul#" in t]
+    assert sorted(placed) == sorted(p for p in texts if not p.startswith("7_"))
+    for p in placed:
+        assert "End to end (kernelbench): **passed**" in texts[p], p
+        err = float(re.search(r"passed\*\*, max error ([0-9.e+-]+)", texts[p]).group(1))
+        assert err < 1e-5, (p, err)          # tf32x3: fp32's accuracy, not TF32's ~1e-3
+    assert "nothing placed: the optimized model is the original" in texts["7_Matmul_with_small_K_dimension_.py"]
