@@ -106,8 +106,8 @@ def judge_case(worker, fam, case: verify.Case, device: str, deadline: float,
     worker.send({"op": "call", "case": case.row(), "repeats": repeats})
     # a large case is judged in chunks of rows once its output is in (less memory); a small
     # one's reference is computed while the runner runs
-    take = verify.row_slicer(fam, inputs, native) if native.numel() > verify.CHUNK_ELEMS else None
-    exp = verify.expect(fam, case, device, inputs, native) if take is None else None
+    sliced = verify.case_slicer(fam, inputs, native) if native.numel() > verify.CHUNK_ELEMS else None
+    exp = verify.expect(fam, case, device, inputs, native) if sliced is None else None
     reply, payloads = worker.receive(deadline)
     if "ok" not in reply:
         raise JudgeError(f"the worker rejected the request: {reply.get('error')}")
@@ -131,8 +131,8 @@ def judge_case(worker, fam, case: verify.Case, device: str, deadline: float,
     except (ValueError, TypeError, KeyError, RuntimeError, OSError) as e:
         raise Rejected(worker.stage or "smoke", f"unreadable outputs: {e}", True) from None
     worst = (verify.judge_outputs(exp, [first]) if exp is not None
-             else verify.judge_in_rows(fam, case, take, native, first))
-    del inputs, take
+             else verify.judge_in_rows(fam, case, sliced[1], native, first, sliced[0]))
+    del inputs, sliced
     # determinism: the runner compared its repeats with the first bitwise (verify.run_case)
     # and sent the first; anything after it is not read
     big = first.numel() * first.element_size() >= BIG_CASE_BYTES

@@ -364,7 +364,28 @@ def _overflow_at(dtype) -> float:
 
 def compare(out, expected, atol: float, rtol: float, extra=None) -> tuple[bool, float, str]:
     """(ok, worst absolute error, why-not) for out vs expected of the same shape; ``extra``, a
-    tensor broadcastable to them, is added to the allowed error elementwise."""
+    tensor broadcastable to them, is added to the allowed error elementwise. Over CHUNK_ELEMS
+    elements the comparison runs a slice at a time along the first dim longer than 1: its
+    float64 copies and masks take ~40 bytes an element, 75 GB at a [112, 64, 512, 512] output
+    whose reference cannot be computed in slices (a norm over every element)."""
+    dim = next((d for d in range(out.ndim) if int(out.shape[d]) > 1), None)
+    if (out.numel() <= CHUNK_ELEMS or dim is None or tuple(out.shape) != tuple(expected.shape)):
+        return _compare(out, expected, atol, rtol, extra)
+    n = int(out.shape[dim])
+    step = max(1, CHUNK_ELEMS // max(1, out.numel() // n))
+    ext = None if extra is None else extra.expand_as(expected)
+    worst = 0.0
+    for lo in range(0, n, step):
+        hi = min(n, lo + step)
+        ok, w, why = _compare(out.narrow(dim, lo, hi - lo), expected.narrow(dim, lo, hi - lo),
+                              atol, rtol, None if ext is None else ext.narrow(dim, lo, hi - lo))
+        if not ok:
+            return False, w, f"{why} (in indices {lo}..{hi - 1} of dim {dim})"
+        worst = max(worst, w)
+    return True, worst, ""
+
+
+def _compare(out, expected, atol: float, rtol: float, extra=None) -> tuple[bool, float, str]:
     import torch
     # an output may come back in host memory (the worker's shared buffer); it is judged where
     # the reference is
@@ -576,56 +597,86 @@ def expect(fam, case: Case, device: str, inputs: dict | None = None, native=None
 CHUNK_ELEMS = 1 << 25
 
 
-def row_slicer(fam, inputs: dict, native):
-    """``take(lo, hi)``: the inputs of dim-0 rows lo..hi, whose reference output is rows lo..hi
-    of the whole one; or None where the case cannot be split so (rows tied to each other,
-    an input whose dim 0 only matches by chance: checked on two rows' meta output)."""
+def row_slicer(fam, inputs: dict, native, dim: int = 0):
+    """``take(lo, hi)``: the inputs of indices lo..hi along the output's dim ``dim``, whose
+    reference output is that slice of the whole one; or None where the case cannot be split so
+    (slices tied to each other by the op, an input whose size there only matches by chance:
+    checked on two indices' meta output and on four indices' values). An input is sliced at the
+    dim broadcasting lines up with ``dim`` where its size is the output's there, else (a
+    per-channel weight, [C] beside [N, C, H, W]) at its one dim of that size, else read whole."""
     import torch
-    first = inputs.get(fam.arg_names[0]) if fam.arg_names else None
-    if not fam.shrink_lead or not isinstance(first, torch.Tensor) or first.ndim == 0:
+    if native.ndim <= dim or (dim == 0 and not fam.shrink_lead):
         return None
-    n = int(first.shape[0])
-    if native.ndim == 0 or int(native.shape[0]) != n or n < 2:
+    n, rank = int(native.shape[dim]), native.ndim
+    if n < 2:
         return None
-    rows = {k for k, v in inputs.items() if isinstance(v, torch.Tensor) and v.ndim and int(v.shape[0]) == n}
+    at = {}
+    for k, v in inputs.items():
+        if not isinstance(v, torch.Tensor) or v.ndim == 0:
+            continue
+        sizes = [int(x) for x in v.shape]
+        # the same dim (a reduction's input, which has more dims than its output, keeps the
+        # leading ones), the dim broadcasting lines up, a lower-rank input's one dim of size n
+        tries = ([dim, dim + v.ndim - rank] if v.ndim >= rank else [dim - (rank - v.ndim)])
+        j = next((j for j in tries if 0 <= j < v.ndim and sizes[j] == n), None)
+        if j is None and v.ndim < rank and sizes.count(n) == 1:
+            j = sizes.index(n)
+        if j is not None:
+            at[k] = j
+    if not at:
+        return None
 
     def take(lo: int, hi: int) -> dict:
-        return {k: (v[lo:hi] if k in rows else v) for k, v in inputs.items()}
-    try:        # two rows, not one: a [D] weight sliced to [1] would still broadcast
+        return {k: (v.narrow(at[k], lo, hi - lo) if k in at else v) for k, v in inputs.items()}
+    try:        # two indices, not one: a [D] weight sliced to [1] would still broadcast
         two = reference_meta(fam, take(0, 2))
     except Exception:
         return None
-    if tuple(two.shape) != (2,) + tuple(native.shape[1:]) or two.dtype != native.dtype:
+    want = list(native.shape)
+    want[dim] = 2
+    if list(two.shape) != want or two.dtype != native.dtype:
         return None
-    # and on values: rows 2..3 alone give what they give among rows 0..3 (a scan, a softmax or
-    # a norm over dim 0 ties rows together: a region can reduce any dims)
+    # and on values: indices 2..3 alone give what they give among 0..3 (a scan, a softmax or a
+    # norm along the dim ties them together: a region can reduce any dims)
     k = min(4, n)
     try:
         together = fam.reference(**{a: _float64(v) for a, v in take(0, k).items()})
         alone = fam.reference(**{a: _float64(v) for a, v in take(k - 2, k).items()})
     except Exception:
         return None
-    if not torch.allclose(together[k - 2:k], alone, rtol=1e-9, atol=1e-12, equal_nan=True):
+    if not torch.allclose(together.narrow(dim, k - 2, 2), alone, rtol=1e-9, atol=1e-12, equal_nan=True):
         return None
     return take
 
 
-def judge_in_rows(fam, case: Case, take, native, out) -> float:
-    """The worst error of ``out`` against the reference computed CHUNK_ELEMS at a time along dim
-    0 (``take``: row_slicer's, for the case's inputs). Raises CandidateError as judge_outputs
-    does."""
+def case_slicer(fam, inputs: dict, native):
+    """(dim, take) for judging a large case in slices of the output: dim 0 where its rows are
+    independent, else the first other dim that is (a batch norm's channels, a reduction over
+    dim 0's kept columns); None where none is (a norm over every element)."""
+    for dim in range(native.ndim):
+        take = row_slicer(fam, inputs, native, dim)
+        if take is not None:
+            return dim, take
+    return None
+
+
+def judge_in_rows(fam, case: Case, take, native, out, dim: int = 0) -> float:
+    """The worst error of ``out`` against the reference computed CHUNK_ELEMS at a time along
+    ``dim`` (``take``: row_slicer's for that dim, for the case's inputs). Raises CandidateError
+    as judge_outputs does."""
     if tuple(out.shape) != tuple(native.shape) or out.dtype != native.dtype:
         raise CandidateError("", f"returned shape {list(out.shape)} {out.dtype}; the "
                                  f"reference returns {list(native.shape)} {native.dtype}")
-    n = int(native.shape[0])
+    n = int(native.shape[dim])
     step = max(1, CHUNK_ELEMS // max(1, native.numel() // n))
     worst = 0.0
+    where = "rows" if dim == 0 else f"indices of dim {dim}"
     for lo in range(0, n, step):
         hi = min(n, lo + step)
-        exp = expect(fam, case, "", take(lo, hi), native[lo:hi])
-        ok, w, why = compare(out[lo:hi], exp.value, exp.atol, exp.rtol, exp.extra)
+        exp = expect(fam, case, "", take(lo, hi), native.narrow(dim, lo, hi - lo))
+        ok, w, why = compare(out.narrow(dim, lo, hi - lo), exp.value, exp.atol, exp.rtol, exp.extra)
         if not ok:
-            raise CandidateError("", f"wrong result in rows {lo}..{hi - 1}: {why}")
+            raise CandidateError("", f"wrong result in {where} {lo}..{hi - 1}: {why}")
         worst = max(worst, w if w == w else 0.0)
         del exp
     return worst

@@ -255,6 +255,61 @@ def test_a_large_case_is_judged_in_chunks_of_rows(worker, monkeypatch):
     assert verify.row_slicer(fam, ins, nat) is None
 
 
+def test_a_large_case_tied_along_dim_0_is_judged_along_another_dim_or_compared_in_slices(monkeypatch):
+    # KernelBench's batch, group and Frobenius norms over [112, 64, 512, 512] fp32 (7.5 GB): a
+    # scan over dim 0 ties its rows but not its columns; a Frobenius norm ties every element,
+    # so its reference is whole and only the comparison runs in slices
+    import torch.nn as nn
+    from engine import capture, match, regions
+
+    def region_case(model, x):
+        g = capture.capture(model.eval(), [x]).graphs[0]
+        (r,) = regions.find(g, match.find(g)).regions
+        fam = kernels.get("region", r.spec)
+        ins = verify.case_inputs(fam, verify.Case(tuple(r.shape), "float32", seed=3), "cpu")
+        return fam, ins, verify.reference_meta(fam, ins)
+
+    class Scan0(nn.Module):
+        def forward(self, x):
+            return torch.cumsum(x * 2.0, dim=0)
+
+    class Frobenius(nn.Module):
+        def forward(self, x):
+            return x / torch.norm(x, p="fro")
+
+    # a region's first input may be a [C] weight (KernelBench's BatchNorm2d, as the model
+    # runs it, eval): the slice is found from the output's dims, the weights read whole
+    fam, ins, nat = region_case(nn.BatchNorm2d(6), torch.randn(4, 6, 5, 5))
+    assert tuple(ins[fam.arg_names[0]].shape) == (6,)
+    dim, take = verify.case_slicer(fam, ins, nat)
+    assert dim == 0 and sorted(tuple(v.shape) for v in take(1, 4).values()
+                               if isinstance(v, torch.Tensor)) == [(3, 6, 5, 5)] + [(6,)] * 4
+    fam, ins, nat = region_case(Scan0(), torch.randn(8, 16))
+    dim, take = verify.case_slicer(fam, ins, nat)
+    assert dim == 1
+    monkeypatch.setattr(verify, "CHUNK_ELEMS", 16)
+    case = verify.Case((8, 16), "float32", seed=3)
+    good = fam.reference(**ins)
+    assert verify.judge_in_rows(fam, case, take, nat, good, dim) >= 0.0
+    bad = good.clone()
+    bad[5, 9] += 1.0
+    with pytest.raises(verify.CandidateError, match="indices of dim 1 8..9"):
+        verify.judge_in_rows(fam, case, take, nat, bad, dim)
+
+    fam, ins, nat = region_case(Frobenius(), torch.randn(4, 6, 5, 5))
+    assert verify.case_slicer(fam, ins, nat) is None
+    exp = verify.expect(fam, verify.Case((4, 6, 5, 5), "float32", seed=3), "cpu", ins, nat)
+    out = fam.reference(**ins)
+    monkeypatch.setattr(verify, "CHUNK_ELEMS", 1 << 25)
+    whole = verify.compare(out, exp.value, exp.atol, exp.rtol, exp.extra)
+    monkeypatch.setattr(verify, "CHUNK_ELEMS", 40)
+    sliced = verify.compare(out, exp.value, exp.atol, exp.rtol, exp.extra)
+    assert whole[0] and sliced[0] and whole[1] == sliced[1]
+    out[2, 3, 1, 1] = float("nan")
+    ok, _, why = verify.compare(out, exp.value, exp.atol, exp.rtol, exp.extra)
+    assert not ok and "NaN where the reference is finite (in indices 2..2 of dim 0)" in why, why
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: device placement")
 def test_on_the_gpu_every_stage_runs_and_an_output_in_host_memory_is_rejected(tmp_path):
     # determinism repeats are judged from host copies against a reference on the GPU; a
