@@ -373,3 +373,39 @@ def test_bert_with_a_padding_attention_mask_is_matched_placed_and_agrees(impl, w
     assert opt.calls["placed"] == 1 and opt.calls["guard_miss"] == 0
     err, where = integrate.compare(integrate.flatten(out), integrate.flatten(ref))
     assert err <= 1e-4, where
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                    reason="transformers is not installed")
+def test_t5_relative_position_bias_is_a_runtime_bias_matched_placed_and_agrees():
+    # T5 adds a relative-position bias computed from the sequence length (and, padded, the
+    # mask folded into it) to unscaled scores: a bias mask [B, H, S, S] read in every key block
+    import transformers
+    cfg = transformers.T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=1,
+                                num_heads=4, relative_attention_num_buckets=8)
+    torch.manual_seed(0)
+    t5 = transformers.T5EncoderModel(cfg).eval()
+
+    class Hidden(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, ids, attention_mask):
+            return self.m(input_ids=ids, attention_mask=attention_mask).last_hidden_state
+    model = Hidden(t5).eval()
+    ids = torch.randint(0, 64, (2, 12), generator=gen(9))
+    am = torch.ones(2, 12, dtype=torch.long)
+    am[1, 9:] = 0
+    with torch.no_grad():
+        cap, ms = found(model, ids, am)
+    att = [m for g in ms.values() for m in g if m.family == "attention"]
+    assert [m.fit.spec.get("mask") for m in att if m.placeable] == ["bias"], families(ms)
+    pl, _ = place_starters(cap, ms)
+    assert [s["family"] for s in pl.sites].count("attention") == 1, pl.skipped
+    opt = place.optimized(cap, pl)
+    with torch.no_grad():
+        ref, out = model(ids, am), opt(ids, am)
+    assert opt.calls["placed"] == 1 and opt.calls["guard_miss"] == 0
+    err, where = integrate.compare(integrate.flatten(out), integrate.flatten(ref))
+    assert err <= 1e-4, where
