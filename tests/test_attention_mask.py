@@ -336,6 +336,39 @@ def test_a_runtime_mask_with_the_causal_flag_or_another_dtype_has_no_contract():
     assert att and not att[0].placeable and "dtype" in att[0].why_not, families(ms)
 
 
+class Hidden(torch.nn.Module):
+    """A transformers encoder called as a user calls it: ids and a padding mask in, the last
+    hidden state out."""
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, ids, attention_mask):
+        return self.m(input_ids=ids, attention_mask=attention_mask).last_hidden_state
+
+
+def padded_specs_placed_agree(encoder, seed: int, pad_from: int) -> list:
+    """The placeable attention contracts of ``encoder`` called on two sequences of 12, the
+    second padded from ``pad_from``; asserts one attention site placed and the rewritten
+    model agreeing with the original."""
+    model = Hidden(encoder.eval()).eval()
+    ids = torch.randint(0, 64, (2, 12), generator=gen(seed))
+    am = torch.ones(2, 12, dtype=torch.long)
+    am[1, pad_from:] = 0
+    with torch.no_grad():
+        cap, ms = found(model, ids, am)
+    att = [m for g in ms.values() for m in g if m.family == "attention"]
+    pl, _ = place_starters(cap, ms)
+    assert [s["family"] for s in pl.sites].count("attention") == 1, pl.skipped
+    opt = place.optimized(cap, pl)
+    with torch.no_grad():
+        ref, out = model(ids, am), opt(ids, am)
+    assert opt.calls["placed"] == 1 and opt.calls["guard_miss"] == 0
+    err, where = integrate.compare(integrate.flatten(out), integrate.flatten(ref))
+    assert err <= 1e-4, where
+    return [m.fit.spec for m in att if m.placeable]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
                     reason="transformers is not installed")
 @pytest.mark.parametrize("impl, want", [
@@ -348,31 +381,7 @@ def test_bert_with_a_padding_attention_mask_is_matched_placed_and_agrees(impl, w
                                   intermediate_size=64, vocab_size=64, max_position_embeddings=32,
                                   attn_implementation=impl)
     torch.manual_seed(0)
-    bert = transformers.BertModel(cfg).eval()
-
-    class Hidden(torch.nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
-
-        def forward(self, ids, attention_mask):
-            return self.m(input_ids=ids, attention_mask=attention_mask).last_hidden_state
-    model = Hidden(bert).eval()
-    ids = torch.randint(0, 64, (2, 12), generator=gen(8))
-    am = torch.ones(2, 12, dtype=torch.long)
-    am[1, 7:] = 0                                            # the second sequence padded
-    with torch.no_grad():
-        cap, ms = found(model, ids, am)
-    att = [m for g in ms.values() for m in g if m.family == "attention"]
-    assert [m.fit.spec for m in att if m.placeable] == [want], families(ms)
-    pl, _ = place_starters(cap, ms)
-    assert [s["family"] for s in pl.sites].count("attention") == 1, pl.skipped
-    opt = place.optimized(cap, pl)
-    with torch.no_grad():
-        ref, out = model(ids, am), opt(ids, am)
-    assert opt.calls["placed"] == 1 and opt.calls["guard_miss"] == 0
-    err, where = integrate.compare(integrate.flatten(out), integrate.flatten(ref))
-    assert err <= 1e-4, where
+    assert padded_specs_placed_agree(transformers.BertModel(cfg), 8, 7) == [want]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
@@ -384,28 +393,5 @@ def test_t5_relative_position_bias_is_a_runtime_bias_matched_placed_and_agrees()
     cfg = transformers.T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=1,
                                 num_heads=4, relative_attention_num_buckets=8)
     torch.manual_seed(0)
-    t5 = transformers.T5EncoderModel(cfg).eval()
-
-    class Hidden(torch.nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
-
-        def forward(self, ids, attention_mask):
-            return self.m(input_ids=ids, attention_mask=attention_mask).last_hidden_state
-    model = Hidden(t5).eval()
-    ids = torch.randint(0, 64, (2, 12), generator=gen(9))
-    am = torch.ones(2, 12, dtype=torch.long)
-    am[1, 9:] = 0
-    with torch.no_grad():
-        cap, ms = found(model, ids, am)
-    att = [m for g in ms.values() for m in g if m.family == "attention"]
-    assert [m.fit.spec.get("mask") for m in att if m.placeable] == ["bias"], families(ms)
-    pl, _ = place_starters(cap, ms)
-    assert [s["family"] for s in pl.sites].count("attention") == 1, pl.skipped
-    opt = place.optimized(cap, pl)
-    with torch.no_grad():
-        ref, out = model(ids, am), opt(ids, am)
-    assert opt.calls["placed"] == 1 and opt.calls["guard_miss"] == 0
-    err, where = integrate.compare(integrate.flatten(out), integrate.flatten(ref))
-    assert err <= 1e-4, where
+    specs = padded_specs_placed_agree(transformers.T5EncoderModel(cfg), 9, 9)
+    assert [s.get("mask") for s in specs] == ["bias"]
