@@ -496,17 +496,36 @@ def _load_file(src, dtype, device, input_shape, seed) -> Loaded:
     get_inputs = getattr(module, "get_inputs", None)
     shape = parse_dims(input_shape) if input_shape else None
 
+    def draw():
+        if shape is not None:
+            return (torch.randn(shape),)
+        return _as_tuple(_call_with(get_inputs, (), f"{where}: get_inputs()"), f"{where}: get_inputs()")
+
     def make(s):
-        # KernelBench's get_inputs() draws from the global generator: seed it, and put it back.
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(s + 1)
-            if shape is not None:
-                raw = (torch.randn(shape),)
-            else:
-                raw = _as_tuple(_call_with(get_inputs, (), f"{where}: get_inputs()"),
-                                f"{where}: get_inputs()")
-        return tuple(_place(t, dtype, device) for t in raw)
+        return tuple(_place(t, dtype, device) for t in draw_on(draw, s, device))
     return Loaded(model, make(seed), src, dtype, device, make)
+
+
+def draw_on(draw, seed: int, device) -> tuple:
+    """``draw()`` (a problem's get_inputs) seeded with ``seed``, its tensors made on ``device``:
+    KernelBench's get_inputs() builds them on the CPU from the global generator, and one
+    [128, 4096, 4095] fp32 input took 28 s to draw on 2 CPU cores; a problem's scoring draws
+    up to eight sets (the run, the end-to-end check, five trials, the timing). Factory calls
+    without a device follow the default device; a get_inputs that cannot run there (one that
+    goes through numpy) is drawn on the CPU. The generators are seeded, then put back."""
+    device = torch.device(device)
+    if device.type != "cpu":
+        idx = [device.index if device.index is not None else torch.cuda.current_device()] \
+            if device.type == "cuda" else []
+        try:
+            with torch.random.fork_rng(devices=idx), device:
+                torch.manual_seed(seed + 1)
+                return draw()
+        except SourceError:
+            pass                                   # on the CPU, as the problem wrote it
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed + 1)
+        return draw()
 
 
 def _place(t, dtype, device):

@@ -87,3 +87,31 @@ def test_bench_compares_with_the_faster_max_autotune():
     assert benchfamilies.max_autotune_us(row) == 66.0
     row["results"]["compile:max-autotune-no-cudagraphs"] = "failed: RuntimeError: x"
     assert benchfamilies.max_autotune_us(row) == 170.0
+
+
+def test_a_problems_inputs_are_drawn_on_the_run_device_seeded_or_on_the_cpu_where_they_must(tmp_path):
+    # KernelBench's get_inputs() draws on the CPU (28 s for one [128, 4096, 4095] input on 2
+    # cores); under the run's device they are drawn there, seeded per set. "meta" stands in for
+    # a GPU here: a get_inputs going through numpy cannot run there and is drawn on the CPU
+    from engine import sources
+
+    def draw():
+        return (torch.rand(3, 4), torch.randint(0, 5, (3,)))
+    on = sources.draw_on(draw, 1, "meta")
+    assert [t.device.type for t in on] == ["meta", "meta"]
+
+    def through_numpy():
+        return (torch.from_numpy(torch.rand(3, 4).numpy()),)
+    back = sources.draw_on(lambda: sources._call_with(through_numpy, (), "get_inputs()"), 1, "meta")
+    assert back[0].device.type == "cpu"
+    state = torch.random.get_rng_state()
+    a, b, c = (sources.draw_on(draw, s, "cpu") for s in (1, 1, 2))
+    assert torch.equal(a[0], b[0]) and not torch.equal(a[0], c[0])
+    assert torch.equal(torch.random.get_rng_state(), state)      # the generator put back
+    # a problem file, as the run loads it
+    f = tmp_path / "p.py"
+    f.write_text("import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n"
+                 "    def forward(self, x):\n        return x.relu()\n\n"
+                 "def get_inputs():\n    return [torch.rand(4, 8)]\n\ndef get_init_inputs():\n    return []\n")
+    loaded = sources.load(str(f), dtype="float32", device="cpu")
+    assert torch.equal(loaded.new_inputs(3)[0], loaded.new_inputs(3)[0])
