@@ -337,3 +337,31 @@ def test_an_overflow_at_the_edge_of_fp16s_range_is_a_rounding_not_a_wrong_inf():
         ok, _, why = verify.compare(torch.tensor(out, dtype=f16), torch.tensor(ref, dtype=f16),
                                     1e-4, 3.5e-3)
         assert not ok and "differ in inf" in why.lower(), (out, ref, why)
+
+
+def test_a_large_region_case_whose_first_input_is_a_weight_is_judged_in_slices(worker, monkeypatch):
+    # KernelBench's GroupNorm: the region's inputs are (weight, bias, x), so the slice is found
+    # from the output's dims; through the runner, a right answer passes every stage and one
+    # wrong element in the middle of a sliced case is found in its slice
+    import torch.nn as nn
+    from engine import capture, match, regions
+    g = capture.capture(nn.GroupNorm(3, 6).eval(), [torch.randn(4, 6, 5, 5)]).graphs[0]
+    (r,) = regions.find(g, match.find(g)).regions
+    fam = kernels.get("region", r.spec)
+    assert [tuple(t.shape) for t in fam.make_inputs((4, 6, 5, 5), torch.float32, "cpu",
+                                                    torch.Generator().manual_seed(0)).values()
+            if isinstance(t, torch.Tensor)][0] == (6,)
+    monkeypatch.setattr(verify, "CHUNK_ELEMS", 256)
+
+    def run(source):
+        req = {"op": "evaluate", "family": "region", "spec": r.spec, "source": source,
+               "dtype": "float32", "shapes": [{"shape": [8, 6, 5, 5], "count": 1}], "seed": 1,
+               "time": False}
+        return worker.request(req, timeout_s=300.0)
+    starter = fam.starter()
+    res = run(starter)
+    assert res["failed_stage"] is None, res["error"]
+    head, tail = starter.rsplit("\n    return out\n", 1)
+    wrong = head + "\n    if out.numel() == 1200:\n        out.view(-1)[1000] = 0.5\n    return out\n" + tail
+    res = run(wrong)
+    assert res["failed_stage"] == "smoke" and "wrong result in rows" in res["error"], res["error"]
