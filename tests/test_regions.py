@@ -646,7 +646,8 @@ def test_a_gemm_and_its_epilogue_are_one_region_that_passes_all_five_stages(mode
     # the fp32 dot on tensor cores is a point of its space (tried first after the starter), in
     # the K loop or with the operands split once into TF32 parts (K tripled, in each operand's
     # own layout): the split point passes the five stages at every layout and batch
-    assert fam.openers == ({"fp32_dot": "tf32x3", "k_major": True}, {"fp32_dot": "tf32x3"})
+    assert fam.openers == ({"fp32_dot": "tf32x3", "k_major": True, "block_k": 64, "num_stages": 4},
+                           {"fp32_dot": "tf32x3"})
     assert 'input_precision="tf32x3"' in fam.render({"fp32_dot": "tf32x3"})
     assert "contiguous()" in fam.render({"k_major": True}) and "contiguous()" not in src
     split = fam.render({"fp32_dot": "tf32x3_split"})
