@@ -319,8 +319,8 @@ def _fit_attn(bm, bn, bd, stages, warps, sq, sk, itemsize, budget, q_tiles=1, ma
     [bm, bn] tiles of a runtime mask) and shared memory (``q_tiles`` copies of the q tile,
     ``stages`` buffered K and V tiles [bn, bd] and p [bm, bn] on its way to the second dot;
     stages drop first, then bn, then bm)."""
-    bm = min(bm, max(16, triton.next_power_of_2(sq)))
-    bn = min(bn, max(16, triton.next_power_of_2(sk)))
+    bm = min(bm, max(16, _pow2(sq)))
+    bn = min(bn, max(16, _pow2(sk)))
     while bm * (bd + (1 + mask_tiles) * bn) > MAX_REGS_PER_THREAD * 32 * warps and max(bm, bn) > 16:
         if bm >= bn:
             bm //= 2
@@ -642,10 +642,10 @@ def kernel_fn({sig}):
     # the interpreter's tl.dot cannot multiply bf16 tiles (numpy has none): upcast them there
     dot_fp32 = q.dtype == torch.bfloat16 and q.device.type == "cpu"
     ieee = q.dtype == torch.float32 or dot_fp32
-    bd = max(16, triton.next_power_of_2(D))
+    bd = max(16, _pow2(D))
     {prep}{pick}bm, bn, stages = _fit_attn(BLOCK_M, BLOCK_N, bd, NUM_STAGES, NUM_WARPS, SQ, SK,
                                {fit}
-    grid = (triton.cdiv(SQ, bm), B * H)
+    grid = (_cdiv(SQ, bm), B * H)
     {launch}_attn_fwd[grid](q, k, v, o, qk_scale, H, H // Hkv, SQ, SK, D,
                     q.stride(0), q.stride(1), q.stride(2), q.stride(3),
                     k.stride(0), k.stride(1), k.stride(2), k.stride(3),

@@ -286,27 +286,27 @@ def kernel_fn(logits, targets):
     if N > 0 and V > 0:'''
     if p["variant"] == "row":
         body = '''
-        block_v = min(BLOCK_V, triton.next_power_of_2(V))   # no wider than the row
+        block_v = min(BLOCK_V, _pow2(V))   # no wider than the row
         rows = _fit_rows(ROWS_PER_PROG, block_v)
         # pipelined loads keep (stages - 1) tiles [rows, block_v] in shared memory
         stages = _fit_stages(NUM_STAGES, rows * block_v * x2.dtype.itemsize)
-        _ce_rows[(triton.cdiv(N, rows),)](
+        _ce_rows[(_cdiv(N, rows),)](
             x2, t, loss, N, V, x2.stride(0), ROWS=rows, BLOCK_V=block_v, NUM_STAGES=stages,
             IGNORE_INDEX=IGNORE_INDEX, num_warps=NUM_WARPS, num_stages=stages)'''
     else:
         body = '''
         # slices of fewer than ~MIN_SLICE logits cost more to launch and merge than they save
-        splits = min(SPLITS, triton.next_power_of_2(triton.cdiv(V, MIN_SLICE)))
-        per = triton.cdiv(V, splits)                             # logits per slice
-        block_v = min(BLOCK_V, triton.next_power_of_2(per))      # no wider than a slice
-        slice_len = triton.cdiv(per, block_v) * block_v          # whole chunks per slice
+        splits = min(SPLITS, _pow2(_cdiv(V, MIN_SLICE)))
+        per = _cdiv(V, splits)                             # logits per slice
+        block_v = min(BLOCK_V, _pow2(per))      # no wider than a slice
+        slice_len = _cdiv(per, block_v) * block_v          # whole chunks per slice
         stages = _fit_stages(NUM_STAGES, block_v * x2.dtype.itemsize)   # pipelined chunk buffers
         part_m = torch.empty((N, splits), dtype=torch.float32, device=logits.device)
         part_s = torch.empty((N, splits), dtype=torch.float32, device=logits.device)
         _ce_partials[(N, splits)](
             x2, part_m, part_s, V, x2.stride(0), slice_len, SPLITS=splits, BLOCK_V=block_v,
             NUM_STAGES=stages, num_warps=NUM_WARPS, num_stages=stages)
-        _ce_merge[(triton.cdiv(N, MERGE_ROWS),)](
+        _ce_merge[(_cdiv(N, MERGE_ROWS),)](
             x2, t, part_m, part_s, loss, N, V, x2.stride(0), SPLITS=splits, ROWS=MERGE_ROWS,
             IGNORE_INDEX=IGNORE_INDEX, num_warps=4)'''
     tail = '''

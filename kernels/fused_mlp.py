@@ -231,7 +231,7 @@ def _launcher(p) -> str:
     bm, bn, bk, stages = _fit_gemm(BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, NUM_WARPS, N, Fd, D,
                                    x.element_size(), _smem_budget(x.device), operands=3)
     wg, wu = w_gate.t(), w_up.t()                                  # [D, F] views
-    grid = (triton.cdiv(N, bm) * triton.cdiv(Fd, bn),)
+    grid = (_cdiv(N, bm) * _cdiv(Fd, bn),)
     _mlp_up[grid](x2, wg, wu, h, N, Fd, D, x2.stride(0), x2.stride(1), wg.stride(0),
                   wg.stride(1), wu.stride(0), wu.stride(1), BLOCK_M=bm, BLOCK_N=bn,
                   BLOCK_K=bk, GROUP_M=GROUP_M, EVEN_K=D % bk == 0, IEEE=ieee,
@@ -241,7 +241,7 @@ def _launcher(p) -> str:
     g = _matmul(x2.unsqueeze(0), w_gate.t().unsqueeze(0), cfg)[0]   # [N, F] in x's dtype
     u = _matmul(x2.unsqueeze(0), w_up.t().unsqueeze(0), cfg)[0]
     h = torch.empty((N, Fd), dtype=x.dtype, device=x.device)
-    _swiglu[(triton.cdiv(N * Fd, ACT_BLOCK),)](g, u, h, N * Fd, BLOCK=ACT_BLOCK, num_warps=4)'''
+    _swiglu[(_cdiv(N * Fd, ACT_BLOCK),)](g, u, h, N * Fd, BLOCK=ACT_BLOCK, num_warps=4)'''
     return f'''
 
 def kernel_fn(x, w_gate, w_up, w_down):
@@ -394,7 +394,7 @@ def kernel_fn(g, u):
     h = torch.empty(g.shape, dtype=g.dtype, device=g.device)
     total = g.numel()
     if total:
-        _swiglu[(triton.cdiv(total, ACT_BLOCK),)](g, u, h, total, BLOCK=ACT_BLOCK, num_warps=4)
+        _swiglu[(_cdiv(total, ACT_BLOCK),)](g, u, h, total, BLOCK=ACT_BLOCK, num_warps=4)
     return h
 '''
     return C.tidy("\n".join([doc, _ACT_KERNEL, launcher]))

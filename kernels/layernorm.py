@@ -306,15 +306,15 @@ def _layernorm_split_apply(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, D, stride_xn, S
 _SPLIT_LAUNCH = '''
     if SPLIT == "auto" and N < _num_sms(x.device) and D > 4 * BLOCK_D:
         # fewer rows than SMs: each row over S programs, about PROGS_PER_SM per SM in all
-        S = min(triton.cdiv(_num_sms(x.device) * PROGS_PER_SM, N), triton.cdiv(D, BLOCK_D), 1024)
-        chunk = triton.cdiv(triton.cdiv(D, S), BLOCK_D) * BLOCK_D     # a whole number of tiles
-        S = triton.cdiv(D, chunk)                                      # no empty chunk
+        S = min(_cdiv(_num_sms(x.device) * PROGS_PER_SM, N), _cdiv(D, BLOCK_D), 1024)
+        chunk = _cdiv(_cdiv(D, S), BLOCK_D) * BLOCK_D     # a whole number of tiles
+        S = _cdiv(D, chunk)                                      # no empty chunk
         part = torch.empty((N, S, 3), dtype=torch.float32, device=x.device)
         stages = _fit_stages(NUM_STAGES, 3 * BLOCK_D * x2.dtype.itemsize)
         _layernorm_split_stats[(N * S,)](x2, part, D, x2.stride(0), S, chunk, BLOCK_D=BLOCK_D,
                                          NUM_STAGES=stages, num_warps=NUM_WARPS)
         _layernorm_split_apply[(N * S,)](x2, w, b, y, part, D, x2.stride(0), S, chunk, float(eps),
-                                         has_w, has_b, S_BLOCK=triton.next_power_of_2(S),
+                                         has_w, has_b, S_BLOCK=_pow2(S),
                                          BLOCK_D=BLOCK_D, NUM_STAGES=stages, num_warps=NUM_WARPS)
         return y.reshape(out_shape)
 '''
@@ -344,9 +344,9 @@ def kernel_fn(x, weight, bias, eps):
     y = torch.empty((N, D), dtype=x.dtype, device=x.device)
     if N == 0 or D == 0:
         return y.reshape(out_shape)
-    block = triton.next_power_of_2(D)
+    block = _pow2(D)
 {split}{select}
-    num_tiles = triton.cdiv(N, rows)
+    num_tiles = _cdiv(N, rows)
     grid = {grid}
     kernel[grid](x2, w, b, y, N, D, x2.stride(0), float(eps), num_tiles, has_w, has_b, **meta,
                  num_warps=NUM_WARPS, num_stages=stages)

@@ -246,10 +246,10 @@ def _fit_gemm(bm, bn, bk, stages, warps, M, N, K, itemsize, budget, operands=2, 
     ``operands`` input tiles ([bm, bk] and (operands - 1) x [bk, bn]) within ``budget`` bytes
     of shared memory (stages drop first, then bk halves). ``keep_n``: bn is the whole row a
     fused reduction needs; only bm shrinks (to 16 at least)."""
-    bm = min(bm, max(16, triton.next_power_of_2(M)))
+    bm = min(bm, max(16, _pow2(M)))
     if not keep_n:
-        bn = min(bn, max(16, triton.next_power_of_2(N)))
-    bk = min(bk, max(16, triton.next_power_of_2(K)))
+        bn = min(bn, max(16, _pow2(N)))
+    bk = min(bk, max(16, _pow2(K)))
     max_acc = MAX_ACC_PER_THREAD * 32 * warps // max(1, operands - 1)
     while bm * bn > max_acc and max(bm, bn) > 16:
         if keep_n and bm <= 16:
@@ -397,9 +397,9 @@ def _matmul(a, b, cfg):
     bm, bn, bk, stages = _fit_gemm(bm, bn, bk, stages, warps, M, N, K, a.element_size(),
                                    _smem_budget(a.device))
     # K slices of whole BLOCK_K steps, none empty
-    splits = max(1, min(split_k, triton.cdiv(K, bk)))
-    k_split = max(1, triton.cdiv(triton.cdiv(K, splits), bk)) * bk
-    splits = max(1, triton.cdiv(K, k_split))
+    splits = max(1, min(split_k, _cdiv(K, bk)))
+    k_split = max(1, _cdiv(_cdiv(K, splits), bk)) * bk
+    splits = max(1, _cdiv(K, k_split))
     even_k = K % bk == 0
     sab = a.stride(0) if a.shape[0] > 1 else 0   # a batch of one is shared by every batch
     sbb = b.stride(0) if b.shape[0] > 1 else 0
@@ -408,7 +408,7 @@ def _matmul(a, b, cfg):
         scs = batch * M * N
     else:
         out, scs = c, 0
-    num_tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    num_tiles = _cdiv(M, bm) * _cdiv(N, bn)
     {grid}
     _mm[grid](a, b, out, M, N, K, k_split, sab, a.stride(1), a.stride(2), sbb, b.stride(1),
               b.stride(2), scs, M * N, N, num_tiles, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
@@ -416,7 +416,7 @@ def _matmul(a, b, cfg):
               num_warps=warps, num_stages=stages)
     if splits > 1:
         total = batch * M * N
-        _mm_splitk_sum[(triton.cdiv(total, SUM_BLOCK),)](out, c, total, SPLIT_K=splits,
+        _mm_splitk_sum[(_cdiv(total, SUM_BLOCK),)](out, c, total, SPLIT_K=splits,
                                                           BLOCK=SUM_BLOCK, num_warps=4)
     return c
 '''
@@ -505,7 +505,7 @@ def _tma_plan(a, b, cfg):
     meta = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, BATCHED=batch > 1,
                 B_KMAJOR=b_kmajor, IEEE=a.dtype == torch.float32 or dot_fp32,
                 DOT_FP32=dot_fp32, num_warps=warps, num_stages=stages)
-    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn), batch)
+    grid = (_cdiv(M, bm) * _cdiv(N, bn), batch)
     return list(a.shape[:-1]) + [N], descs, grid, meta
 
 
@@ -589,7 +589,7 @@ def _split3(x, k_dim, lo_seg):
     os_ = [0] * pad + list(o.stride())
     total = x.numel()
     if total:
-        _tf32_split[(triton.cdiv(total, SPLIT_BLOCK),)](
+        _tf32_split[(_cdiv(total, SPLIT_BLOCK),)](
             x, o, total, dims[1], dims[2], dims[3], *xs, *os_,
             x.shape[kd] * o.stride(perm.index(kd)), LO_SEG=lo_seg, BLOCK=SPLIT_BLOCK,
             num_warps=4)

@@ -231,20 +231,20 @@ def kernel_fn(x):
     y = torch.empty((N,), dtype=x.dtype, device=x.device)
     if N == 0:
         return y.reshape(out_shape)
-    block = triton.next_power_of_2(max(D, 1))'''
+    block = _pow2(max(D, 1))'''
     if v == "split":
         body = '''
     splits = SPLITS
-    per = triton.cdiv(D, splits)                                 # columns per slice
-    width = min(BLOCK_D, triton.next_power_of_2(max(per, 1)))    # chunk: no wider than a slice
-    slice_len = max(1, triton.cdiv(per, width)) * width          # whole chunks per slice
+    per = _cdiv(D, splits)                                 # columns per slice
+    width = min(BLOCK_D, _pow2(max(per, 1)))    # chunk: no wider than a slice
+    slice_len = max(1, _cdiv(per, width)) * width          # whole chunks per slice
     rows = _fit_rows(ROWS_PER_PROG, width)
     stages = _fit_stages(NUM_STAGES, rows * width * x2.dtype.itemsize)
     part = torch.empty((N, splits), dtype=torch.float32, device=x.device)
-    _sum_partials[(triton.cdiv(N, rows), splits)](
+    _sum_partials[(_cdiv(N, rows), splits)](
         x2, part, N, D, x2.stride(0), slice_len, SPLITS=splits, ROWS=rows, BLOCK_D=width,
         NUM_STAGES=stages, num_warps=NUM_WARPS, num_stages=stages)
-    _sum_merge[(triton.cdiv(N, MERGE_ROWS),)](part, y, N, SPLITS=splits, ROWS=MERGE_ROWS,
+    _sum_merge[(_cdiv(N, MERGE_ROWS),)](part, y, N, SPLITS=splits, ROWS=MERGE_ROWS,
                                               num_warps=4)
     return y.reshape(out_shape)
 '''
@@ -255,7 +255,7 @@ def kernel_fn(x):
         grid = "(num_tiles,)  # one tile per program"
     select = C.select_src("_sum_one_pass" if v == "one_pass" else None, "_sum_chunked")
     return head + "\n" + select + f'''
-    num_tiles = triton.cdiv(N, rows)
+    num_tiles = _cdiv(N, rows)
     grid = {grid}
     kernel[grid](x2, y, N, D, x2.stride(0), num_tiles, **meta,
                  num_warps=NUM_WARPS, num_stages=stages)
@@ -472,14 +472,14 @@ def kernel_fn(x):
     scale = (1.0 / d if d else float("nan")) if MEAN else 1.0
     xc = x.contiguous()                  # [O, D, I] with unit stride along I
     if i == 1:
-        width = min(BLOCK_D * 16, triton.next_power_of_2(max(d, 1)))
+        width = min(BLOCK_D * 16, _pow2(max(d, 1)))
         rows = ROWS_PER_PROG
         while rows > 1 and rows * width > 16384:
             rows //= 2
-        _reduce_rows[(triton.cdiv(o, rows),)](xc, y, o, d, scale, ROWS=rows, BLOCK_D=width,
+        _reduce_rows[(_cdiv(o, rows),)](xc, y, o, d, scale, ROWS=rows, BLOCK_D=width,
                                               num_warps=NUM_WARPS)
     else:
-        n_iblk = triton.cdiv(i, BLOCK_I)
+        n_iblk = _cdiv(i, BLOCK_I)
         _reduce_cols[(o * n_iblk,)](xc, y, d, i, n_iblk, scale, BLOCK_D=BLOCK_D, BLOCK_I=BLOCK_I,
                                     num_warps=NUM_WARPS)
     return y

@@ -2451,10 +2451,10 @@ def _tiled_launch(spec, nin, call, a, k, batches, even_k) -> list:
         f"    ieee = {a}.dtype == torch.float32 or dot_fp32",
         "    keep_n = " + ("True                # the reduction needs the whole row in one tile"
                            if spec["red"] else "False"),
-        "    bn = max(16, triton.next_power_of_2(n_cols)) if keep_n else BLOCK_N",
+        "    bn = max(16, _pow2(n_cols)) if keep_n else BLOCK_N",
         "    bm, bn, bk, stages = _fit_gemm(BLOCK_M, bn, BLOCK_K, NUM_STAGES, NUM_WARPS, m_rows, n_cols,",
         f"                                   {k}, {a}.element_size(), _smem_budget({a}.device), keep_n=keep_n)",
-        f"    grid = (triton.cdiv(m_rows, bm) * triton.cdiv(n_cols, bn), {batches})",
+        f"    grid = (_cdiv(m_rows, bm) * _cdiv(n_cols, bn), {batches})",
         f"    idx64 = _far({', '.join(call[:nin])}, out)   # int32 indices unless 2^31 is in reach",
         "    _region_gemm[grid](" + ", ".join(call) + ",",
         f"                       ROWS=bm, BLOCK=bn, BLOCK_K=bk, GROUP_M=GROUP_M, EVEN_K={even_k},",
@@ -2565,14 +2565,14 @@ def _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2, conv_dot=Fal
         # a reduction keeping the inner dim (_inner_dim): ROWS_CAP consecutive positions of it a
         # program, the reduced dims in chunks that keep the tile within MAX_TILE
         lines += [
-            "    width = triton.next_power_of_2(max(n_cols, 1))",
-            f"    rows = min(ROWS_CAP, triton.next_power_of_2(d{inner}))",
+            "    width = _pow2(max(n_cols, 1))",
+            f"    rows = min(ROWS_CAP, _pow2(d{inner}))",
             "    block = min(width, BLOCK_LOOP, max(1, MAX_TILE // rows))",
             "    if VARIANT == 'auto' and block == width:",
             "        kernel = _region_one_pass",
             "    else:",
             "        kernel = _region_looped",
-            f"    grid = ((n_rows // d{inner}) * triton.cdiv(d{inner}, rows),)",
+            f"    grid = ((n_rows // d{inner}) * _cdiv(d{inner}, rows),)",
             "    kernel[grid](" + ", ".join(call) + ",",
             "                 ROWS=rows, BLOCK=block, num_warps=NUM_WARPS)",
             "    return out",
@@ -2583,16 +2583,16 @@ def _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2, conv_dot=Fal
     # GB at 92% of the copy rate on the H200 with 256 programs, a row-band-major grid of tiles
     # at 94%; torch.compile's flat grid at 101%)
     lines += [
-        "    width = triton.next_power_of_2(max(n_cols, 1))",
+        "    width = _pow2(max(n_cols, 1))",
         f"    pointwise = {not spec['red']}",
         "    if VARIANT == 'auto' and width <= MAX_BLOCK:",
         "        kernel, block = _region_one_pass, width",
-        "    elif VARIANT == 'auto' and pointwise and n_rows * triton.cdiv(n_cols, MAX_BLOCK) < 2**31:",
+        "    elif VARIANT == 'auto' and pointwise and n_rows * _cdiv(n_cols, MAX_BLOCK) < 2**31:",
         "        kernel, block = _region_one_pass, MAX_BLOCK",
         "    else:",
         "        kernel, block = _region_looped, min(BLOCK_LOOP, width)",
-        "    rows = min(ROWS_CAP, max(1, MAX_TILE // block), triton.next_power_of_2(n_rows))",
-        "    grid = (triton.cdiv(n_rows, rows) * (triton.cdiv(n_cols, block) if kernel is _region_one_pass else 1),)",
+        "    rows = min(ROWS_CAP, max(1, MAX_TILE // block), _pow2(n_rows))",
+        "    grid = (_cdiv(n_rows, rows) * (_cdiv(n_cols, block) if kernel is _region_one_pass else 1),)",
         "    kernel[grid](" + ", ".join(call) + ",",
         "                 ROWS=rows, BLOCK=block, num_warps=NUM_WARPS)",
         "    return out",

@@ -180,9 +180,9 @@ def kernel_fn(x, weight, eps):
     y = torch.empty((N, D), dtype=out_dtype, device=x.device)
     if N == 0 or D == 0:
         return y.reshape(out_shape)
-    block = triton.next_power_of_2(D)''']
+    block = _pow2(D)''']
     lines.append(C.select_src("_rmsnorm_one_pass" if one_pass else None, "_rmsnorm_chunked"))
-    lines.append(f'''    num_tiles = triton.cdiv(N, rows)
+    lines.append(f'''    num_tiles = _cdiv(N, rows)
     grid = {grid}
     kernel[grid](x2, w, y, N, D, x2.stride(0), float(eps), num_tiles, **meta,
                  num_warps=NUM_WARPS, num_stages=stages)
@@ -471,9 +471,9 @@ def kernel_fn(x, weight, eps):
     y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     if o * d * i == 0:
         return y
-    block_d = triton.next_power_of_2(d)
+    block_d = _pow2(d)
     one_pass = block_d * BLOCK_I <= INNER_TILE
-    n_iblk = triton.cdiv(i, BLOCK_I)
+    n_iblk = _cdiv(i, BLOCK_I)
     _rmsnorm_cols[(o * n_iblk,)](xc, w.contiguous(), y, d, i, n_iblk, float(eps),
                                  BLOCK_D=block_d if one_pass else BLOCK_DI, BLOCK_I=BLOCK_I,
                                  ONE_PASS=one_pass, num_warps=INNER_WARPS)

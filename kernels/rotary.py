@@ -218,12 +218,12 @@ def _rope_heads({_ARGS}):
 def _launcher(p):
     if p["variant"] == "rows":
         launch = '''rows = _fit_rows(ROWS_PER_PROG, block)
-    _rope_rows[(triton.cdiv(B * H * S, rows),)](
+    _rope_rows[(_cdiv(B * H * S, rows),)](
         x, cos2, sin2, y, B, H, S, half, *x.stride(), *cos2.stride(), *sin2.stride(),
         ROWS=rows, BLOCK=block, num_warps=NUM_WARPS)'''
     else:
         launch = '''rows = _fit_rows(ROWS_PER_PROG, block)
-    _rope_heads[(triton.cdiv(S, rows), B)](
+    _rope_heads[(_cdiv(S, rows), B)](
         x, cos2, sin2, y, B, H, S, half, *x.stride(), *cos2.stride(), *sin2.stride(),
         ROWS=rows, BLOCK=block, num_warps=NUM_WARPS)'''
     return f'''
@@ -255,7 +255,7 @@ def kernel_fn(x, cos, sin):
     y = torch.empty((B, H, S, Dh), dtype=out_dtype, device=x.device)
     if y.numel() > 0:
         half = Dh // 2
-        block = triton.next_power_of_2(half)
+        block = _pow2(half)
         {launch}
     return y[0] if squeeze else y
 '''

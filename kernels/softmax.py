@@ -297,9 +297,9 @@ def kernel_fn(x):
     y = torch.empty((N, D), dtype=x.dtype, device=x.device)
     if N == 0 or D == 0:
         return y.reshape(out_shape)
-    block = triton.next_power_of_2(D)
+    block = _pow2(D)
 {select}
-    num_tiles = triton.cdiv(N, rows)
+    num_tiles = _cdiv(N, rows)
     grid = {grid}
     kernel[grid](x2, y, N, D, x2.stride(0), num_tiles, **meta,
                  num_warps=NUM_WARPS, num_stages=stages)

@@ -485,3 +485,20 @@ def test_shapes():
         assert (65537, 8) in fam.edge_shapes
         for s in fam.bench_shapes + fam.sweep_shapes + fam.edge_shapes:
             assert all(isinstance(v, int) and v > 0 for v in s)
+
+
+def test_rendered_launchers_call_no_triton_constexpr_function_in_host_code():
+    # triton.cdiv / triton.next_power_of_2 are Triton constexpr functions: ~3 us a host call
+    # through their wrapper (Triton 3.9); the matmul launcher made nine a call. Rendered sources
+    # use the plain helpers every source carries, which agree with Triton's
+    import triton
+    from kernels import _common as C
+    ns: dict = {}
+    exec(C.IMPORTS_SRC, ns)
+    for n in range(0, 3000):
+        assert ns["_pow2"](n) == triton.next_power_of_2(n)
+        assert all(ns["_cdiv"](n, d) == triton.cdiv(n, d) for d in (1, 3, 64, 1000))
+    for fam in kernels.all_families():
+        src = fam.starter()
+        assert "triton.cdiv(" not in src and "triton.next_power_of_2(" not in src, fam.name
+        assert "def _cdiv(" in src, fam.name
