@@ -261,8 +261,10 @@ def score_problem(path: Path, cfg_kw: dict, trials: int, log,
     except ConfigError as e:
         res.status, res.detail = "invalid", str(e)
         return res
+    t_run = time.monotonic()
     try:
         res.run_id = execute(cfg, log=lambda s: log(f"  [{path.name}] {s}"))
+        t_run = time.monotonic() - t_run
         integrate._free()                  # the run's graphs and inputs, before the scoring
     except ConfigError as e:                       # the model failed to build or run
         res.status, res.detail = "invalid", str(e)
@@ -310,8 +312,12 @@ def score_problem(path: Path, cfg_kw: dict, trials: int, log,
                                           trials, applied.module, dtype)
         else:
             res.correct, why = True, "nothing placed: the optimized model is the original"
+            # a run that got time but no experiment spent it before its loop (49's 40 s went
+            # to capture, starting the workers and timing the baselines)
             note = (f"the scoring was estimated at {est_s:.0f} s of the {budget * 60:.0f} s budget, "
-                    f"the run got {run_s:.0f} s") if est_s is not None else ""
+                    f"the run got {run_s:.0f} s"
+                    + (f" and took {t_run:.0f} s to capture, start its workers and time the "
+                       f"baselines" if run_s > 0 and t_run >= run_s else "")) if est_s is not None else ""
             res.why_not = _why_nothing(store, res.run_id, left_out, check, note)
         integrate._free()
         mem = integrate.gpu_memory_line()
