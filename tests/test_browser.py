@@ -545,6 +545,9 @@ def test_an_unreachable_llm_is_one_plain_line(app, browser):
     page.get_by_role("button", name="Start").click()
     err = page.locator("[data-testid='stAlertContentError']")
     err.first.wait_for(timeout=90_000)
+    # the alert can be attached a moment before its text is rendered
+    page.wait_for_function("() => { const e = document.querySelector(\"[data-testid='stAlertContentError']\");"
+                           " return e && e.innerText.trim().length > 0; }", timeout=30_000)
     text = err.first.inner_text()
     assert text.startswith("LLM 'ollama_chat/qwen2.5-coder' is not reachable:"), text
     assert "\n" not in text.strip()
