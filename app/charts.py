@@ -518,7 +518,7 @@ def family_speedup_figure(summary: pd.DataFrame, interpreter: bool = False,
             fig.update_layout(barmode="group", showlegend=True, legend=_legend_below())
         else:
             fig.update_layout(showlegend=False)
-        _ratio_axis(fig, values, "speedup × (log, 1× = baseline)")
+        _ratio_axis(fig, values, "speedup × (log; the baseline at 1)")
     fig.update_layout(title=_title(title, interpreter), height=360,
                       margin=dict(t=70, b=60, l=60, r=20), uirevision="family_speedup")
     return fig
