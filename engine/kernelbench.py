@@ -264,7 +264,7 @@ def score_problem(path: Path, cfg_kw: dict, trials: int, log,
     t_run = time.monotonic()
     try:
         res.run_id = execute(cfg, log=lambda s: log(f"  [{path.name}] {s}"))
-        t_run = time.monotonic() - t_run
+        run_took = time.monotonic() - t_run
         integrate._free()                  # the run's graphs and inputs, before the scoring
     except ConfigError as e:                       # the model failed to build or run
         res.status, res.detail = "invalid", str(e)
@@ -316,8 +316,8 @@ def score_problem(path: Path, cfg_kw: dict, trials: int, log,
             # to capture, starting the workers and timing the baselines)
             note = (f"the scoring was estimated at {est_s:.0f} s of the {budget * 60:.0f} s budget, "
                     f"the run got {run_s:.0f} s"
-                    + (f" and took {t_run:.0f} s to capture, start its workers and time the "
-                       f"baselines" if run_s > 0 and t_run >= run_s else "")) if est_s is not None else ""
+                    + (f" and took {run_took:.0f} s to capture, start its workers and time the "
+                       f"baselines" if run_s > 0 and run_took >= run_s else "")) if est_s is not None else ""
             res.why_not = _why_nothing(store, res.run_id, left_out, check, note)
         integrate._free()
         mem = integrate.gpu_memory_line()

@@ -371,12 +371,9 @@ def compare(out, expected, atol: float, rtol: float, extra=None) -> tuple[bool, 
     dim = next((d for d in range(out.ndim) if int(out.shape[d]) > 1), None)
     if (out.numel() <= CHUNK_ELEMS or dim is None or tuple(out.shape) != tuple(expected.shape)):
         return _compare(out, expected, atol, rtol, extra)
-    n = int(out.shape[dim])
-    step = max(1, CHUNK_ELEMS // max(1, out.numel() // n))
     ext = None if extra is None else extra.expand_as(expected)
     worst = 0.0
-    for lo in range(0, n, step):
-        hi = min(n, lo + step)
+    for lo, hi in _slices(out, dim):
         ok, w, why = _compare(out.narrow(dim, lo, hi - lo), expected.narrow(dim, lo, hi - lo),
                               atol, rtol, None if ext is None else ext.narrow(dim, lo, hi - lo))
         if not ok:
@@ -597,6 +594,14 @@ def expect(fam, case: Case, device: str, inputs: dict | None = None, native=None
 CHUNK_ELEMS = 1 << 25
 
 
+def _slices(t, dim: int):
+    """(lo, hi) index ranges along ``dim`` of ``t`` holding at most CHUNK_ELEMS elements each
+    (one index at least)."""
+    n = int(t.shape[dim])
+    step = max(1, CHUNK_ELEMS // max(1, t.numel() // n))
+    return [(lo, min(n, lo + step)) for lo in range(0, n, step)]
+
+
 def row_slicer(fam, inputs: dict, native, dim: int = 0):
     """``take(lo, hi)``: the inputs of indices lo..hi along the output's dim ``dim``, whose
     reference output is that slice of the whole one; or None where the case cannot be split so
@@ -667,12 +672,9 @@ def judge_in_rows(fam, case: Case, take, native, out, dim: int = 0) -> float:
     if tuple(out.shape) != tuple(native.shape) or out.dtype != native.dtype:
         raise CandidateError("", f"returned shape {list(out.shape)} {out.dtype}; the "
                                  f"reference returns {list(native.shape)} {native.dtype}")
-    n = int(native.shape[dim])
-    step = max(1, CHUNK_ELEMS // max(1, native.numel() // n))
     worst = 0.0
     where = "rows" if dim == 0 else f"indices of dim {dim}"
-    for lo in range(0, n, step):
-        hi = min(n, lo + step)
+    for lo, hi in _slices(native, dim):
         exp = expect(fam, case, "", take(lo, hi), native.narrow(dim, lo, hi - lo))
         ok, w, why = compare(out.narrow(dim, lo, hi - lo), exp.value, exp.atol, exp.rtol, exp.extra)
         if not ok:

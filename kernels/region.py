@@ -2561,42 +2561,35 @@ def _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2, conv_dot=Fal
         lines += _tiled_launch(spec, nin, call + ["m_rows"], f"in{cv['x']}", str(_conv_taps(cv)),
                                "1", "True")
         return "\n".join(lines) + "\n"
+    lines.append("    width = _pow2(max(n_cols, 1))")
     if inner is not None:
         # a reduction keeping the inner dim (_inner_dim): ROWS_CAP consecutive positions of it a
         # program, the reduced dims in chunks that keep the tile within MAX_TILE
         lines += [
-            "    width = _pow2(max(n_cols, 1))",
             f"    rows = min(ROWS_CAP, _pow2(d{inner}))",
             "    block = min(width, BLOCK_LOOP, max(1, MAX_TILE // rows))",
-            "    if VARIANT == 'auto' and block == width:",
-            "        kernel = _region_one_pass",
-            "    else:",
-            "        kernel = _region_looped",
+            "    kernel = _region_one_pass if VARIANT == 'auto' and block == width else _region_looped",
             f"    grid = ((n_rows // d{inner}) * _cdiv(d{inner}, rows),)",
-            "    kernel[grid](" + ", ".join(call) + ",",
-            "                 ROWS=rows, BLOCK=block, num_warps=NUM_WARPS)",
-            "    return out",
         ]
-        return "\n".join(lines) + "\n"
-    # a pointwise region wider than one tile: a grid of [ROWS, BLOCK] tiles, none looping, in
-    # memory order (one program a row band looping along 393,216 columns ran LeakyReLU's 12.9
-    # GB at 92% of the copy rate on the H200 with 256 programs, a row-band-major grid of tiles
-    # at 94%; torch.compile's flat grid at 101%)
-    lines += [
-        "    width = _pow2(max(n_cols, 1))",
-        f"    pointwise = {not spec['red']}",
-        "    if VARIANT == 'auto' and width <= MAX_BLOCK:",
-        "        kernel, block = _region_one_pass, width",
-        "    elif VARIANT == 'auto' and pointwise and n_rows * _cdiv(n_cols, MAX_BLOCK) < 2**31:",
-        "        kernel, block = _region_one_pass, MAX_BLOCK",
-        "    else:",
-        "        kernel, block = _region_looped, min(BLOCK_LOOP, width)",
-        "    rows = min(ROWS_CAP, max(1, MAX_TILE // block), _pow2(n_rows))",
-        "    grid = (_cdiv(n_rows, rows) * (_cdiv(n_cols, block) if kernel is _region_one_pass else 1),)",
-        "    kernel[grid](" + ", ".join(call) + ",",
-        "                 ROWS=rows, BLOCK=block, num_warps=NUM_WARPS)",
-        "    return out",
-    ]
+    else:
+        # a pointwise region wider than one tile: a grid of [ROWS, BLOCK] tiles, none looping,
+        # in memory order (one program a row band looping along 393,216 columns ran LeakyReLU's
+        # 12.9 GB at 92% of the copy rate on the H200 with 256 programs, a row-band-major grid
+        # of tiles at 94%; torch.compile's flat grid at 101%)
+        lines += [
+            f"    pointwise = {not spec['red']}",
+            "    if VARIANT == 'auto' and width <= MAX_BLOCK:",
+            "        kernel, block = _region_one_pass, width",
+            "    elif VARIANT == 'auto' and pointwise and n_rows * _cdiv(n_cols, MAX_BLOCK) < 2**31:",
+            "        kernel, block = _region_one_pass, MAX_BLOCK",
+            "    else:",
+            "        kernel, block = _region_looped, min(BLOCK_LOOP, width)",
+            "    rows = min(ROWS_CAP, max(1, MAX_TILE // block), _pow2(n_rows))",
+            "    grid = (_cdiv(n_rows, rows) * (_cdiv(n_cols, block) if kernel is _region_one_pass else 1),)",
+        ]
+    lines += ["    kernel[grid](" + ", ".join(call) + ",",
+              "                 ROWS=rows, BLOCK=block, num_warps=NUM_WARPS)",
+              "    return out"]
     return "\n".join(lines) + "\n"
 
 
