@@ -14,8 +14,11 @@ placeable match claimed and grows regions of the ops kernels/region.py's table h
   matmul family match of a lone GEMM op is absorbed when an epilogue follows it (``Found.
   absorbed``: the region's target replaces the family's; its space holds the same GEMM
   choices), and so is a reduce or softmax family match of a lone op inside such a region (a
-  row sum after a GEMM: computed on the accumulator, not written and read back); a GEMM with
-  nothing after it, and a reduction with no GEMM before it, stay their family's targets.
+  row sum after a GEMM: computed on the accumulator, not written and read back). A reduce
+  family's lone sum or mean of pointwise ops is absorbed into their region as well (a loss's
+  mean of its terms: the terms are never written out). A GEMM with nothing after it, a
+  reduction of a model's input, and a softmax with no GEMM before it stay their family's
+  targets.
 
 A region grows backwards from its output (the latest fusible node not yet taken): a producer
 joins when it is fusible, no match claimed it, every one of its users is already inside (so
@@ -618,6 +621,8 @@ def find(graph: cap.Graph, matches=()) -> Found:
                 claimed |= set(m.nodes)
     # a reduction or softmax a family's match holds joins only a region with a GEMM in it
     after = {n for n, m in absorbable.items() if m.family != "matmul"}
+    # ... and a reduce family's reduction joins the region of the pointwise ops it reduces
+    fold = {n for n, m in absorbable.items() if m.family == "reduce"}
     taken: set = set()
     found = Found()
     fusible = {n for n in graph.gm.graph.nodes if n not in claimed and op_of(n) is not None}
@@ -667,8 +672,12 @@ def find(graph: cap.Graph, matches=()) -> Found:
         members, reg = grow(set(members), reg, set())
         if members & after and not reg.spec.get("gemm"):
             if start[0] & after:
-                continue                # the family's own reduction, with no GEMM before it
-            members, reg = grow(*start, after)
+                if not (start[0] & fold and R._depth(reg.spec) > 1):
+                    continue            # the family's own reduction, with nothing to fuse
+                # a reduce family's sum or mean of a computed value (a loss's mean of its
+                # pointwise terms): one region, the terms never written out and read back
+            else:
+                members, reg = grow(*start, after)
         if R._depth(reg.spec) == 0:
             continue                    # copies and casts alone: nothing to compute
         if reg.spec.get("gemm") and R._depth(reg.spec) == 1 and members & set(absorbable):

@@ -1635,6 +1635,35 @@ GEMM_DEFAULT = {**{k: _mm.DEFAULT[k] for k in GEMM_SPACE}, "num_warps": 8}
 GEMM_FP32_FIRST = {"fp32_dot": "tf32x3", "k_major": True, "block_k": 64, "num_stages": 4}
 
 
+# A region with one reduction and a row-level output (a loss's mean over everything, a sum over
+# all dims, a max of a long row): the row's slices on several programs when rows are too few to
+# fill the GPU. "split_progs" is how many programs to aim for (0: never split). One program a row
+# left a [1, 1e9] mean (KernelBench's HuberLoss) on one SM, each lane adding 2M values in order:
+# 5e-5 off its fp64 sum; with slices each lane adds at most a few thousand.
+SPLIT_SPACE = {"split_progs": [0, 256, 1024, 4096]}
+SPLIT_DEFAULT = {"split_progs": 1024}
+SPLIT_OPS = ("sum", "max", "min")
+
+
+def splittable(spec) -> bool:
+    """One reduction (sum, max or min) whose row value the output is, no scan, no GEMM or
+    convolution: a row's slices reduce apart and one more kernel combines them in order."""
+    if spec.get("gemm") or spec.get("conv") or not spec["red"]:
+        return False
+    try:
+        steps, out = lower(spec)
+    except ValueError:
+        return False
+    by = {s.name: s for s in steps}
+    used = _ancestors(by, (out,))
+    reds = [s for s in steps if s.kind == "red" and s.name in used]
+    if len(reds) != 1 or reds[0].op not in SPLIT_OPS:
+        return False
+    if any(s.kind in ("scan", "conv", "gemm") for s in steps if s.name in used):
+        return False
+    return not set(_split_dims(spec["ops"][-1]["map"], spec.get("split"))) & set(spec["red"])
+
+
 def space_of(spec) -> tuple[dict, dict]:
     """(space, default) of a region: a GEMM's tile space; a convolution with weights and one
     group: the region space plus the implicit GEMM ("conv_loop": "dot", its tile axes; the
@@ -1653,6 +1682,8 @@ def space_of(spec) -> tuple[dict, dict]:
         return ({"conv_loop": ["dot", "taps"], **SPACE, **extra},
                 {"conv_loop": "dot", **DEFAULT,
                  **{k: v for k, v in GEMM_DEFAULT.items() if k not in GEMM_ONLY}})
+    if splittable(spec):
+        return {**SPACE, **SPLIT_SPACE}, {**DEFAULT, **SPLIT_DEFAULT}
     return SPACE, DEFAULT
 
 
@@ -1946,22 +1977,26 @@ def render_for(spec):
         have = set()
         rowvals = [s for s in steps if s.name in used and level[s.name] == "row" and s.kind != "red"]
 
-        def emit_rows():
+        def emit_rows_to(lines, done):
+            """Row values whose inputs are ready, in order, until none is."""
             ready = True
             while ready:
                 ready = False
                 for s in rowvals:
-                    if s.name in have:
+                    if s.name in done:
                         continue
-                    if all(d in have for d in s.deps):
+                    if all(d in done for d in s.deps):
                         if s.kind == "in" and int(s.name[2:]) in roles:
                             pass
                         elif s.kind == "in":
-                            loop.append(load(int(s.name[2:]), False))
+                            lines.append(load(int(s.name[2:]), False))
                         else:
-                            loop.append(f"{s.name} = {s.expr}")
-                        have.add(s.name)
+                            lines.append(f"{s.name} = {s.expr}")
+                        done.add(s.name)
                         ready = True
+
+        def emit_rows():
+            emit_rows_to(loop, have)
         emit_rows()
         for s in reds:
             loop.append(f"{s.name}_acc = tl.full([ROWS, BLOCK], {_NEUTRAL[s.op]}, tl.float32)")
@@ -2022,6 +2057,56 @@ def render_for(spec):
                 emit((out,), have, loop, False, None)
             loop += store_lines(out)
 
+        # ---- split: a row's slices on several programs (splittable(); few rows), partials
+        # [n_split, n_rows] in fp32, then one kernel combining each row's in slice order
+        split_ok = p.get("split_progs", 0) > 0 and inner_d is None and len(reds) == 1
+        kern_split = ""
+        if split_ok:
+            s = reds[0]
+            neutral = _NEUTRAL[s.op]
+            part = list(head) + ["sid = tl.program_id(1).to(tl.int64)",
+                                 "c_lo = sid * slice_len",
+                                 "c_hi = tl.minimum(c_lo + slice_len, n_cols)"]
+            done: set = set()
+            emit_rows_to(part, done)
+            part.append(f"{s.name}_acc = tl.full([ROWS, BLOCK], {neutral}, tl.float32)")
+            body = col_head("c0")
+            emit(s.deps, set(done), body, True, None)
+            arg = s.expr if level[s.expr] == "dom" else f"({s.expr} + zt)"
+            v = f"tl.where(mask, {arg}, {neutral})"
+            body.append(f"{s.name}_acc = " + {
+                "sum": f"{s.name}_acc + {v}",
+                "max": f"tl.where({s.name}_acc != {s.name}_acc, {s.name}_acc, tl.where(({v}) != ({v}), "
+                       f"({v}), tl.maximum({s.name}_acc, {v})))",
+                "min": f"tl.where({s.name}_acc != {s.name}_acc, {s.name}_acc, tl.where(({v}) != ({v}), "
+                       f"({v}), tl.minimum({s.name}_acc, {v})))"}[s.op])
+            part.append("for c0 in range(c_lo, c_hi, BLOCK):")
+            part += ["    " + x for x in body]
+            part += [f"{s.name}_part = {red_lines(s, f'{s.name}_acc')}",
+                     f"tl.store(ws_ptr + sid * n_rows + rows[:, None], {s.name}_part, mask=rmask[:, None])"]
+            fin = list(head)
+            done = set()
+            emit_rows_to(fin, done)
+            fin += ["sp = tl.arange(0, SPLITS_P2)                                # [SPLITS_P2]",
+                    f"pv = tl.load(ws_ptr + sp[None, :].to(tl.int64) * n_rows + rows[:, None], "
+                    f"mask=rmask[:, None] & (sp[None, :] < n_split), other={neutral})",
+                    f"{s.name} = {red_lines(s, 'pv')}"]
+            done.add(s.name)
+            emit_rows_to(fin, done)
+            if out not in done:
+                emit((out,), done, fin, False, None)
+            fin += store_lines(out)
+            sargs = (", ".join(sig) + ", ws_ptr, slice_len, n_split,\n        ROWS: tl.constexpr, "
+                     "BLOCK: tl.constexpr, SPLITS_P2: tl.constexpr")
+            kern_split = (f"\n\n@triton.jit\ndef _region_partial({sargs}):\n"
+                          f'    """Program (row block, slice): the reduction of ROWS rows over columns '
+                          f'[c_lo, c_hi), one fp32 partial a row."""\n'
+                          + "\n".join("    " + x for x in part) + "\n"
+                          + f"\n\n@triton.jit\ndef _region_finish({sargs}):\n"
+                          f'    """ROWS rows: their n_split partials combined in slice order, then '
+                          f'the epilogue and the store."""\n'
+                          + "\n".join("    " + x for x in fin) + "\n")
+
         args_sig = ", ".join(sig) + ",\n        ROWS: tl.constexpr, BLOCK: tl.constexpr"
         kern_one = (f"@triton.jit\ndef _region_one_pass({args_sig}):\n"
                     f'    """Tile [ROWS, BLOCK]: ROWS whole rows, or (pointwise) one column block of them; '
@@ -2038,13 +2123,14 @@ def _mul(a, b):
 
 
 ''' if uses_mul else ""
-        launcher = _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2, inner=inner_d)
+        launcher = _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2, inner=inner_d,
+                             slices=split_ok)
         doc = f'''"""Region candidate: {spec["name"]} (generated from its ops; no hand-written code).
 
 Domain {spec["rank"]}-D{", split " + str(spec["split"]) if split else ""}; {"reduced dims " + str(spec["red"]) if spec["red"] else "pointwise"}; rows are the kept dims, cols {cols_d}.
 Bytes the op must move: each input once (at its own, broadcast-free size) and the output once.
 one_pass reads them once; looped reads the inputs once per reduction pass{" and once more for the output" if out_level == "dom" and reds else ""}.
-Point: {C.point_line(SPACE, p)}
+Point: {C.point_line(space, p)}
 """
 {C.IMPORTS_SRC}
 VARIANT = {p["variant"]!r}
@@ -2053,10 +2139,10 @@ BLOCK_LOOP = {p["block"]}       # chunk of the looped kernel
 ROWS_CAP = {p["rows_cap"]}          # rows per program, at most
 MAX_TILE = {p["max_tile"]}      # elements of one [ROWS, BLOCK] tile
 NUM_WARPS = {p["num_warps"]}
-
+{f"SPLIT_PROGS = {p['split_progs']}      # programs to aim for when rows are few (0: never split)" + chr(10) if split_ok else ""}
 
 '''
-        return C.tidy(doc + helper + kern_one + "\n\n" + kern_loop + "\n\n" + launcher)
+        return C.tidy(doc + helper + kern_one + "\n\n" + kern_loop + kern_split + "\n\n" + launcher)
     return render
 
 
@@ -2464,7 +2550,8 @@ def _tiled_launch(spec, nin, call, a, k, batches, even_k) -> list:
     ]
 
 
-def _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2, conv_dot=False, inner=None):
+def _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2, conv_dot=False, inner=None,
+              slices=False):
     split = spec.get("split")
     nin = len(spec["inputs"])
     rank = spec["rank"]
@@ -2586,6 +2673,25 @@ def _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2, conv_dot=Fal
             "        kernel, block = _region_looped, min(BLOCK_LOOP, width)",
             "    rows = min(ROWS_CAP, max(1, MAX_TILE // block), _pow2(n_rows))",
             "    grid = (_cdiv(n_rows, rows) * (_cdiv(n_cols, block) if kernel is _region_one_pass else 1),)",
+        ]
+    if slices and inner is None:
+        # few rows of looped reductions: each row's columns in n_split slices of whole chunks
+        # (aiming at SPLIT_PROGS programs), fp32 partials, then one program per row block
+        # combining them in slice order (no atomics: the same answer every run)
+        lines += [
+            "    row_progs = _cdiv(n_rows, rows)",
+            "    n_split = min(_cdiv(n_cols, block), SPLIT_PROGS // row_progs) if kernel is _region_looped else 1",
+            "    if n_split >= 2:",
+            "        slice_len = _cdiv(_cdiv(n_cols, n_split), block) * block",
+            "        n_split = _cdiv(n_cols, slice_len)",
+            "        ws = torch.empty((n_split, n_rows), dtype=torch.float32, device=out.device)",
+            "        _region_partial[(row_progs, n_split)](" + ", ".join(call) + ", ws, slice_len, n_split,",
+            "                     ROWS=rows, BLOCK=block, SPLITS_P2=1, num_warps=NUM_WARPS)",
+            "        p2 = _pow2(n_split)",
+            "        rows_f = min(rows, max(1, 4096 // p2))",
+            "        _region_finish[(_cdiv(n_rows, rows_f),)](" + ", ".join(call) + ", ws, slice_len, n_split,",
+            "                     ROWS=rows_f, BLOCK=block, SPLITS_P2=p2, num_warps=NUM_WARPS)",
+            "        return out",
         ]
     lines += ["    kernel[grid](" + ", ".join(call) + ",",
               "                 ROWS=rows, BLOCK=block, num_warps=NUM_WARPS)",

@@ -866,3 +866,51 @@ def test_a_reduction_keeping_the_inner_dim_reads_it_in_runs(tmp_path):
     # a reduction over the last dim keeps flat rows (its cols are the contiguous run)
     _, f = _found(IndexOf(torch.amax, dim=-1), torch.randn(3, 37, 21))
     assert "n_iblk" not in kernels.get("region", f.regions[0].spec).starter()
+
+
+class HingeLoss(nn.Module):          # KernelBench's hinge loss as its authors write it
+    def forward(self, predictions, targets):
+        return torch.mean(torch.clamp(1 - predictions * targets, min=0))
+
+
+class AbsMax(nn.Module):             # a max of every element of a computed value
+    def forward(self, x):
+        return (x * 3.0).abs().amax()
+
+
+def test_a_reduce_familys_mean_of_pointwise_terms_is_one_region_with_them():
+    ms, f = _found(HingeLoss(), torch.randn(8, 40), torch.randn(40))
+    assert [m.family for m in ms] == ["reduce"]
+    assert list(_by_name(f)) == ["mul+rsub+clamp+mean"]           # the terms never written out
+    assert [m.family for m in f.absorbed] == ["reduce"]
+    # a reduction of the model's input has nothing to fuse: the family's target
+    ms, f = _found(Flipped(lambda x: x.sum(-1)), torch.randn(4, 8))
+    assert [m.family for m in ms] == ["reduce"] and not f.regions and not f.absorbed
+
+
+@pytest.mark.parametrize("model,inputs,name", [
+    (HingeLoss(), (torch.randn(8, 40), torch.randn(40)), "mul+rsub+clamp+mean"),
+    (AbsMax(), (torch.randn(6, 50),), "mul+abs+max"),
+], ids=["mean", "max"])
+def test_few_long_rows_are_reduced_in_slices_on_several_programs(model, inputs, name, tmp_path):
+    # a loss's mean over everything is one row: its slices go to several programs (fp32
+    # partials, combined in slice order by a second kernel), which is what keeps a [1, 1e9]
+    # row off a single SM and each lane's running sum short
+    _, f = _found(model, *inputs)
+    r = _by_name(f)[name]
+    fam = kernels.get("region", r.spec)
+    assert fam.default["split_progs"] > 0 and 0 in fam.space["split_progs"]
+    looped = {"variant": "looped", "block": 64}
+    src = fam.render(looped)
+    assert "def _region_partial(" in src and "def _region_finish(" in src
+    fn = load_candidate(src, tmp_path)
+    ins = fam.make_inputs(r.shape, "float32", DEVICE, gen(3))
+    verify.install_launch_counter()
+    before = verify._STATE.launches
+    out = fn(**ins)
+    assert verify._STATE.launches - before == 2                   # slices, then their combination
+    torch.testing.assert_close(out, fam.reference(**ins), rtol=1e-5, atol=1e-6)
+    unsplit = fam.render({**looped, "split_progs": 0})
+    assert "_region_partial[" not in unsplit
+    for st in _five_stages(fam, r.shape, src, tmp_path):
+        assert st.status == "passed", (st.stage, st.failed_case, st.detail)
