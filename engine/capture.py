@@ -88,6 +88,8 @@ def _clean(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     for n in reversed(list(g.nodes)):       # unread items of tuple results (max's indices)
         if n.op == "call_function" and n.target is operator.getitem and not n.users:
             g.erase_node(n)
+    _functional(g)
+    _drop_empty_cats(g)
     # export's own input guards (a module run under a dynamo context manager on every call, ~10
     # us of host time): what runs this graph checks the call's signature and each placed site
     # its tensors, and anything else runs the original model
@@ -96,6 +98,65 @@ def _clean(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             g.erase_node(n)
     gm.recompile()
     return gm
+
+
+def _fresh(n) -> bool:
+    """``n`` computes a tensor of its own: an op's result, not a view of another tensor, an
+    input, a parameter or a buffer (writing into those changes something outside ``n``)."""
+    t = getattr(n, "target", None)
+    if not (isinstance(n, torch.fx.Node) and n.op == "call_function"
+            and isinstance(t, torch._ops.OpOverload)):
+        return False
+    rets = t._schema.returns
+    return bool(rets) and all(r.alias_info is None for r in rets)
+
+
+def _in_place(n) -> bool:
+    t = getattr(n, "target", None)
+    return (isinstance(t, torch._ops.OpOverload) and t._opname.endswith("_")
+            and not t._opname.startswith("_"))
+
+
+def _functional(g: torch.fx.Graph) -> None:
+    """An op written in place on a fresh tensor nothing else reads (``scores.div_(s)`` after
+    a matmul, as Falcon writes its attention) becomes its functional form: the same values,
+    and the spelling the family patterns are written in."""
+    for n in g.nodes:
+        if n.op != "call_function" or not _in_place(n) or not n.args:
+            continue
+        base = n.args[0]
+        if not _fresh(base) or len(base.users) != 1:
+            continue
+        name, overload = n.target._opname[:-1], n.target._overloadname
+        packet = getattr(torch.ops.aten, name, None)
+        fn = getattr(packet, overload, None) if packet is not None else None
+        if fn is None or [a.name for a in fn._schema.arguments] != [a.name for a in n.target._schema.arguments]:
+            continue
+        n.target = fn
+
+
+def _drop_empty_cats(g: torch.fx.Graph) -> None:
+    """``cat([past, k])`` with an empty ``past`` (a key/value cache on its first call: Falcon,
+    hand-written decoders) is ``k``: its readers read ``k`` itself, so the attention around it
+    is the pattern it is. Kept where a reader or a later op writes in place into either."""
+    for n in list(g.nodes):
+        if not (n.op == "call_function" and getattr(n.target, "_opname", None) == "cat"
+                and n.args and isinstance(n.args[0], (list, tuple))):
+            continue
+        vals = [(a, val(a)) for a in n.args[0]]
+        if not all(isinstance(a, torch.fx.Node) and isinstance(v, torch.Tensor) for a, v in vals):
+            continue
+        full = [(a, v) for a, v in vals if v.numel() > 0]
+        out = val(n)
+        if len(full) != 1 or not isinstance(out, torch.Tensor):
+            continue
+        src, sv = full[0]
+        if sv.shape != out.shape or sv.dtype != out.dtype:
+            continue
+        if any(_in_place(u) for u in list(n.users) + list(src.users)):
+            continue
+        n.replace_all_uses_with(src)
+        g.erase_node(n)
 
 
 def export_graph(fn: nn.Module, args: tuple, kwargs: dict | None = None) -> torch.fx.GraphModule:

@@ -114,6 +114,27 @@ def _kernel_for(kernels: list, m: match.Match, dtype, device_type):
     return None
 
 
+def _live(env: dict, src: fx.Node):
+    """What the rewritten graph holds for the original node ``src``. A match reads its inputs
+    through casts and aliases (match.transparent): its input can be a node inside a site placed
+    before it (Falcon's LM head reads the final layer norm through an alias: the layer norm's
+    site replaced the alias and removed the node behind it). Then the site's result stands for
+    it, when it is the same value (the aliases in between keep shape and dtype)."""
+    node = env.get(src, src)
+    at = src
+    while isinstance(node, fx.Node) and getattr(node, "_erased", False):
+        nxt = [u for u in at.users if match.transparent(u)]
+        if len(nxt) != 1:
+            break
+        at = nxt[0]
+        node = env.get(at, at)
+        want, got = src.meta.get("val"), getattr(node, "meta", {}).get("val")
+        if not (isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor)
+                and want.shape == got.shape and want.dtype == got.dtype):
+            break
+    return node
+
+
 def _rewrite_one(g: fx.Graph, env: dict, m: match.Match, k: rt.Kernel, mode) -> tuple[bool, str]:
     """Replace the copy of match ``m`` in ``g`` (``env``: original node -> copy) by a site."""
     fam = families.get(m.family, m.fit.spec or None)
@@ -127,7 +148,9 @@ def _rewrite_one(g: fx.Graph, env: dict, m: match.Match, k: rt.Kernel, mode) -> 
                 metas.append(None)
                 continue
             src = m.node(ref.name)
-            node = env.get(src, src) if isinstance(src, fx.Node) else src
+            node = _live(env, src) if isinstance(src, fx.Node) else src
+            if isinstance(node, fx.Node) and getattr(node, "_erased", False):
+                return False, f"the argument {name} went with a site placed before this one"
             for v in ref.views:
                 target, vargs = _VIEW_ATEN[v[0]](node, *v[1:])
                 node = _emit(g, target, vargs, mode)
@@ -144,7 +167,7 @@ def _rewrite_one(g: fx.Graph, env: dict, m: match.Match, k: rt.Kernel, mode) -> 
                 other = rest[0]
                 if isinstance(other, Ref):
                     src = m.node(other.name)
-                    other = env.get(src, src)
+                    other = _live(env, src)
                 y = _emit(g, aten.add.Tensor, (y, other), mode)
             else:
                 target, vargs = _VIEW_ATEN[name](y, *rest)

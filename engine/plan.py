@@ -14,7 +14,7 @@ the compiled model.
 The next target is the one with the most end-to-end time still to win: f x (1 - speed of light /
 current), where current is the faster of the baseline and the best kernel. A target rests after
 ``patience`` experiments in a row without improvement, or when it is within 10% of its speed of
-light; when every target rests, they all come back for another round.
+light and beats its baseline; when every target rests, they all come back for another round.
 """
 from __future__ import annotations
 
@@ -88,8 +88,12 @@ def current_latency(t: dict) -> float | None:
 
 
 def near_sol(t: dict) -> bool:
+    """The target's best is within 10% of its speed of light and beats its baseline. A kernel
+    near the roofline that torch.compile still beats keeps its target open: on the H200,
+    KernelBench's MinGPT GELU region stopped after its starter at 94% of the speed of light,
+    0.983x compile's 96%, with two thirds of its budget left."""
     best, sol = t.get("best_latency_us"), t.get("sol_latency_us")
-    return bool(best and sol and best <= sol * NEAR_SOL)
+    return bool(best and sol and best <= sol * NEAR_SOL and beats_baseline(t)[0])
 
 
 def gain_left(t: dict) -> float | None:
@@ -104,7 +108,7 @@ def choose_next(targets: list[dict], patience: int) -> tuple[dict | None, str, b
     """(target, why, new_round). new_round=True means every target rested: reset their streaks."""
     open_ = [t for t in targets if t["state"] != "done" and not near_sol(t)]
     if not open_:
-        return None, "every target is within 10% of its speed of light", False
+        return None, "every target is within 10% of its speed of light and beats its baseline", False
     fresh = [t for t in open_ if t["no_improve"] < patience]
     new_round = not fresh
     pool = fresh or open_

@@ -503,6 +503,16 @@ def test_planner_rests_targets_and_comes_back():
                best_latency_us=40, ref_latency_us=40, sol_latency_us=10)]
     t, _, _ = plan.choose_next(ts, patience=5)
     assert t["family"] == "b"
+    # near its speed of light but slower than torch.compile of its op: still open, and alone
+    # it is the one chosen (the budget is there to close the gap)
+    a = dict(family="a", fraction=1.0, state="active", experiments=1, no_improve=0,
+             best_latency_us=136.4, best_noise=0.01, ref_latency_us=1148.1, ref_noise=0.01,
+             compile_latency_us=134.0, compile_noise=0.01, sol_latency_us=128.5)
+    t, _, _ = plan.choose_next([a], patience=5)
+    assert t is a
+    a["best_latency_us"] = 130.0                       # beats compile: it rests
+    t, why, _ = plan.choose_next([a], patience=5)
+    assert t is None and "speed of light" in why
 
 
 def test_search_does_not_repeat_a_one_parameter_move_that_lost():

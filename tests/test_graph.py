@@ -1062,3 +1062,51 @@ def test_transformers_rotary_in_other_layouts_and_widths_is_matched(arch, want):
         _, ms = found(model, torch.randint(0, 128, (2, 16)))
     rot = [(spec, why) for f, spec, why in families(ms) if f == "rotary"]
     assert rot == [(want, False), (want, False)], families(ms)      # q and k, placeable
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                    reason="transformers is not installed (requirements-dev.txt)")
+def test_falcon_attention_with_an_empty_cache_and_an_in_place_scale_is_matched_placed_and_agrees():
+    # Falcon's eager attention concatenates its key and value to an empty cache on the first
+    # call and scales the scores with div_: the capture sees cat([empty, k]) and an in-place
+    # div, which the graph reads as k and a div
+    import transformers
+    cfg = transformers.FalconConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                    vocab_size=64, new_decoder_architecture=True, num_kv_heads=2)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.FalconForCausalLM(cfg).eval()
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        cap, ms = found(model, ids)
+    att = [m for g in ms.values() for m in g if m.family == "attention"]
+    assert len(att) == 1 and att[0].placeable, families(ms)
+    pl, _ = place_starters(cap, ms)
+    assert [s["family"] for s in pl.sites].count("attention") == 1, pl.skipped
+    opt = place.optimized(cap, pl)
+    with torch.no_grad():
+        ref, out = model(ids).logits, opt(ids).logits
+    assert opt.calls["guard_miss"] == 0
+    err, where = integrate.compare(integrate.flatten(out), integrate.flatten(ref))
+    assert err <= 1e-4, where
+
+
+def test_an_in_place_op_on_a_view_or_an_input_stays_in_place():
+    # writing into a view writes into the tensor it views; into an input, into the caller's:
+    # neither is rewritten to its functional form, and the captured graph computes what the
+    # model does
+    def fwd(s, x):
+        y = x * 2.0
+        y[:, 0].mul_(3.0)            # through a view: y changes
+        x.add_(1.0)                  # the caller's tensor
+        return y + x
+    cap = capture.capture(Fn(fwd), (torch.randn(3, 4),))
+    assert cap.ok, cap.note
+    g = cap.graphs[0]
+    ops = [n.target._opname for n in g.gm.graph.nodes if isinstance(n.target, torch._ops.OpOverload)]
+    assert "mul_" in ops or "copy_" in ops, ops
+    x = torch.randn(3, 4)
+    want = fwd(None, x.clone())
+    got = g.gm(x.clone())
+    got = got[0] if isinstance(got, (tuple, list)) else got
+    torch.testing.assert_close(got, want)
