@@ -30,6 +30,11 @@ own computation (``by_hand_masked``: NaN for a row of -inf, uniform weights for 
 for a hand-written one. Causal and a runtime mask never come together (SDPA takes one; the
 spellings have one mask op): those family shapes end in causal 0.
 
+Soft cap (spec "softcap": c, on a hand-written match; Gemma 2's attn_logit_softcapping): the
+scaled scores become c * tanh(s / c) before the mask and the softmax. The reference and the
+baseline are the model's own computation (``by_hand_capped``; SDPA has no cap); the kernels cap
+each block's scores in registers (``_cap_src``), in base 2 with exp2 (the cap times log2(e)).
+
 Numerics (flash attention): per program a tile of BLOCK_M queries, an online softmax over key
 blocks of BLOCK_N (running max m, sum l rescaled by exp(m_old - m_new); rows that have seen only
 masked keys subtract 0, not -inf, so no NaN), scores and accumulators in fp32; p is rounded to
@@ -106,6 +111,22 @@ def by_hand(q, k, v, causal, scale):
 def _hide_causal(sq: int, sk: int, device):
     """The keys a causal mask hides: bool [Sq, Sk], True above the diagonal."""
     return torch.ones(sq, sk, dtype=torch.bool, device=device).triu(1)
+
+
+def _capped(cap):
+    """The scores' logit soft cap as Gemma 2 writes it, cap * tanh(s / cap) (spec "softcap";
+    None: the scores as they are)."""
+    if cap is None:
+        return lambda s: s
+    return lambda s: torch.tanh(s / cap) * cap
+
+
+def by_hand_capped(cap: float):
+    """``by_hand`` with the scores soft-capped before the mask and the softmax: the reference
+    and the baseline of a capped match (SDPA has no cap)."""
+    def fn(q, k, v, causal, scale):
+        return _written_out(q, k, v, causal, scale, _capped(cap))
+    return fn
 
 
 def _written_out(q, k, v, causal, scale, on_scores=None):
@@ -185,14 +206,15 @@ def make_inputs(shape, dtype, device, gen, kind="normal"):
             "causal": causal, "scale": 1.0 / math.sqrt(d)}
 
 
-def error_bound(q, k, v, causal, scale):
+def error_bound(q, k, v, causal, scale, cap=None):
     """(P * (1 + A)) @ |v|: P the attention weights, A = |scale| |q| @ |k|^T the scores' own
-    magnitude (a score's rounding error is ~u*A, which moves its weight by that factor)."""
+    magnitude (a score's rounding error is ~u*A, which moves its weight by that factor). A soft
+    cap (``cap``) changes P; it moves no score's error up (tanh's slope is at most 1)."""
     rep = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(rep, dim=1)
     v = v.repeat_interleave(rep, dim=1)
     sc = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    scores = (q @ k.transpose(-1, -2)) * sc
+    scores = _capped(cap)((q @ k.transpose(-1, -2)) * sc)
     a = (q.abs() @ k.abs().transpose(-1, -2)) * abs(sc)
     if causal:
         lq, lk = q.shape[-2], k.shape[-2]
@@ -390,7 +412,21 @@ s = tl.where(mk != 0, s, fill)                                     # True keeps 
 s = tl.where(mk != 0, fill, s)                                     # True hides the key'''
 
 
-def _step(p, masked: bool, tma: bool = False, mask=None) -> str:
+def _cap_src(c: float) -> str:
+    """The soft cap on one block's scaled scores: c * tanh(s / c), c in the scores' units (base
+    2 with exp2: the cap times log2(e), as the scores). tanh near 0 by its series (1 - 2 / (e^2z
+    + 1) loses z's digits there; the series to z^9 is off by < 4e-9 for |z| < 1/4), the exact
+    limits beyond."""
+    return f'''
+z = s * {1.0 / c!r}                                       # s / cap
+z2 = z * z
+t_small = z * (1.0 + z2 * (-0.3333333333333333 + z2 * (0.13333333333333333
+              + z2 * (-0.05396825396825397 + z2 * 0.021869488536155203))))
+t_big = 1.0 - 2.0 / (tl.exp(2.0 * z) + 1.0)
+s = {c!r} * tl.where(tl.abs(z) < 0.25, t_small, t_big)   # soft cap: cap * tanh(s / cap)'''
+
+
+def _step(p, masked: bool, tma: bool = False, mask=None, cap=None) -> str:
     """One key block at start_n: scores, (runtime mask), (causal and tail mask), online-softmax
     update, p @ v. With ``tma`` the K and V tiles come through descriptors (zeros past Sk and D:
     the key mask still applies). A runtime ``mask`` applies to every block, masked or not."""
@@ -420,6 +456,8 @@ if IEEE:                           # {note}
 else:
     s = tl.dot(qd, kt, s)
 s = s * qk_scale''']
+    if cap is not None:
+        lines.append(_cap_src(cap * (1.4426950408889634 if e2 else 1.0)))
     if mask:
         lines.append(_mask_src(p, mask))
     if masked:
@@ -448,7 +486,7 @@ m_i = m_new''')
     return "\n".join(x.strip("\n") for x in lines)
 
 
-def _kernel(p, tma: bool = False, mask=None) -> str:
+def _kernel(p, tma: bool = False, mask=None, cap=None) -> str:
     """The kernel's source: ``_attn_fwd`` (pointer loads, any strides) or, with ``tma``,
     ``_attn_fwd_tma`` (q, k, v tiles and the o store through 4-D tensor descriptors); with a
     runtime ``mask`` ({"kind", "safe"}) both read it through pointers in every key block."""
@@ -463,7 +501,7 @@ def _kernel(p, tma: bool = False, mask=None) -> str:
     else:
         bounds = ("hi = SK\nif CAUSAL:\n"
                   "    hi = tl.minimum(SK, (pid_m + 1) * BLOCK_M)               # skip blocks above the diagonal")
-    step_masked = _step(p, True, tma, mask)
+    step_masked = _step(p, True, tma, mask, cap)
     if cb == "split":
         # blocks [0, n_full * BLOCK_N) are entirely visible to every row of the tile
         loops = f'''
@@ -471,7 +509,7 @@ n_full = SK // BLOCK_N
 if CAUSAL:
     n_full = tl.minimum(n_full, (pid_m * BLOCK_M + 1) // BLOCK_N)
 for start_n in range(0, n_full * BLOCK_N, BLOCK_N):                 # no mask needed
-{C.indent(_step(p, False, tma, mask), 4)}
+{C.indent(_step(p, False, tma, mask, cap), 4)}
 for start_n in range(n_full * BLOCK_N, hi, BLOCK_N):                # diagonal / tail blocks
 {C.indent(step_masked, 4)}'''
     else:
@@ -656,7 +694,7 @@ def kernel_fn({sig}):
 '''
 
 
-def render(params, mask=None) -> str:
+def render(params, mask=None, cap=None) -> str:
     """Complete candidate source for one point of SPACE (missing params take DEFAULT values);
     ``mask`` ({"kind": "bias" | "keep" | "hide", "fill": None or a number, "safe": bool}, from
     the contract's spec) gives kernel_fn its runtime mask argument."""
@@ -687,9 +725,11 @@ NUM_STAGES = {p["num_stages"]}        # software-pipelining depth of the key loo
     if mask:
         doc = doc.replace("o = softmax(scale * q k^T) v.",
                           "o = softmax(scale * q k^T + mask) v.", 1)
-    parts = [doc, _HELPERS_SRC, "\n", _kernel(p, mask=mask)]
+    if cap is not None:
+        doc = doc.replace("q k^T", f"{cap:g} * tanh(q k^T * scale / {cap:g})", 1)
+    parts = [doc, _HELPERS_SRC, "\n", _kernel(p, mask=mask, cap=cap)]
     if p["loads"] == "tma":      # tiles through tensor descriptors where the GPU has TMA
-        parts += ["\n", C.TMA_HELPERS_SRC, _ROWS_OK_SRC, "\n", _kernel(p, tma=True, mask=mask)]
+        parts += ["\n", C.TMA_HELPERS_SRC, _ROWS_OK_SRC, "\n", _kernel(p, tma=True, mask=mask, cap=cap)]
     return C.tidy("\n".join(parts + [_launcher(p, mask)]))
 
 
@@ -783,24 +823,25 @@ def _masked_scores(s, kind, fill, mask):
     return s.masked_fill(mask, fill)
 
 
-def by_hand_masked(kind: str, fill):
+def by_hand_masked(kind: str, fill, cap=None):
     """Attention with a runtime mask as a model writes it out: scores scaled, then the bias
     added or the hidden scores set to ``fill`` (-inf when None), softmax in at least fp32 (a
     row of -inf gives NaN, as the model's softmax does), cast back, @ v. The reference and the
     baseline of a hand-written match with a runtime mask."""
     def fn(q, k, v, causal, scale, mask):
-        return _written_out(q, k, v, causal, scale, lambda s: _masked_scores(s, kind, fill, mask))
+        return _written_out(q, k, v, causal, scale,
+                            lambda s: _masked_scores(_capped(cap)(s), kind, fill, mask))
     return fn
 
 
-def masked_error_bound(kind: str, fill):
+def masked_error_bound(kind: str, fill, cap=None):
     """``error_bound`` with a mask: P the masked weights (0 on rows with none), A the scores'
     magnitude plus the bias's where it does not swallow the scores (s + b rounds at |s + b|)."""
     def bound(q, k, v, causal, scale, mask):
         rep = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         sc = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-        scores = (q @ k.transpose(-1, -2)) * sc
+        scores = _capped(cap)((q @ k.transpose(-1, -2)) * sc)
         a = (q.abs() @ k.abs().transpose(-1, -2)) * abs(sc)
         if kind == "bias":
             bm = mask.to(scores.dtype)
@@ -888,7 +929,8 @@ def _masked_family(spec: dict) -> Family:
             raise ValueError(f"a fill is a number <= {_VERY_NEGATIVE}, not {fill!r}")
         fill = float(fill)
     mask = {"kind": kind, "fill": fill, "safe": not by}
-    reference_fn = by_hand_masked(kind, fill) if by else sdpa_masked(kind)
+    cap = spec.get("softcap")
+    reference_fn = by_hand_masked(kind, fill, cap) if by else sdpa_masked(kind)
     extra = MASK_ADVERSARIAL[kind]
 
     def make(shape, dtype, device, gen, kind="normal"):
@@ -907,13 +949,13 @@ def _masked_family(spec: dict) -> Family:
         arg_names=ARG_NAMES + ("mask",), reference=reference_fn, make_inputs=make,
         cost=_masked_cost(dims, kind), bench_shapes=_no_causal(BENCH_SHAPES),
         sweep_shapes=_no_causal(SWEEP_SHAPES), edge_shapes=_no_causal(EDGE_SHAPES),
-        adversarial=ADVERSARIAL + extra, render=lambda params: render(params, mask=mask),
+        adversarial=ADVERSARIAL + extra, render=lambda params: render(params, mask=mask, cap=cap),
         description=f"Scaled dot-product attention with GQA and a runtime mask: {what}, shape "
                     f"{list(mask_shape(dims, 'B', 'H', 'Sq', 'Sk'))} broadcast to "
                     f"[B, H, Sq, Sk]; {rows}" + (f"; hidden scores take {fill}" if fill else "")
                     + " (flash style).",
         notes=dict(FAMILY.notes, mask=kind, mask_dims=dims, fill=fill, causal="never with a mask"),
-        error_bound=masked_error_bound(kind, fill),
+        error_bound=masked_error_bound(kind, fill, cap),
         op_schema="(Tensor q, Tensor k, Tensor v, bool causal, float scale, Tensor mask) -> Tensor",
         spec=dict(spec), baseline=None)
 
@@ -943,21 +985,26 @@ def _masked(s, kind, mask, fill):
     return s
 
 
-def _by_hand(scale_kind, mask_kind):
-    def fn(q, kt, v, mask, scale, div, fill):
-        p = torch.softmax(_masked(_scores(q, kt, scale_kind, scale, div), mask_kind, mask, fill), -1)
+def _by_hand(scale_kind, mask_kind, capped=False):
+    def fn(q, kt, v, mask, scale, div, fill, cap_in, cap_out):
+        s = _scores(q, kt, scale_kind, scale, div)
+        if capped:                          # Gemma 2's logit soft cap: cap * tanh(s / cap)
+            s = torch.tanh(s / cap_in) * cap_out
+        p = torch.softmax(_masked(s, mask_kind, mask, fill), -1)
         return p @ v
     mask = {"masked_fill": T((8, 8), "bool"), "where": T((8, 8), "bool"), "add": T((8, 8))}.get(mask_kind)
     args = (("q", T((2, 4, 8, 16))), ("kt", T((2, 4, 16, 8))), ("v", T((2, 4, 8, 16))),
             ("mask", mask), ("scale", Scalar("scale") if scale_kind in ("mul", "qmul") else None),
             ("div", Scalar("div") if scale_kind == "div" else None),
-            ("fill", Scalar("fill") if mask_kind in ("masked_fill", "where") else None))
-    return Spelling(f"{scale_kind}_{mask_kind}", fn, args)
+            ("fill", Scalar("fill") if mask_kind in ("masked_fill", "where") else None),
+            ("cap_in", Scalar("cap_in") if capped else None),
+            ("cap_out", Scalar("cap_out") if capped else None))
+    return Spelling(f"{scale_kind}_{mask_kind}" + ("+cap" if capped else ""), fn, args)
 
 
 _SCALES = ("none", "mul", "div", "qmul")
 _MASKS = ("none", "masked_fill", "where", "add")
-SPELLINGS = tuple(_by_hand(a, b) for a in _SCALES for b in _MASKS) + (
+SPELLINGS = tuple(_by_hand(a, b, c) for c in (False, True) for a in _SCALES for b in _MASKS) + (
     # F.scaled_dot_product_attention: mask, dropout, causal flag, scale and GQA captured as given
     Spelling("sdpa", lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
              (("q", T((2, 4, 8, 16))), ("k", T((2, 4, 8, 16))), ("v", T((2, 4, 8, 16)))),
@@ -1053,6 +1100,7 @@ def from_match(m):
     the heads looked through), no mask or a causal one, a constant scale."""
     name = m.pattern.split("/")[1]
     sdpa = name == "sdpa"
+    capped = name.endswith("+cap")          # Gemma 2's logit soft cap (spec "softcap")
     q = m.meta("q")
     if q is None or not q["dtype"].is_floating_point:
         return None
@@ -1113,8 +1161,9 @@ def from_match(m):
             raise NoFit("the scale is not a number known when the graph is captured")
     else:
         causal = False
-        kind = name.split("_", 1)[1]
-        sk_name = name.split("_", 1)[0]
+        base = name.split("+")[0]
+        kind = base.split("_", 1)[1]
+        sk_name = base.split("_", 1)[0]
         if sk_name in ("mul", "qmul"):
             scale = m.scalar("scale")
         elif sk_name == "div":
@@ -1147,6 +1196,12 @@ def from_match(m):
             "causal": Ref.lit(bool(causal)), "scale": Ref.lit(float(scale))}
     # a hand-written match is timed against the model's own way of computing it (by_hand)
     spec = {} if sdpa else {"written": "by_hand"}
+    if not sdpa and capped:
+        cap_in, cap_out = m.scalar("cap_in"), m.scalar("cap_out")
+        if cap_in is None or cap_in != cap_out or not cap_in > 0:
+            raise NoFit(f"a soft cap tanh(s / {cap_in}) * {cap_out}: the contract takes one "
+                        f"positive cap known when the graph is captured")
+        spec["softcap"] = float(cap_in)
     if runtime is not None:
         spec.update(runtime[0])
         args["mask"] = runtime[1]
@@ -1159,14 +1214,26 @@ def configure(spec: dict):
     ``reference`` as ever, whose baselines time ``by_hand`` (the computation the model wrote).
     "mask" (with "mask_dims", and "fill" for a bool mask written by hand) adds the runtime mask
     argument (see "runtime masks" above)."""
-    unknown = set(spec) - {"written", "mask", "mask_dims", "fill"}
+    unknown = set(spec) - {"written", "mask", "mask_dims", "fill", "softcap"}
     if unknown or spec.get("written", "by_hand") != "by_hand":
-        raise ValueError(f"attention takes the spec keys written ('by_hand'), mask, mask_dims "
-                         f"and fill, not {spec!r}")
+        raise ValueError(f"attention takes the spec keys written ('by_hand'), mask, mask_dims, "
+                         f"fill and softcap, not {spec!r}")
+    cap = spec.get("softcap")
+    if cap is not None:
+        if spec.get("written") != "by_hand" or isinstance(cap, bool) or not isinstance(cap, (int, float)) \
+                or not cap > 0:
+            raise ValueError(f"softcap is a positive number, on an attention written by hand: {spec!r}")
     if "mask" in spec:
         return _masked_family(spec)
     if "mask_dims" in spec or "fill" in spec:
         raise ValueError(f"mask_dims and fill come with a mask: {spec!r}")
+    if cap is not None:
+        capped = by_hand_capped(float(cap))
+        return dataclasses.replace(
+            FAMILY, spec=dict(spec), reference=capped, baseline=capped,
+            error_bound=lambda q, k, v, causal, scale: error_bound(q, k, v, causal, scale, float(cap)),
+            render=lambda params: render(params, cap=float(cap)),
+            description=FAMILY.description + f" Scores soft-capped: {cap:g} * tanh(s / {cap:g}).")
     return dataclasses.replace(FAMILY, spec=dict(spec), baseline=by_hand)
 
 

@@ -395,3 +395,87 @@ def test_t5_relative_position_bias_is_a_runtime_bias_matched_placed_and_agrees()
     torch.manual_seed(0)
     specs = padded_specs_placed_agree(transformers.T5EncoderModel(cfg), 9, 9)
     assert [s.get("mask") for s in specs] == ["bias"]
+
+
+# ---- a soft-capped attention (Gemma 2: cap * tanh(scores / cap) before the mask) -------------
+
+CAPPED = {"written": "by_hand", "softcap": 5.0}                     # a low cap: most scores bend
+CAPPED_BIAS = {"written": "by_hand", "mask": "bias", "mask_dims": "b11k", "softcap": 5.0}
+
+
+def _gemma2(self, q, k, v, bias):
+    w = (q @ k.transpose(2, 3)) * 0.25
+    w = w / 50.0                                   # Gemma 2's attn_logit_softcapping, written out
+    w = torch.tanh(w)
+    w = w * 50.0
+    w = w + bias
+    return torch.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype) @ v
+
+
+def test_a_soft_capped_attention_is_matched_with_its_cap_and_a_wrong_cap_is_not():
+    q, k, v = (torch.randn(2, 4, 8, 16, generator=gen(i)) for i in range(3))
+    causal = torch.full((8, 8), float("-inf")).triu(1)
+    _, ms = found(Fn(lambda s, q, k, v: _gemma2(s, q, k, v, causal)), q, k, v)
+    assert families(ms) == [("attention", {"written": "by_hand", "softcap": 50.0}, False)]
+    pad = torch.zeros(2, 1, 1, 8)
+    pad[1, ..., 6:] = float("-inf")
+    _, ms = found(Fn(_gemma2), q, k, v, pad)
+    assert families(ms) == [("attention", {"written": "by_hand", "softcap": 50.0, "mask": "bias",
+                                           "mask_dims": "b11k"}, False)]
+
+    def two_caps(s, q, k, v):                     # tanh(s / 50) * 30 is no soft cap of one number
+        return torch.softmax(torch.tanh((q @ k.transpose(2, 3)) / 50.0) * 30.0, -1) @ v
+    _, ms = found(Fn(two_caps), q, k, v)
+    att = [m for g in ms.values() for m in g if m.family == "attention"]
+    assert not att or not att[0].placeable
+
+
+@pytest.mark.parametrize("spec", [CAPPED, CAPPED_BIAS], ids=["causal", "padding_bias"])
+def test_soft_capped_kernels_agree_and_pass_the_five_stages(spec, cand_dir):
+    fam = kernels.get("attention", spec)
+    assert fam.reference is not attention.reference           # SDPA has no cap: the model's own
+    shape = [2, 4, 24, 16, 2, 0 if "mask" in spec else 1]
+    for params in POINTS:
+        src = fam.render(params)
+        assert "soft cap" in src
+        fn = load_candidate(src, cand_dir)
+        for dt in DTYPES:
+            inp = fam.make_inputs(shape, dt, DEVICE, gen(7))
+            assert tol_ratio(fam, fn(**inp), inp) <= 1.0, (params, dt)
+        # the uncapped kernel is wrong here: the cap is part of the contract
+        plain = kernels.get("attention", {k: v for k, v in spec.items() if k != "softcap"})
+        inp = fam.make_inputs(shape, torch.float32, DEVICE, gen(8))
+        assert tol_ratio(fam, load_candidate(plain.render(params), cand_dir)(**inp), inp) > 1.0
+    fn = load_candidate(fam.starter(), cand_dir)
+    verify.install_launch_counter()
+    v = verify.Verifier(fam, {"dtype": "float32", "shapes": [{"shape": shape, "count": 1}], "seed": 5},
+                        DEVICE, interpret=DEVICE == "cpu")
+    for stage in verify.STAGES:
+        r = v.run_stage(fn, stage)
+        assert r.status == "passed", (stage, r.detail)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                    reason="transformers is not installed")
+def test_gemma2_soft_capped_attention_is_matched_placed_and_agrees():
+    import transformers
+    cfg = transformers.Gemma2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                    vocab_size=64, max_position_embeddings=64)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.Gemma2ForCausalLM(cfg).eval()
+    ids = torch.randint(0, 64, (2, 12), generator=gen(9))
+    with torch.no_grad():
+        cap, ms = found(model, ids)
+    att = [m for g in ms.values() for m in g if m.family == "attention"]
+    assert len(att) == 1 and att[0].placeable, families(ms)
+    assert att[0].fit.spec["softcap"] == cfg.attn_logit_softcapping
+    pl, _ = place_starters(cap, ms)
+    assert [s["family"] for s in pl.sites].count("attention") == 1, pl.skipped
+    opt = place.optimized(cap, pl)
+    with torch.no_grad():
+        ref, out = model(ids).logits, opt(ids).logits
+    assert opt.calls["guard_miss"] == 0
+    err, where = integrate.compare(integrate.flatten(out), integrate.flatten(ref))
+    assert err <= 1e-4, where

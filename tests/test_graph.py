@@ -143,7 +143,7 @@ def test_every_opener_and_starting_point_is_a_point_of_its_space():
         check(kernels.get("region", r.spec), r.shape, "float32")
 
 
-_SCALARS = {"eps": 1e-5, "scale": 0.125, "div": 4.0, "fill": float("-inf")}
+_SCALARS = {"eps": 1e-5, "scale": 0.125, "div": 4.0, "fill": float("-inf"), "cap_in": 30.0, "cap_out": 30.0}
 
 
 def _spelling_cases():
