@@ -90,6 +90,7 @@ def _clean(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             g.erase_node(n)
     _functional(g)
     _drop_empty_cats(g)
+    _fold_biases(g)
     # export's own input guards (a module run under a dynamo context manager on every call, ~10
     # us of host time): what runs this graph checks the call's signature and each placed site
     # its tensors, and anything else runs the original model
@@ -157,6 +158,59 @@ def _drop_empty_cats(g: torch.fx.Graph) -> None:
             continue
         n.replace_all_uses_with(src)
         g.erase_node(n)
+
+
+_SOFTMAX = {"softmax", "_softmax"}
+
+
+def _ancestors(n, stop: int = 400) -> set:
+    seen, todo = set(), [n]
+    while todo and len(seen) < stop:
+        x = todo.pop()
+        for a in x.all_input_nodes:
+            if a not in seen:
+                seen.add(a)
+                todo.append(a)
+    return seen
+
+
+def _fold_biases(g: torch.fx.Graph) -> None:
+    """``softmax((s + b1) + b2)`` with two biases of the scores' dtype that do not depend on the
+    scores (T5's relative-position bias and its mask, added one after the other) reads as
+    ``softmax(s + (b1 + b2))``: one bias, the spelling attention's runtime mask is written in.
+    The biases' sum is what the second add would have read anyway; in the scores' own dtype the
+    result differs by the rounding of one add."""
+    for outer in list(g.nodes):
+        if not (outer.op == "call_function" and getattr(outer.target, "_opname", None) == "add"
+                and len(outer.args) == 2 and not outer.kwargs.get("alpha", 1) != 1
+                and any(getattr(u.target, "_opname", None) in _SOFTMAX for u in outer.users)):
+            continue
+        inner, b2 = outer.args
+        if not (isinstance(inner, torch.fx.Node) and isinstance(b2, torch.fx.Node)
+                and inner.op == "call_function" and getattr(inner.target, "_opname", None) == "add"
+                and len(inner.args) == 2 and len(inner.users) == 1 and inner.kwargs.get("alpha", 1) == 1):
+            continue
+        x, b1 = inner.args
+        if not (isinstance(x, torch.fx.Node) and isinstance(b1, torch.fx.Node)):
+            continue
+        vx, v1, v2 = val(x), val(b1), val(b2)
+        if not all(isinstance(v, torch.Tensor) for v in (vx, v1, v2)):
+            continue
+        if not (vx.dtype == v1.dtype == v2.dtype and vx.is_floating_point()):
+            continue
+        if vx.shape != val(outer).shape:
+            continue                           # the biases would widen the scores
+        if x in _ancestors(b1) or x in _ancestors(b2) or x is b1 or x is b2:
+            continue                           # a bias computed from the scores
+        with g.inserting_before(outer):
+            both = g.call_function(torch.ops.aten.add.Tensor, (b1, b2))
+        try:
+            both.meta["val"] = v1 + v2
+        except Exception:
+            g.erase_node(both)
+            continue
+        outer.args = (x, both)
+        g.erase_node(inner)
 
 
 def export_graph(fn: nn.Module, args: tuple, kwargs: dict | None = None) -> torch.fx.GraphModule:

@@ -1013,6 +1013,11 @@ SPELLINGS = tuple(_by_hand(a, b, c) for c in (False, True) for a in _SCALES for 
 _VERY_NEGATIVE = -1e4       # a fill or bias at or below this gives exp(...) == 0 in fp32 and bf16
 
 
+class _NoHideMask(NoFit):
+    """A constant mask that is no plain hide-or-keep mask: a float bias (T5's relative-position
+    bias, folded from the model's weights) or one that differs by batch or head."""
+
+
 def _hidden(m, kind, sq, sk):
     """The positions a constant mask hides, as a bool [Sq, Sk] the same for every (batch, head);
     None when it cannot be read as one (a masked_fill mask that is not bool, one that does not
@@ -1034,14 +1039,14 @@ def _hidden(m, kind, sq, sk):
     else:                                                              # an additive bias
         very = mask <= _VERY_NEGATIVE
         if not bool(((mask == 0) | very).all()):
-            raise NoFit("a float attention bias other than 0 / -inf: the contract has no bias")
+            raise _NoHideMask("a float attention bias other than 0 / -inf")
         hide = very
     try:
         hide = hide.expand(*hide.shape[:-2], sq, sk).reshape(-1, sq, sk)
     except RuntimeError:
         return None
     if not bool((hide == hide[:1]).all()):
-        raise NoFit("the mask differs between batches or heads: the contract has one mask")
+        raise _NoHideMask("the mask differs between batches or heads")
     return hide[0]
 
 
@@ -1181,9 +1186,21 @@ def from_match(m):
         if runtime is None:
             return None
     elif kind != "none":
-        hide = _hidden(m, kind, sq, sk)
+        try:
+            hide = _hidden(m, kind, sq, sk)
+        except _NoHideMask:
+            hide = "runtime"
         if hide is None:
             return None
+        if isinstance(hide, str):
+            # a constant bias, or a mask per batch or head: the kernel reads it as it reads a
+            # runtime mask (the node is a tensor of the graph, folded or not)
+            if causal:
+                raise NoFit("a causal flag and a mask together: the contract takes one")
+            runtime = _runtime_mask(m, kind, sdpa, (b, h, sq, sk), rank, q["dtype"])
+            if runtime is None:
+                return None
+            hide = torch.zeros(sq, sk, dtype=torch.bool)
         future = torch.ones(sq, sk, dtype=torch.bool).triu(1)
         if torch.equal(hide, future):
             causal = True

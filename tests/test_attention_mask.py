@@ -479,3 +479,54 @@ def test_gemma2_soft_capped_attention_is_matched_placed_and_agrees():
     assert opt.calls["guard_miss"] == 0
     err, where = integrate.compare(integrate.flatten(out), integrate.flatten(ref))
     assert err <= 1e-4, where
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                    reason="transformers is not installed")
+def test_t5_without_a_mask_two_biases_read_as_one_and_a_constant_bias_is_read_at_run_time():
+    # with no attention_mask, transformers 5.x adds T5's relative-position bias and then its
+    # (empty) mask to the scores, one after the other; both are constants of the model (the
+    # bias comes from its weights): the capture adds the biases first, and the kernel reads
+    # the sum as it reads a runtime bias
+    import transformers
+    cfg = transformers.T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=1,
+                                num_heads=4, relative_attention_num_buckets=8)
+    torch.manual_seed(0)
+    model = Hidden(transformers.T5EncoderModel(cfg).eval()).eval()
+
+    class NoMask(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, ids):
+            return self.m.m(input_ids=ids).last_hidden_state
+    model = NoMask(model).eval()
+    ids = torch.randint(0, 64, (2, 12), generator=gen(10))
+    with torch.no_grad():
+        cap, ms = found(model, ids)
+    att = [m for g in ms.values() for m in g if m.family == "attention"]
+    assert len(att) == 1 and att[0].placeable, families(ms)
+    assert att[0].fit.spec["mask"] == "bias"
+    pl, _ = place_starters(cap, ms)
+    assert [s["family"] for s in pl.sites].count("attention") == 1, pl.skipped
+    opt = place.optimized(cap, pl)
+    with torch.no_grad():
+        ref, out = model(ids), opt(ids)
+    assert opt.calls["guard_miss"] == 0
+    err, where = integrate.compare(integrate.flatten(out), integrate.flatten(ref))
+    assert err <= 1e-4, where
+
+    # a bias a model keeps as a buffer (ALiBi-like slopes times distances), added by hand
+    class BufferBias(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            pos = torch.arange(8.0)
+            self.register_buffer("bias", -(pos[None, :] - pos[:, None]).abs()[None, None]
+                                 * torch.tensor([0.5, 0.25, 0.125, 0.0625])[None, :, None, None])
+
+        def forward(self, q, k, v):
+            return torch.softmax(q @ k.transpose(-2, -1) * 0.25 + self.bias, -1) @ v
+    _, ms = found(BufferBias(), *(torch.randn(2, 4, 8, 16, generator=gen(i)) for i in range(3)))
+    assert families(ms) == [("attention", {"written": "by_hand", "mask": "bias", "mask_dims": "1hqk"},
+                             False)]
