@@ -723,6 +723,20 @@ def test_nothing_is_cut(app, browser):
 
 
 # ---- the view in the URL ------------------------------------------------------------------------
+def _wait_value(page, box, prefix: str, timeout_s: float = 20.0) -> str:
+    """Wait (polling every 50 ms) until a selectbox shows an option starting with ``prefix``:
+    a page opened from an address renders its widgets before the run that applies the address
+    to them has ended, on a busy machine for a second or two."""
+    deadline = time.monotonic() + timeout_s
+    value = ""
+    while time.monotonic() < deadline:
+        value = box.input_value()
+        if value.startswith(prefix):
+            return value
+        page.wait_for_timeout(50)
+    pytest.fail(f"the selectbox shows {value!r} after {timeout_s} s, expected {prefix!r}...")
+
+
 def _caption_run(page) -> str:
     text = page.locator("[data-testid='stCaptionContainer']").filter(
         has_text=re.compile(r"^Run \d{8}-")).first.inner_text(timeout=30_000)
@@ -755,14 +769,12 @@ def test_the_view_survives_a_reload_and_travels_in_a_link(app, browser):
     target = urllib.parse.parse_qs(urllib.parse.urlparse(page.url).query)["target"][0]
     page.reload()
     page.get_by_role("heading", name="Kernels", level=1).wait_for(timeout=30_000)
-    assert page.get_by_role("combobox", name="Target", exact=True).input_value() \
-        .startswith("rmsnorm · ")
+    _wait_value(page, page.get_by_role("combobox", name="Target", exact=True), "rmsnorm · ")
     link = page.url
     other = _page(browser)                       # another browser: a new session
     _open(other, link, "Kernels")
     assert _caption_run(other) == LLAMA[1]
-    assert other.get_by_role("combobox", name="Target", exact=True).input_value() \
-        .startswith("rmsnorm · ")
+    _wait_value(other, other.get_by_role("combobox", name="Target", exact=True), "rmsnorm · ")
     assert f"target={target}" in other.url
     other.context.close()
 
