@@ -896,6 +896,10 @@ def _conv_sweeps(spec) -> tuple[tuple, tuple]:
     for s in range(S):
         if cv["transposed"]:
             lo.append(1)
+        elif cv.get("pool"):
+            # torch's 3-D average pooling refuses an input smaller than its window, padding
+            # or not ("input image (T: 1 H: 1 W: 1) smaller than kernel size")
+            lo.append(cv["dilation"][s] * (w[2 + s] - 1) + 1)
         else:
             lo.append(max(1, cv["dilation"][s] * (w[2 + s] - 1) + 1 - 2 * cv["padding"][s]))
     # odd sizes grown along the last spatial dims first, outputs kept to a few hundred positions

@@ -17,7 +17,7 @@ import kernels
 from engine import integrate, place, verify
 from kernels import attention
 from tests.kernel_helpers import DEVICE, as_f64, gen, load_candidate
-from tests.test_graph import Fn, families, found, place_starters
+from tests.test_graph import Fn, families, found, one_attention_placed_and_agreeing, place_starters
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
@@ -384,16 +384,20 @@ def test_bert_with_a_padding_attention_mask_is_matched_placed_and_agrees(impl, w
     assert padded_specs_placed_agree(transformers.BertModel(cfg), 8, 7) == [want]
 
 
+def _t5_encoder():
+    import transformers
+    cfg = transformers.T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=1,
+                                num_heads=4, relative_attention_num_buckets=8)
+    return transformers.T5EncoderModel(cfg)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
                     reason="transformers is not installed")
 def test_t5_relative_position_bias_is_a_runtime_bias_matched_placed_and_agrees():
     # T5 adds a relative-position bias computed from the sequence length (and, padded, the
     # mask folded into it) to unscaled scores: a bias mask [B, H, S, S] read in every key block
-    import transformers
-    cfg = transformers.T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=1,
-                                num_heads=4, relative_attention_num_buckets=8)
     torch.manual_seed(0)
-    specs = padded_specs_placed_agree(transformers.T5EncoderModel(cfg), 9, 9)
+    specs = padded_specs_placed_agree(_t5_encoder(), 9, 9)
     assert [s.get("mask") for s in specs] == ["bias"]
 
 
@@ -466,19 +470,8 @@ def test_gemma2_soft_capped_attention_is_matched_placed_and_agrees():
     torch.manual_seed(0)
     model = transformers.Gemma2ForCausalLM(cfg).eval()
     ids = torch.randint(0, 64, (2, 12), generator=gen(9))
-    with torch.no_grad():
-        cap, ms = found(model, ids)
-    att = [m for g in ms.values() for m in g if m.family == "attention"]
-    assert len(att) == 1 and att[0].placeable, families(ms)
-    assert att[0].fit.spec["softcap"] == cfg.attn_logit_softcapping
-    pl, _ = place_starters(cap, ms)
-    assert [s["family"] for s in pl.sites].count("attention") == 1, pl.skipped
-    opt = place.optimized(cap, pl)
-    with torch.no_grad():
-        ref, out = model(ids).logits, opt(ids).logits
-    assert opt.calls["guard_miss"] == 0
-    err, where = integrate.compare(integrate.flatten(out), integrate.flatten(ref))
-    assert err <= 1e-4, where
+    (att,) = one_attention_placed_and_agreeing(model, ids, out=lambda o: o.logits)
+    assert att.fit.spec["softcap"] == cfg.attn_logit_softcapping
 
 
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
@@ -488,11 +481,8 @@ def test_t5_without_a_mask_two_biases_read_as_one_and_a_constant_bias_is_read_at
     # (empty) mask to the scores, one after the other; both are constants of the model (the
     # bias comes from its weights): the capture adds the biases first, and the kernel reads
     # the sum as it reads a runtime bias
-    import transformers
-    cfg = transformers.T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=1,
-                                num_heads=4, relative_attention_num_buckets=8)
     torch.manual_seed(0)
-    model = Hidden(transformers.T5EncoderModel(cfg).eval()).eval()
+    model = Hidden(_t5_encoder().eval()).eval()
 
     class NoMask(torch.nn.Module):
         def __init__(self, m):
@@ -503,19 +493,8 @@ def test_t5_without_a_mask_two_biases_read_as_one_and_a_constant_bias_is_read_at
             return self.m.m(input_ids=ids).last_hidden_state
     model = NoMask(model).eval()
     ids = torch.randint(0, 64, (2, 12), generator=gen(10))
-    with torch.no_grad():
-        cap, ms = found(model, ids)
-    att = [m for g in ms.values() for m in g if m.family == "attention"]
-    assert len(att) == 1 and att[0].placeable, families(ms)
-    assert att[0].fit.spec["mask"] == "bias"
-    pl, _ = place_starters(cap, ms)
-    assert [s["family"] for s in pl.sites].count("attention") == 1, pl.skipped
-    opt = place.optimized(cap, pl)
-    with torch.no_grad():
-        ref, out = model(ids), opt(ids)
-    assert opt.calls["guard_miss"] == 0
-    err, where = integrate.compare(integrate.flatten(out), integrate.flatten(ref))
-    assert err <= 1e-4, where
+    (att,) = one_attention_placed_and_agreeing(model, ids)
+    assert att.fit.spec["mask"] == "bias"
 
     # a bias a model keeps as a buffer (ALiBi-like slopes times distances), added by hand
     class BufferBias(torch.nn.Module):

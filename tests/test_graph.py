@@ -82,6 +82,25 @@ def place_starters(cap, ms):
     return place.place(cap, ks, ms), ks
 
 
+def one_attention_placed_and_agreeing(model, *inputs, out=lambda o: o) -> list:
+    """``model`` captured on ``inputs`` has one placeable attention match; with every match
+    served by its starter, the rewritten model agrees with the original (``out`` picks the
+    tensor compared from what the model returns). Returns the attention matches."""
+    with torch.no_grad():
+        cap, ms = found(model, *inputs)
+    att = [m for g in ms.values() for m in g if m.family == "attention"]
+    assert len(att) == 1 and att[0].placeable, families(ms)
+    pl, _ = place_starters(cap, ms)
+    assert [s["family"] for s in pl.sites].count("attention") == 1, pl.skipped
+    opt = place.optimized(cap, pl)
+    with torch.no_grad():
+        ref, got = out(model(*inputs)), out(opt(*inputs))
+    assert opt.calls["guard_miss"] == 0
+    err, where = integrate.compare(integrate.flatten(got), integrate.flatten(ref))
+    assert err <= 1e-4, where
+    return att
+
+
 # ---- the family contract: everything derives from kernels.all_families() ---------------------
 
 def test_every_family_declares_its_contract_patterns_and_op_schema():
@@ -1077,18 +1096,7 @@ def test_falcon_attention_with_an_empty_cache_and_an_in_place_scale_is_matched_p
     torch.manual_seed(0)
     model = transformers.FalconForCausalLM(cfg).eval()
     ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        cap, ms = found(model, ids)
-    att = [m for g in ms.values() for m in g if m.family == "attention"]
-    assert len(att) == 1 and att[0].placeable, families(ms)
-    pl, _ = place_starters(cap, ms)
-    assert [s["family"] for s in pl.sites].count("attention") == 1, pl.skipped
-    opt = place.optimized(cap, pl)
-    with torch.no_grad():
-        ref, out = model(ids).logits, opt(ids).logits
-    assert opt.calls["guard_miss"] == 0
-    err, where = integrate.compare(integrate.flatten(out), integrate.flatten(ref))
-    assert err <= 1e-4, where
+    one_attention_placed_and_agreeing(model, ids, out=lambda o: o.logits)
 
 
 def test_an_in_place_op_on_a_view_or_an_input_stays_in_place():

@@ -809,11 +809,16 @@ import torch, triton, kernels
 from triton.backends.compiler import GPUTarget
 from engine import capture, match, regions
 
-class M(torch.nn.Module):
+class Amax(torch.nn.Module):
     def forward(self, x):
         return torch.amax(x, dim=1)
 
-g = capture.capture(M().eval(), (torch.randn(4, 64, 63),)).graphs[0]
+# which region: (module, input, the kernel compiled, the stride args of the contiguous dim)
+CASES = {"reduce": (Amax(), torch.randn(4, 64, 63), "_region_looped", lambda a: a.startswith("s_") and a.endswith("_2")),
+         "pool": (torch.nn.AvgPool1d(8, 1, 4), torch.randn(2, 128, 1000), "_region_one_pass",
+                  lambda a: a in ("s_out_2", "cx_s2"))}
+model, x, kernel, unit = CASES[sys.argv[2]]
+g = capture.capture(model.eval(), (x,)).graphs[0]
 (r,) = regions.find(g, match.find(g)).regions
 fam = kernels.get("region", r.spec)
 for order in ("auto", "flat"):
@@ -821,13 +826,13 @@ for order in ("auto", "flat"):
     open(path, "w").write(fam.render(dict(fam.default, row_order=order)))
     spec = importlib.util.spec_from_file_location(f"k_{order}", path)
     mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
-    k = mod._region_looped
+    k = getattr(mod, kernel)
     names = k.arg_names
     sig = {a: "*fp32" if a.endswith("_ptr") else "fp32" if a == "n_red" else "i64" for a in names}
     const = {(names.index("ROWS"),): 64, (names.index("BLOCK"),): 128}
     sig["ROWS"] = sig["BLOCK"] = "constexpr"
-    for a in names:                  # the inner dim's stride 1, as Triton specializes it
-        if a.startswith("s_") and a.endswith("_2"):
+    for a in names:                  # the contiguous dim's stride 1, as Triton specializes it
+        if unit(a):
             sig[a] = "constexpr"; const[(names.index(a),)] = 1
     ck = triton.compile(triton.compiler.ASTSource(fn=k, signature=sig, constexprs=const),
                         target=GPUTarget("cuda", 90, 32))
@@ -836,22 +841,28 @@ for order in ("auto", "flat"):
 '''
 
 
+def _sm90_layouts(case: str) -> dict:
+    """{row order: the first blocked layout of the region's kernel compiled for sm_90}, or a
+    skip where this Triton cannot compile for it here."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = str(Path(__file__).resolve().parent.parent)
+    res = subprocess.run([sys.executable, "-c", _SM90_LAYOUT, root, case], capture_output=True,
+                         text=True, timeout=300)
+    if res.returncode != 0 and "GPUTarget" in res.stderr + res.stdout:
+        pytest.skip("this Triton cannot compile for sm_90 here")
+    assert res.returncode == 0, res.stderr[-2000:]
+    return dict(line.split(" ", 1) for line in res.stdout.splitlines() if line.startswith(("auto", "flat")))
+
+
 def test_a_reduction_keeping_the_inner_dim_reads_it_in_runs(tmp_path):
     """max over dim 1 of [B, R, I] (KernelBench 47-53): with row_order "auto" a program's rows
     are consecutive positions of the contiguous inner dim, and compiled for sm_90 (no GPU
     needed) Triton lays the tile's 32 lanes a warp along them; flat rows put the lanes along
     the reduced dim, I elements apart (on the H200: 24.7% of the copy rate, compile 96%).
     Both orders pass the five stages at odd sizes."""
-    import subprocess
-    import sys
-    from pathlib import Path
-    root = str(Path(__file__).resolve().parent.parent)
-    res = subprocess.run([sys.executable, "-c", _SM90_LAYOUT, root], capture_output=True,
-                         text=True, timeout=300)
-    if res.returncode != 0 and "GPUTarget" in res.stderr + res.stdout:
-        pytest.skip("this Triton cannot compile for sm_90 here")
-    assert res.returncode == 0, res.stderr[-2000:]
-    lay = dict(line.split(" ", 1) for line in res.stdout.splitlines() if line.startswith(("auto", "flat")))
+    lay = _sm90_layouts("reduce")
     assert "threadsPerWarp = [32, 1]" in lay["auto"] and "order = [0, 1]" in lay["auto"], lay
     assert "threadsPerWarp = [1, 32]" in lay["flat"], lay
 
@@ -916,51 +927,12 @@ def test_few_long_rows_are_reduced_in_slices_on_several_programs(model, inputs, 
         assert st.status == "passed", (st.stage, st.failed_case, st.detail)
 
 
-_SM90_POOL_LAYOUT = r'''
-import os, sys, importlib.util, tempfile
-os.environ["TRITON_INTERPRET"] = "0"
-sys.path.insert(0, sys.argv[1])
-import torch, triton, kernels
-from triton.backends.compiler import GPUTarget
-from engine import capture, match, regions
-g = capture.capture(torch.nn.AvgPool1d(8, 1, 4).eval(), (torch.randn(2, 128, 1000),)).graphs[0]
-(r,) = regions.find(g, match.find(g)).regions
-fam = kernels.get("region", r.spec)
-for order in ("auto", "flat"):
-    path = os.path.join(tempfile.mkdtemp(), f"k_{order}.py")
-    open(path, "w").write(fam.render(dict(fam.default, row_order=order)))
-    spec = importlib.util.spec_from_file_location(f"k_{order}", path)
-    mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
-    k = mod._region_one_pass
-    names = k.arg_names
-    sig = {a: "*fp32" if a.endswith("_ptr") else "fp32" if a == "n_red" else "i64" for a in names}
-    const = {(names.index("ROWS"),): 64, (names.index("BLOCK"),): 128}
-    sig["ROWS"] = sig["BLOCK"] = "constexpr"
-    for a in names:
-        if a in ("s_out_2", "cx_s2"):
-            sig[a] = "constexpr"; const[(names.index(a),)] = 1
-    ck = triton.compile(triton.compiler.ASTSource(fn=k, signature=sig, constexprs=const),
-                        target=GPUTarget("cuda", 90, 32))
-    lays = [l for l in ck.asm["ttgir"].splitlines() if l.startswith("#blocked")]
-    print(order, lays[0])
-'''
-
-
 def test_a_pooling_window_reads_consecutive_output_positions_in_runs(tmp_path):
     """AvgPool1d over [B, C, L] (KernelBench 44: 65,536 positions): with row_order "auto" a
     program's rows are consecutive output positions and, compiled for sm_90 (no GPU needed),
     Triton lays a warp's lanes along them; flat rows put them along the channels, L elements
     apart (on the H200: 34% of the copy rate, compile 100%). Both orders pass the five stages."""
-    import subprocess
-    import sys
-    from pathlib import Path
-    root = str(Path(__file__).resolve().parent.parent)
-    res = subprocess.run([sys.executable, "-c", _SM90_POOL_LAYOUT, root], capture_output=True,
-                         text=True, timeout=300)
-    if res.returncode != 0 and "GPUTarget" in res.stderr + res.stdout:
-        pytest.skip("this Triton cannot compile for sm_90 here")
-    assert res.returncode == 0, res.stderr[-2000:]
-    lay = dict(line.split(" ", 1) for line in res.stdout.splitlines() if line.startswith(("auto", "flat")))
+    lay = _sm90_layouts("pool")
     assert "threadsPerWarp = [32, 1]" in lay["auto"] and "order = [0, 1]" in lay["auto"], lay
     assert "threadsPerWarp = [1, 32]" in lay["flat"], lay
     _, f = _found(nn.AvgPool1d(3, 2, 1), torch.randn(2, 5, 37))
