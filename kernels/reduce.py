@@ -17,6 +17,10 @@ Search space (``SPACE``), rendered by ``render`` into one self-contained candida
 - variant "split": each row is cut into ``splits`` slices; program (row block, slice) writes
   fp32 partial sums to a workspace [N, SPLITS]; a second kernel adds each row's partials in a
   fixed order (deterministic, no atomics). For few, very long rows.
+  Every point takes this path for few long rows (fewer than FEW_ROWS = 64, longer than
+  LONG_ROW = 2^16: a loss's mean over everything is one row), with splits chosen to give about
+  1,024 programs: one program a row would leave the GPU idle and each lane adding D / BLOCK_D
+  values in order.
 - rows_per_prog, grid ("rows" | "persistent" with progs_per_sm; one_pass and chunked), num_warps,
   num_stages (software pipelining of the chunk loop), block_d (chunk width), cache_hints
   (evict_first: x is read once).
@@ -218,6 +222,24 @@ def _sum_merge(part_ptr, y_ptr, N, SPLITS: tl.constexpr, ROWS: tl.constexpr):
 
 def _launcher(p):
     v = p["variant"]
+    split_fn = '''
+
+def _split_sum(x2, y, N, D, splits):
+    """Each row's columns in ``splits`` slices (whole chunks each) on their own programs, fp32
+    partials [N, splits], then each row's partials added in one fixed order (no atomics)."""
+    per = _cdiv(D, splits)                                 # columns per slice
+    width = min(BLOCK_D, _pow2(max(per, 1)))    # chunk: no wider than a slice
+    slice_len = max(1, _cdiv(per, width)) * width          # whole chunks per slice
+    rows = _fit_rows(ROWS_PER_PROG, width)
+    stages = _fit_stages(NUM_STAGES, rows * width * x2.dtype.itemsize)
+    part = torch.empty((N, splits), dtype=torch.float32, device=x2.device)
+    _sum_partials[(_cdiv(N, rows), splits)](
+        x2, part, N, D, x2.stride(0), slice_len, SPLITS=splits, ROWS=rows, BLOCK_D=width,
+        NUM_STAGES=stages, num_warps=NUM_WARPS, num_stages=stages)
+    merge_rows = max(1, min(MERGE_ROWS, 4096 // splits))  # a [rows, splits] tile of partials
+    _sum_merge[(_cdiv(N, merge_rows),)](part, y, N, SPLITS=splits, ROWS=merge_rows, num_warps=4)
+    return y
+'''
     head = '''
 
 def kernel_fn(x):
@@ -233,22 +255,15 @@ def kernel_fn(x):
         return y.reshape(out_shape)
     block = _pow2(max(D, 1))'''
     if v == "split":
-        body = '''
-    splits = SPLITS
-    per = _cdiv(D, splits)                                 # columns per slice
-    width = min(BLOCK_D, _pow2(max(per, 1)))    # chunk: no wider than a slice
-    slice_len = max(1, _cdiv(per, width)) * width          # whole chunks per slice
-    rows = _fit_rows(ROWS_PER_PROG, width)
-    stages = _fit_stages(NUM_STAGES, rows * width * x2.dtype.itemsize)
-    part = torch.empty((N, splits), dtype=torch.float32, device=x.device)
-    _sum_partials[(_cdiv(N, rows), splits)](
-        x2, part, N, D, x2.stride(0), slice_len, SPLITS=splits, ROWS=rows, BLOCK_D=width,
-        NUM_STAGES=stages, num_warps=NUM_WARPS, num_stages=stages)
-    _sum_merge[(_cdiv(N, MERGE_ROWS),)](part, y, N, SPLITS=splits, ROWS=MERGE_ROWS,
-                                              num_warps=4)
-    return y.reshape(out_shape)
+        return split_fn + head + '''
+    return _split_sum(x2, y, N, D, SPLITS).reshape(out_shape)
 '''
-        return head + body
+    head += '''
+    if N < FEW_ROWS and D >= LONG_ROW:
+        # few long rows (a loss's mean over everything): one program a row would leave the
+        # GPU idle and each lane adding D / BLOCK_D values in order
+        return _split_sum(x2, y, N, D, min(MAX_SPLITS, _pow2(_cdiv(SPLIT_PROGS, N)))).reshape(out_shape)'''
+    head = split_fn + head
     if p["grid"] == "persistent":
         grid = "(min(num_tiles, _num_sms(x.device) * PROGS_PER_SM),)  # persistent programs"
     else:
@@ -287,14 +302,15 @@ NUM_WARPS = {p["num_warps"]}
 NUM_STAGES = {p["num_stages"]}       # software-pipelining depth of the chunk loops
 PROGS_PER_SM = {p["progs_per_sm"]}     # persistent grid only
 MERGE_ROWS = 16        # rows per program of the split merge
+FEW_ROWS, LONG_ROW = 64, 1 << 16   # fewer rows than this, longer than that: the split path
+SPLIT_PROGS, MAX_SPLITS = 1024, 1024   # ... with about this many programs in all
 '''
     parts = [doc, C.FIT_ROWS_SRC]
     if v != "split" and p["grid"] == "persistent":
         parts.append(C.NUM_SMS_SRC)
     parts.append("\n")
-    if v == "split":
-        parts.append(_split_kernels(p))
-    else:
+    parts.append(_split_kernels(p))          # the split variant's, and few long rows' in any
+    if v != "split":
         if v == "one_pass":
             parts.append(_one_pass_kernel(p) + "\n")
         parts.append(_chunked_kernel(p))

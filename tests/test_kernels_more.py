@@ -1157,3 +1157,27 @@ def test_summed_and_per_row_cross_entropy_pass_all_five_stages_and_a_mean_kernel
         assert r.status == "passed", (stage, r.detail)
     wrong = load_candidate(fam.starter(), tmp_path)
     assert v.run_stage(wrong, "smoke").status == "failed"
+
+
+def test_reduce_splits_few_long_rows_over_programs(tmp_path):
+    # a sum over everything of a model's input is one row: one program a row left one SM
+    # streaming it, each lane adding D / BLOCK_D values in order (a mean of 2^30 values was
+    # 5e-5 off its fp64 sum). Fewer rows than FEW_ROWS, longer than LONG_ROW: every point takes
+    # the split path (partials, then their sum in a fixed order); short rows stay one kernel.
+    fam = kernels.get("reduce")
+    verify.install_launch_counter()
+    g = torch.Generator().manual_seed(5)
+    for params in ({}, {"variant": "chunked", "grid": "persistent"}, {"variant": "split"}):
+        fn = verify.load_candidate(fam.render(params), str(tmp_path))
+        for shape, launches in (((2, 70001), 2), ((3, 100), 1 if params.get("variant") != "split" else 2)):
+            for kind in ("normal", "cancel", "inf"):
+                x = fam.make_inputs(shape, "float32", "cpu", g, kind)["x"]
+                before = verify._STATE.launches
+                y = fn(x)
+                assert verify._STATE.launches - before == launches, (params, shape)
+                ref = x.double().sum(-1)
+                bound = 64 * 2.0**-24 * x.double().abs().sum(-1)
+                fin = ref.isfinite()
+                inf = ref.isinf()
+                assert torch.equal(y.isnan(), ref.isnan()) and torch.equal(y[inf], ref[inf].float())
+                assert ((y.double() - ref).abs()[fin] <= bound[fin] + 1e-6).all(), (params, shape, kind)
