@@ -182,7 +182,7 @@ def _fold_biases(g: torch.fx.Graph) -> None:
     result differs by the rounding of one add."""
     for outer in list(g.nodes):
         if not (outer.op == "call_function" and getattr(outer.target, "_opname", None) == "add"
-                and len(outer.args) == 2 and not outer.kwargs.get("alpha", 1) != 1
+                and len(outer.args) == 2 and outer.kwargs.get("alpha", 1) == 1
                 and any(getattr(u.target, "_opname", None) in _SOFTMAX for u in outer.users)):
             continue
         inner, b2 = outer.args
