@@ -127,11 +127,12 @@ def _live(env: dict, src: fx.Node):
         if len(nxt) != 1:
             break
         at = nxt[0]
-        node = env.get(at, at)
-        want, got = src.meta.get("val"), getattr(node, "meta", {}).get("val")
+        cand = env.get(at, at)
+        want, got = src.meta.get("val"), getattr(cand, "meta", {}).get("val")
         if not (isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor)
                 and want.shape == got.shape and want.dtype == got.dtype):
-            break
+            break                         # not the same value: the caller refuses the site
+        node = cand
     return node
 
 
