@@ -27,8 +27,10 @@ scaled scores in fp32, or a bool mask (SDPA's True keeps a key; masked_fill's Tr
 Kernels read it with its strides, broadcast dims at stride 0, in every key block. The reference
 is SDPA with attn_mask (a row with every key masked gives 0) for an SDPA call, and the model's
 own computation (``by_hand_masked``: NaN for a row of -inf, uniform weights for a finite fill)
-for a hand-written one. Causal and a runtime mask never come together (SDPA takes one; the
-spellings have one mask op): those family shapes end in causal 0.
+for a hand-written one. Causal and a runtime mask come together only as a bias followed by the
+causal mask (ALiBi as MPT writes it: spec "causal": true, family shapes ending in causal 1; the
+kernels add the bias, then hide the future keys and skip the blocks above the diagonal); every
+other masked contract's family shapes end in causal 0 (SDPA takes one or the other).
 
 Soft cap (spec "softcap": c, on a hand-written match; Gemma 2's attn_logit_softcapping): the
 scaled scores become c * tanh(s / c) before the mask and the softmax. The reference and the
@@ -915,6 +917,11 @@ def _no_causal(shapes) -> tuple:
     return tuple(dict.fromkeys(problem(s)[:5] + (0,) for s in shapes))
 
 
+def _with_causal(shapes) -> tuple:
+    """Family shapes with causal 1 (a bias with the causal mask after it), duplicates dropped."""
+    return tuple(dict.fromkeys(problem(s)[:5] + (1,) for s in shapes))
+
+
 def _masked_family(spec: dict) -> Family:
     kind, dims, fill = spec["mask"], spec.get("mask_dims", "b1qk"), spec.get("fill")
     by = spec.get("written") == "by_hand"
@@ -930,12 +937,15 @@ def _masked_family(spec: dict) -> Family:
         fill = float(fill)
     mask = {"kind": kind, "fill": fill, "safe": not by}
     cap = spec.get("softcap")
+    # a bias with the causal mask after it (ALiBi): the family shapes are causal, else never
+    causal = bool(spec.get("causal"))
+    shapes = _with_causal if causal else _no_causal
     reference_fn = by_hand_masked(kind, fill, cap) if by else sdpa_masked(kind)
     extra = MASK_ADVERSARIAL[kind]
 
     def make(shape, dtype, device, gen, kind="normal"):
         inp = make_inputs(shape, dtype, device, gen, "normal" if kind in extra else kind)
-        inp["causal"] = False
+        inp["causal"] = causal
         inp["mask"] = make_mask(mask["kind"], dims, shape, dtype, device, gen, kind)
         return inp
 
@@ -947,14 +957,15 @@ def _masked_family(spec: dict) -> Family:
     return dataclasses.replace(
         FAMILY, signature="kernel_fn(q, k, v, causal, scale, mask)",
         arg_names=ARG_NAMES + ("mask",), reference=reference_fn, make_inputs=make,
-        cost=_masked_cost(dims, kind), bench_shapes=_no_causal(BENCH_SHAPES),
-        sweep_shapes=_no_causal(SWEEP_SHAPES), edge_shapes=_no_causal(EDGE_SHAPES),
+        cost=_masked_cost(dims, kind), bench_shapes=shapes(BENCH_SHAPES),
+        sweep_shapes=shapes(SWEEP_SHAPES), edge_shapes=shapes(EDGE_SHAPES),
         adversarial=ADVERSARIAL + extra, render=lambda params: render(params, mask=mask, cap=cap),
         description=f"Scaled dot-product attention with GQA and a runtime mask: {what}, shape "
                     f"{list(mask_shape(dims, 'B', 'H', 'Sq', 'Sk'))} broadcast to "
                     f"[B, H, Sq, Sk]; {rows}" + (f"; hidden scores take {fill}" if fill else "")
                     + " (flash style).",
-        notes=dict(FAMILY.notes, mask=kind, mask_dims=dims, fill=fill, causal="never with a mask"),
+        notes=dict(FAMILY.notes, mask=kind, mask_dims=dims, fill=fill,
+                   causal="after the bias" if causal else "never with a mask"),
         error_bound=masked_error_bound(kind, fill, cap),
         op_schema="(Tensor q, Tensor k, Tensor v, bool causal, float scale, Tensor mask) -> Tensor",
         spec=dict(spec), baseline=None)
@@ -975,7 +986,9 @@ def _scores(q, kt, scale_kind, scale, div):
     return s
 
 
-def _masked(s, kind, mask, fill):
+def _masked(s, kind, mask, fill, bias=None):
+    if kind.startswith("add&"):           # a bias (ALiBi: MPT), then a mask (the causal one)
+        return _masked(s + bias, kind[4:], mask, fill)
     if kind == "masked_fill":
         return s.masked_fill(mask, fill)
     if kind == "where":
@@ -986,24 +999,26 @@ def _masked(s, kind, mask, fill):
 
 
 def _by_hand(scale_kind, mask_kind, capped=False):
-    def fn(q, kt, v, mask, scale, div, fill, cap_in, cap_out):
+    def fn(q, kt, v, mask, scale, div, fill, cap_in, cap_out, bias):
         s = _scores(q, kt, scale_kind, scale, div)
         if capped:                          # Gemma 2's logit soft cap: cap * tanh(s / cap)
             s = torch.tanh(s / cap_in) * cap_out
-        p = torch.softmax(_masked(s, mask_kind, mask, fill), -1)
+        p = torch.softmax(_masked(s, mask_kind, mask, fill, bias), -1)
         return p @ v
-    mask = {"masked_fill": T((8, 8), "bool"), "where": T((8, 8), "bool"), "add": T((8, 8))}.get(mask_kind)
+    last = mask_kind.split("&")[-1]
+    mask = {"masked_fill": T((8, 8), "bool"), "where": T((8, 8), "bool"), "add": T((8, 8))}.get(last)
     args = (("q", T((2, 4, 8, 16))), ("kt", T((2, 4, 16, 8))), ("v", T((2, 4, 8, 16))),
             ("mask", mask), ("scale", Scalar("scale") if scale_kind in ("mul", "qmul") else None),
             ("div", Scalar("div") if scale_kind == "div" else None),
-            ("fill", Scalar("fill") if mask_kind in ("masked_fill", "where") else None),
+            ("fill", Scalar("fill") if last in ("masked_fill", "where") else None),
             ("cap_in", Scalar("cap_in") if capped else None),
-            ("cap_out", Scalar("cap_out") if capped else None))
+            ("cap_out", Scalar("cap_out") if capped else None),
+            ("bias", T((1, 4, 1, 8)) if mask_kind.startswith("add&") else None))
     return Spelling(f"{scale_kind}_{mask_kind}" + ("+cap" if capped else ""), fn, args)
 
 
 _SCALES = ("none", "mul", "div", "qmul")
-_MASKS = ("none", "masked_fill", "where", "add")
+_MASKS = ("none", "masked_fill", "where", "add", "add&masked_fill", "add&where")
 SPELLINGS = tuple(_by_hand(a, b, c) for c in (False, True) for a in _SCALES for b in _MASKS) + (
     # F.scaled_dot_product_attention: mask, dropout, causal flag, scale and GQA captured as given
     Spelling("sdpa", lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
@@ -1050,12 +1065,12 @@ def _hidden(m, kind, sq, sk):
     return hide[0]
 
 
-def _runtime_mask(m, kind, sdpa, dims4, rank, qdtype):
+def _runtime_mask(m, kind, sdpa, dims4, rank, qdtype, name=None):
     """(spec keys, Ref) of a mask the model computes when it runs (from its inputs): the mask
     node itself, viewed as 4-D (leading 1s) with dims it broadcasts by stride 0 sliced to one
     (the kernel expands them again, as it does every size-1 dim); NoFit where the contract has
     no such mask."""
-    name = "attn_mask" if sdpa else "mask"
+    name = name or ("attn_mask" if sdpa else "mask")
     node = m.node(name)
     if node in m.folder.tainted:
         raise NoFit("the mask is not a constant of the model and is written in place after it "
@@ -1179,7 +1194,18 @@ def from_match(m):
         if scale is None:
             raise NoFit("the scale is not a number known when the graph is captured")
     runtime = None
-    if kind != "none" and m.const("attn_mask" if sdpa else "mask") is None:
+    if kind.startswith("add&"):
+        # a bias (ALiBi, MPT's position bias), then a constant mask that must be the causal one
+        hide = _hidden(m, kind[4:], sq, sk)
+        if hide is None or not torch.equal(hide, torch.ones(sq, sk, dtype=torch.bool).triu(1)):
+            raise NoFit("a bias and then a mask other than the causal one: the contract takes "
+                        "a bias with the causal mask only")
+        causal = True
+        runtime = _runtime_mask(m, "add", False, (b, h, sq, sk), rank, q["dtype"], name="bias")
+        if runtime is None:
+            return None
+        runtime = (dict(runtime[0], causal=True), runtime[1])
+    elif kind != "none" and m.const("attn_mask" if sdpa else "mask") is None:
         if causal:
             raise NoFit("a causal flag and a runtime mask together: the contract takes one")
         runtime = _runtime_mask(m, kind, sdpa, (b, h, sq, sk), rank, q["dtype"])
@@ -1231,10 +1257,13 @@ def configure(spec: dict):
     ``reference`` as ever, whose baselines time ``by_hand`` (the computation the model wrote).
     "mask" (with "mask_dims", and "fill" for a bool mask written by hand) adds the runtime mask
     argument (see "runtime masks" above)."""
-    unknown = set(spec) - {"written", "mask", "mask_dims", "fill", "softcap"}
+    unknown = set(spec) - {"written", "mask", "mask_dims", "fill", "softcap", "causal"}
     if unknown or spec.get("written", "by_hand") != "by_hand":
         raise ValueError(f"attention takes the spec keys written ('by_hand'), mask, mask_dims, "
-                         f"fill and softcap, not {spec!r}")
+                         f"fill, softcap and causal, not {spec!r}")
+    if "causal" in spec and (spec["causal"] is not True or spec.get("mask") != "bias"
+                             or spec.get("written") != "by_hand"):
+        raise ValueError(f"causal (true) comes with a bias mask on an attention written by hand: {spec!r}")
     cap = spec.get("softcap")
     if cap is not None:
         if spec.get("written") != "by_hand" or isinstance(cap, bool) or not isinstance(cap, (int, float)) \

@@ -509,3 +509,69 @@ def test_t5_without_a_mask_two_biases_read_as_one_and_a_constant_bias_is_read_at
     _, ms = found(BufferBias(), *(torch.randn(2, 4, 8, 16, generator=gen(i)) for i in range(3)))
     assert families(ms) == [("attention", {"written": "by_hand", "mask": "bias", "mask_dims": "1hqk"},
                              False)]
+
+
+# ---- a bias, then the causal mask (ALiBi as MPT writes it) -----------------------------------
+
+BIAS_CAUSAL = {"written": "by_hand", "mask": "bias", "mask_dims": "1h1k", "causal": True}
+
+
+class AlibiCausal(torch.nn.Module):
+    """MPT's attention: scaled scores, the ALiBi bias [1, H, 1, S] added, the future hidden by
+    masked_fill(finfo.min), softmax in fp32."""
+    def __init__(self, h=4, s=8):
+        super().__init__()
+        slopes = 2.0 ** -torch.arange(1.0, h + 1)
+        self.register_buffer("alibi", (slopes[:, None, None] * torch.arange(float(s)))[None])
+        self.register_buffer("future", torch.ones(s, s, dtype=torch.bool).triu(1))
+
+    def forward(self, q, k, v):
+        s = torch.matmul(q, k.transpose(-1, -2)) * 0.25 + self.alibi
+        s = s.masked_fill(self.future, torch.finfo(q.dtype).min)
+        return torch.softmax(s.float(), dim=-1).to(v.dtype) @ v
+
+
+def test_a_bias_then_the_causal_mask_is_one_contract_and_another_mask_is_refused():
+    q, k, v = (torch.randn(2, 4, 8, 16, generator=gen(i)) for i in range(3))
+    (att,) = one_attention_placed_and_agreeing(AlibiCausal(), q, k, v)
+    assert att.fit.spec == BIAS_CAUSAL and att.fit.shape[-1] == 1
+
+    class BiasThenOther(AlibiCausal):
+        def __init__(self):
+            super().__init__()
+            self.future = torch.ones(8, 8, dtype=torch.bool).triu(2)      # not the causal mask
+    _, ms = found(BiasThenOther(), q, k, v)
+    att = [m for g in ms.values() for m in g if m.family == "attention"]
+    assert att and not att[0].placeable and "causal" in att[0].why_not
+
+
+def test_bias_with_causal_kernels_agree_and_pass_the_five_stages(cand_dir):
+    fam = kernels.get("attention", BIAS_CAUSAL)
+    assert all(s[-1] == 1 for s in fam.bench_shapes + fam.sweep_shapes + fam.edge_shapes)
+    shape = [2, 4, 24, 16, 2, 1]
+    for params in POINTS:
+        fn = load_candidate(fam.render(params), cand_dir)
+        for dt in DTYPES:
+            inp = fam.make_inputs(shape, dt, DEVICE, gen(11))
+            assert inp["causal"] is True
+            assert tol_ratio(fam, fn(**inp), inp) <= 1.0, (params, dt)
+    fn = load_candidate(fam.starter(), cand_dir)
+    verify.install_launch_counter()
+    v = verify.Verifier(fam, {"dtype": "float32", "shapes": [{"shape": shape, "count": 1}], "seed": 5},
+                        DEVICE, interpret=DEVICE == "cpu")
+    for stage in verify.STAGES:
+        r = v.run_stage(fn, stage)
+        assert r.status == "passed", (stage, r.detail)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                    reason="transformers is not installed")
+def test_mpt_alibi_attention_is_matched_placed_and_agrees():
+    import transformers
+    cfg = transformers.MptConfig(d_model=32, n_heads=2, n_layers=1, vocab_size=64, max_seq_len=64)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.MptForCausalLM(cfg).eval()
+    ids = torch.randint(0, 64, (2, 12), generator=gen(12))
+    (att,) = one_attention_placed_and_agreeing(model, ids, out=lambda o: o.logits)
+    assert att.fit.spec["mask"] == "bias" and att.fit.spec["causal"] is True
