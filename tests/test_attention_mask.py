@@ -206,16 +206,22 @@ def test_masked_launch_clamps_count_the_mask_tile(cand_dir):
     assert mod._fit_attn(128, 64, 128, 2, 8, 4096, 4096, 4, 232448) == (128, 64, 2)
 
 
-@pytest.mark.parametrize("spec", [SDPA_BIAS, HAND_HIDE], ids=["sdpa_bias", "hand_hide_fill"])
-def test_masked_starter_passes_the_five_verifier_stages(spec, cand_dir):
-    fam = kernels.get("attention", spec)
+def starter_passes_the_five_stages(fam, shape, cand_dir) -> verify.Verifier:
+    """The family's starter through every verifier stage at ``shape`` (fp32); the verifier."""
     fn = load_candidate(fam.starter(), cand_dir)
     verify.install_launch_counter()
-    v = verify.Verifier(fam, {"dtype": "float32", "shapes": [{"shape": [2, 4, 24, 16, 2, 0], "count": 1}],
+    v = verify.Verifier(fam, {"dtype": "float32", "shapes": [{"shape": list(shape), "count": 1}],
                               "seed": 5}, DEVICE, interpret=DEVICE == "cpu")
     for stage in verify.STAGES:
         r = v.run_stage(fn, stage)
         assert r.status == "passed", (stage, r.detail)
+    return v
+
+
+@pytest.mark.parametrize("spec", [SDPA_BIAS, HAND_HIDE], ids=["sdpa_bias", "hand_hide_fill"])
+def test_masked_starter_passes_the_five_verifier_stages(spec, cand_dir):
+    fam = kernels.get("attention", spec)
+    v = starter_passes_the_five_stages(fam, [2, 4, 24, 16, 2, 0], cand_dir)
     assert {c.kind for c in v.cases("stability")} >= set(attention.MASK_ADVERSARIAL[spec["mask"]])
 
 
@@ -450,13 +456,7 @@ def test_soft_capped_kernels_agree_and_pass_the_five_stages(spec, cand_dir):
         plain = kernels.get("attention", {k: v for k, v in spec.items() if k != "softcap"})
         inp = fam.make_inputs(shape, torch.float32, DEVICE, gen(8))
         assert tol_ratio(fam, load_candidate(plain.render(params), cand_dir)(**inp), inp) > 1.0
-    fn = load_candidate(fam.starter(), cand_dir)
-    verify.install_launch_counter()
-    v = verify.Verifier(fam, {"dtype": "float32", "shapes": [{"shape": shape, "count": 1}], "seed": 5},
-                        DEVICE, interpret=DEVICE == "cpu")
-    for stage in verify.STAGES:
-        r = v.run_stage(fn, stage)
-        assert r.status == "passed", (stage, r.detail)
+    starter_passes_the_five_stages(fam, shape, cand_dir)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
@@ -555,13 +555,7 @@ def test_bias_with_causal_kernels_agree_and_pass_the_five_stages(cand_dir):
             inp = fam.make_inputs(shape, dt, DEVICE, gen(11))
             assert inp["causal"] is True
             assert tol_ratio(fam, fn(**inp), inp) <= 1.0, (params, dt)
-    fn = load_candidate(fam.starter(), cand_dir)
-    verify.install_launch_counter()
-    v = verify.Verifier(fam, {"dtype": "float32", "shapes": [{"shape": shape, "count": 1}], "seed": 5},
-                        DEVICE, interpret=DEVICE == "cpu")
-    for stage in verify.STAGES:
-        r = v.run_stage(fn, stage)
-        assert r.status == "passed", (stage, r.detail)
+    starter_passes_the_five_stages(fam, shape, cand_dir)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
