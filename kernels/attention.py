@@ -78,6 +78,7 @@ Search space (``SPACE``), rendered by ``render`` into one self-contained candida
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import textwrap
 
@@ -1197,7 +1198,7 @@ def from_match(m):
     if kind.startswith("add&"):
         # a bias (ALiBi, MPT's position bias), then a constant mask that must be the causal one
         hide = _hidden(m, kind[4:], sq, sk)
-        if hide is None or not torch.equal(hide, torch.ones(sq, sk, dtype=torch.bool).triu(1)):
+        if hide is None or not torch.equal(hide, _hide_causal(sq, sk, "cpu")):
             raise NoFit("a bias and then a mask other than the causal one: the contract takes "
                         "a bias with the causal mask only")
         causal = True
@@ -1215,23 +1216,20 @@ def from_match(m):
         try:
             hide = _hidden(m, kind, sq, sk)
         except _NoHideMask:
-            hide = "runtime"
-        if hide is None:
-            return None
-        if isinstance(hide, str):
             # a constant bias, or a mask per batch or head: the kernel reads it as it reads a
             # runtime mask (the node is a tensor of the graph, folded or not)
             if causal:
-                raise NoFit("a causal flag and a mask together: the contract takes one")
+                raise NoFit("a causal flag and a mask together: the contract takes one") from None
             runtime = _runtime_mask(m, kind, sdpa, (b, h, sq, sk), rank, q["dtype"])
             if runtime is None:
                 return None
-            hide = torch.zeros(sq, sk, dtype=torch.bool)
-        future = torch.ones(sq, sk, dtype=torch.bool).triu(1)
-        if torch.equal(hide, future):
-            causal = True
-        elif bool(hide.any()):
-            raise NoFit("a constant mask that is not the causal one: the contract has no other")
+        else:
+            if hide is None:
+                return None
+            if torch.equal(hide, _hide_causal(sq, sk, "cpu")):
+                causal = True
+            elif bool(hide.any()):
+                raise NoFit("a constant mask that is not the causal one: the contract has no other")
     if scale is None:
         scale = 1.0 / math.sqrt(d)
     views = ((("unsqueeze", 0),) if rank == 3 else ())
@@ -1277,7 +1275,7 @@ def configure(spec: dict):
         capped = by_hand_capped(float(cap))
         return dataclasses.replace(
             FAMILY, spec=dict(spec), reference=capped, baseline=capped,
-            error_bound=lambda q, k, v, causal, scale: error_bound(q, k, v, causal, scale, float(cap)),
+            error_bound=functools.partial(error_bound, cap=float(cap)),
             render=lambda params: render(params, cap=float(cap)),
             description=FAMILY.description + f" Scores soft-capped: {cap:g} * tanh(s / {cap:g}).")
     return dataclasses.replace(FAMILY, spec=dict(spec), baseline=by_hand)

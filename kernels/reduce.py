@@ -220,9 +220,8 @@ def _sum_merge(part_ptr, y_ptr, N, SPLITS: tl.constexpr, ROWS: tl.constexpr):
 '''
 
 
-def _launcher(p):
-    v = p["variant"]
-    split_fn = '''
+# the split path's host side: the split variant's launch, and any point's for few long rows
+_SPLIT_SUM_SRC = '''
 
 def _split_sum(x2, y, N, D, splits):
     """Each row's columns in ``splits`` slices (whole chunks each) on their own programs, fp32
@@ -240,6 +239,10 @@ def _split_sum(x2, y, N, D, splits):
     _sum_merge[(_cdiv(N, merge_rows),)](part, y, N, SPLITS=splits, ROWS=merge_rows, num_warps=4)
     return y
 '''
+
+
+def _launcher(p):
+    v = p["variant"]
     head = '''
 
 def kernel_fn(x):
@@ -255,7 +258,7 @@ def kernel_fn(x):
         return y.reshape(out_shape)
     block = _pow2(max(D, 1))'''
     if v == "split":
-        return split_fn + head + '''
+        return _SPLIT_SUM_SRC + head + '''
     return _split_sum(x2, y, N, D, SPLITS).reshape(out_shape)
 '''
     head += '''
@@ -263,7 +266,7 @@ def kernel_fn(x):
         # few long rows (a loss's mean over everything): one program a row would leave the
         # GPU idle and each lane adding D / BLOCK_D values in order
         return _split_sum(x2, y, N, D, min(MAX_SPLITS, _pow2(_cdiv(SPLIT_PROGS, N)))).reshape(out_shape)'''
-    head = split_fn + head
+    head = _SPLIT_SUM_SRC + head
     if p["grid"] == "persistent":
         grid = "(min(num_tiles, _num_sms(x.device) * PROGS_PER_SM),)  # persistent programs"
     else:

@@ -1580,6 +1580,15 @@ _NEUTRAL = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')", "prod":
             "cumsum": "0.0", "cumprod": "1.0", "argmax": "float('-inf')", "argmin": "float('inf')"}
 
 
+def _combine(op: str, acc: str, v: str) -> str:
+    """The expression folding one chunk's values ``v`` into a reduction's per-lane accumulator.
+    NaN sticks in max / min (torch's amax/amin propagate it; tl.maximum on a GPU drops it)."""
+    if op in ("max", "min"):
+        return (f"tl.where({acc} != {acc}, {acc}, tl.where(({v}) != ({v}), ({v}), "
+                f"tl.{op}imum({acc}, {v})))")
+    return {"sum": f"{acc} + {v}", "prod": f"{acc} * {v}"}[op]
+
+
 def lower(spec) -> tuple[list[Step], str]:
     """The spec's micro steps (inputs first) and the name of the output value."""
     L = _Lower(spec)
@@ -2042,14 +2051,7 @@ def render_for(spec):
                 have.add(s.name)
                 emit_rows()
                 continue
-            comb = {"sum": f"{s.name}_acc + {v}",
-                    # NaN sticks (torch's amax/amin propagate it; tl.maximum on a GPU drops it)
-                    "max": f"tl.where({s.name}_acc != {s.name}_acc, {s.name}_acc, tl.where(({v}) != ({v}), "
-                           f"({v}), tl.maximum({s.name}_acc, {v})))",
-                    "min": f"tl.where({s.name}_acc != {s.name}_acc, {s.name}_acc, tl.where(({v}) != ({v}), "
-                           f"({v}), tl.minimum({s.name}_acc, {v})))",
-                    "prod": f"{s.name}_acc * {v}"}[s.op]
-            body.append(f"{s.name}_acc = {comb}")
+            body.append(f"{s.name}_acc = {_combine(s.op, f'{s.name}_acc', v)}")
             loop.append("for c0 in range(0, n_cols, BLOCK):")
             loop += ["    " + x for x in body]
             loop.append(f"{s.name} = {red_lines(s, f'{s.name}_acc')}")
@@ -2090,12 +2092,7 @@ def render_for(spec):
             emit(s.deps, set(done), body, True, None)
             arg = s.expr if level[s.expr] == "dom" else f"({s.expr} + zt)"
             v = f"tl.where(mask, {arg}, {neutral})"
-            body.append(f"{s.name}_acc = " + {
-                "sum": f"{s.name}_acc + {v}",
-                "max": f"tl.where({s.name}_acc != {s.name}_acc, {s.name}_acc, tl.where(({v}) != ({v}), "
-                       f"({v}), tl.maximum({s.name}_acc, {v})))",
-                "min": f"tl.where({s.name}_acc != {s.name}_acc, {s.name}_acc, tl.where(({v}) != ({v}), "
-                       f"({v}), tl.minimum({s.name}_acc, {v})))"}[s.op])
+            body.append(f"{s.name}_acc = {_combine(s.op, f'{s.name}_acc', v)}")
             part.append("for c0 in range(c_lo, c_hi, BLOCK):")
             part += ["    " + x for x in body]
             part += [f"{s.name}_part = {red_lines(s, f'{s.name}_acc')}",
@@ -2668,9 +2665,9 @@ def _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2, conv_dot=Fal
     if inner is not None:
         # a reduction keeping the inner dim (_inner_dim): ROWS_CAP consecutive positions of it a
         # program, the reduced dims in chunks that keep the tile within MAX_TILE
+        lines.append(f"    rows = min(ROWS_CAP, _pow2(d{inner}))")
         if spec["red"]:
             lines += [
-                f"    rows = min(ROWS_CAP, _pow2(d{inner}))",
                 "    block = min(width, BLOCK_LOOP, max(1, MAX_TILE // rows))",
                 "    kernel = _region_one_pass if VARIANT == 'auto' and block == width else _region_looped",
                 f"    grid = ((n_rows // d{inner}) * _cdiv(d{inner}, rows),)",
@@ -2679,7 +2676,6 @@ def _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2, conv_dot=Fal
             # a convolution's or pooling's tap loop: ROWS consecutive output positions a
             # program, the channels in blocks (one-pass tiles, none looping along a row)
             lines += [
-                f"    rows = min(ROWS_CAP, _pow2(d{inner}))",
                 "    if VARIANT == 'auto':",
                 "        block = min(width, MAX_BLOCK, max(1, MAX_TILE // rows))",
                 "        kernel, cblk = _region_one_pass, _cdiv(n_cols, block)",
