@@ -208,7 +208,8 @@ def test_the_loop_reads_each_committed_experiment_once(tmp_path, monkeypatch):
 
 def test_no_experiment_starts_that_the_time_left_would_not_hold(tmp_path):
     # under a time budget the loop starts no experiment once the time left is shorter than its
-    # recent ones took (their median), and says so once; with no experiment done yet it starts
+    # recent ones took (their median), and says so once; with no experiment done yet it starts,
+    # past the budget too (the top target's starter), and says that once
     from engine.loop import Control, _Dispatch
     store = Store(tmp_path / "runs.db")
     run_id = store.create_run("op:softmax:6x100", {}, {}, "interpreter", None)
@@ -216,6 +217,7 @@ def test_no_experiment_starts_that_the_time_left_would_not_hold(tmp_path):
                   run_id, "interpreter", Control(), lambda _: None)
     now = time.monotonic()
     assert not d._over(now - 50)                 # 10 s left, nothing measured yet
+    assert not d._over(now - 70)                 # 10 s over: the first experiment still starts
     for took in (12.0, 20.0, 14.0):          # what _commit notes of each experiment it records
         d.took.append(took)
     assert not d._over(now - 40)                 # 20 s left: the median, 14 s, fits
@@ -223,6 +225,8 @@ def test_no_experiment_starts_that_the_time_left_would_not_hold(tmp_path):
     assert d._over(now - 55) and d._over(now - 61)
     said = [e["message"] for e in store.events(run_id) if "no experiment started" in e["message"]]
     assert len(said) == 1 and "14 s" in said[0], said
+    late = [e["message"] for e in store.events(run_id) if "spent before the loop" in e["message"]]
+    assert len(late) == 1 and "10 s over" in late[0], late
 
 
 @pytest.mark.slow   # minutes: a run killed, resumed and finished (the quick one-engine-per-run test kills and resumes too)
