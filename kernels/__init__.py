@@ -196,3 +196,53 @@ def all_families() -> list[Family]:
 
 class UnknownFamily(ValueError):
     pass
+
+
+# ---- the name "kernels" ----------------------------------------------------------------------
+# Hugging Face publishes a package named ``kernels`` too, and transformers >= 5.25 depends on it:
+# when its distribution is installed, transformers imports ``kernels`` at import time for its
+# hub kernels and finds this package instead (ImportError: cannot import name 'CUDAProperties'),
+# so no transformers model could be built in a process that runs the engine. Here transformers
+# is told that its hub kernels are unavailable (what it does when they are not installed), once
+# its import_utils module loads or, if it has loaded already, now.
+
+_HF_UTILS = "transformers.utils.import_utils"
+
+
+def _hub_kernels_off(module) -> None:
+    module.is_kernels_available = lambda *a, **k: False
+    module.is_kernels_available.cache_clear = lambda: None     # transformers' lru_cache API
+
+
+class _HubKernelsOff:
+    """A meta-path finder for transformers' import_utils alone: its loader runs the module,
+    then _hub_kernels_off, before any transformers module can import the name from it."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != _HF_UTILS:
+            return None
+        import importlib.machinery
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        real = spec.loader.exec_module
+
+        def exec_module(module):
+            real(module)
+            _hub_kernels_off(module)
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _guard_hub_kernels() -> None:
+    import sys
+    if _HF_UTILS in sys.modules:
+        _hub_kernels_off(sys.modules[_HF_UTILS])
+        for name in ("transformers.utils",):
+            if name in sys.modules:
+                sys.modules[name].is_kernels_available = sys.modules[_HF_UTILS].is_kernels_available
+    elif not any(isinstance(f, _HubKernelsOff) for f in sys.meta_path):
+        sys.meta_path.insert(0, _HubKernelsOff())
+
+
+_guard_hub_kernels()

@@ -68,6 +68,23 @@ def test_hf_preset_builds_from_config_without_download(monkeypatch):
     assert loaded.inputs[0].shape == (1, 8)
 
 
+def test_transformers_builds_its_models_beside_our_kernels_package():
+    """Hugging Face's own package named ``kernels`` (a dependency of transformers >= 5.25) is
+    shadowed by ours in the engine's process: transformers is told its hub kernels are
+    unavailable, in a fresh interpreter that imports the engine first, as the CLI does."""
+    if not HAS_TRANSFORMERS:
+        pytest.skip("transformers is not installed (requirements-dev.txt)")
+    code = ("import engine.sources, kernels, transformers\n"
+            "from transformers.utils import import_utils\n"
+            "assert not import_utils.is_kernels_available()\n"
+            "cfg = transformers.BloomConfig(hidden_size=16, n_layer=1, n_head=2, vocab_size=32)\n"
+            "print(type(transformers.BloomForCausalLM(cfg)).__name__, kernels.FAMILY_NAMES[0])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["BloomForCausalLM", "rmsnorm"], out.stdout
+
+
 BAD = {
     "no_class.py": ("import torch\n", ":Net", "no class or function named 'Net'"),
     "kb_no_model.py": ("import torch\nclass Other(torch.nn.Module):\n    pass\n", "",
