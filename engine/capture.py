@@ -90,6 +90,8 @@ def _clean(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             g.erase_node(n)
     _functional(g)
     _drop_empty_cats(g)
+    _split_baddbmm(g)
+    _merged_heads(g)
     _fold_biases(g)
     # export's own input guards (a module run under a dynamo context manager on every call, ~10
     # us of host time): what runs this graph checks the call's signature and each placed site
@@ -172,6 +174,147 @@ def _ancestors(n, stop: int = 400) -> set:
                 seen.add(a)
                 todo.append(a)
     return seen
+
+
+def _op(n) -> str | None:
+    return getattr(n.target, "_opname", None) if isinstance(n, torch.fx.Node) and n.op == "call_function" else None
+
+
+def _feeds_softmax(n, hops: int = 6) -> bool:
+    """``n``'s value reaches a softmax within ``hops`` single-reader steps."""
+    for _ in range(hops):
+        if len(n.users) != 1:
+            return False
+        n = next(iter(n.users))
+        if _op(n) in _SOFTMAX:
+            return True
+    return False
+
+
+def _split_baddbmm(g: torch.fx.Graph) -> None:
+    """``baddbmm(bias, a, b, beta=β, alpha=α)`` whose value reaches a softmax (BLOOM's ALiBi
+    scores: the bias added by the batched GEMM) reads as ``(a @ b) * α + bias * β``: the GEMM,
+    its scale and a bias, the spelling attention's patterns are written in. The values are
+    the same up to the rounding of the scale and the add, done apart."""
+    for n in list(g.nodes):
+        if _op(n) != "baddbmm" or len(n.args) != 3 or not _feeds_softmax(n):
+            continue
+        bias, a, b = n.args
+        beta, alpha = n.kwargs.get("beta", 1), n.kwargs.get("alpha", 1)
+        if set(n.kwargs) - {"beta", "alpha"} or not all(isinstance(x, torch.fx.Node) for x in (bias, a, b)):
+            continue
+        vb, va, vm, vo = val(bias), val(a), val(b), val(n)
+        if not all(isinstance(v, torch.Tensor) for v in (vb, va, vm, vo)):
+            continue
+        made = []
+        try:
+            with g.inserting_before(n):
+                s = g.call_function(torch.ops.aten.matmul.default, (a, b))
+                made.append(s)
+                s.meta["val"] = va @ vm
+                if alpha != 1:
+                    s2 = g.call_function(torch.ops.aten.mul.Tensor, (s, alpha))
+                    made.append(s2)
+                    s2.meta["val"] = s.meta["val"] * alpha
+                    s = s2
+                if beta != 0:
+                    if beta != 1:
+                        bias2 = g.call_function(torch.ops.aten.mul.Tensor, (bias, beta))
+                        made.append(bias2)
+                        bias2.meta["val"] = vb * beta
+                        bias, vb = bias2, bias2.meta["val"]
+                    s2 = g.call_function(torch.ops.aten.add.Tensor, (s, bias))
+                    made.append(s2)
+                    s2.meta["val"] = s.meta["val"] + vb
+                    s = s2
+            ok = s.meta["val"].shape == vo.shape and s.meta["val"].dtype == vo.dtype
+        except Exception:
+            ok = False
+        if not ok:
+            for m in reversed(made):
+                g.erase_node(m)
+            continue
+        n.replace_all_uses_with(s)
+        g.erase_node(n)
+
+
+_VIEWS = {"view", "reshape", "_unsafe_view"}
+# ops a [B, H, S, T] stretch of scores may hold between its views (each one reader)
+_STRETCH = {"add", "sub", "mul", "div", "masked_fill", "where", "softmax", "_softmax", "to",
+            "_to_copy", "dropout", "clone", "contiguous"}
+
+
+def _merged_heads(g: torch.fx.Graph) -> None:
+    """Attention written over [B*H, S, D] whose scores are viewed as [B, H, S, T] for the mask
+    and the softmax and back to [B*H, S, T] for the second GEMM (BLOOM) reads as one 3-D
+    attention over B*H heads: the views go, a 4-D operand of the stretch (the mask) is viewed
+    or expanded to [B*H, S, T], and the batched GEMMs read as matmul, the spelling the
+    patterns are written in. Only a stretch that holds a softmax over its last dim."""
+    for v4 in list(g.nodes):
+        if _op(v4) not in _VIEWS or not isinstance(v4.args[0], torch.fx.Node):
+            continue
+        x = v4.args[0]
+        vx, vo = val(x), val(v4)
+        if not (isinstance(vx, torch.Tensor) and isinstance(vo, torch.Tensor)
+                and vx.dim() == 3 and vo.dim() == 4 and vo.shape[0] * vo.shape[1] == vx.shape[0]
+                and tuple(vo.shape[2:]) == tuple(vx.shape[1:]) and vo.shape[1] > 1):
+            continue
+        B, H, S, T = (int(d) for d in vo.shape)
+        chain, cur, end = [], v4, None
+        while len(cur.users) == 1:
+            u = next(iter(cur.users))
+            vu = val(u)
+            if not isinstance(vu, torch.Tensor):
+                break
+            if _op(u) in _VIEWS and u.args[0] is cur:
+                if tuple(vu.shape) == tuple(vx.shape):
+                    end = u
+                break
+            if _op(u) not in _STRETCH or tuple(vu.shape) != (B, H, S, T):
+                break
+            if _op(u) in _SOFTMAX and u.args[1] not in (-1, 3):
+                break
+            chain.append(u)
+            cur = u
+        if end is None or not any(_op(u) in _SOFTMAX for u in chain):
+            continue
+        # the stretch's other tensors, each as [B*H, S, T] (a view where its B and H are 1)
+        others = {a for u in chain for a in u.all_input_nodes if a is not v4 and a not in chain}
+        if any(not isinstance(val(a), torch.Tensor) or val(a).dim() > 4 for a in others):
+            continue
+        try:
+            new = {}
+            for a in others:
+                va = val(a)
+                shp = (1,) * (4 - va.dim()) + tuple(va.shape)
+                torch.broadcast_shapes(shp, (B, H, S, T))
+                with g.inserting_after(a):
+                    if shp[0] == 1 and shp[1] == 1:
+                        r = g.call_function(torch.ops.aten.reshape.default, (a, [1, *shp[2:]]))
+                        r.meta["val"] = va.reshape(1, *shp[2:])
+                    else:
+                        e = g.call_function(torch.ops.aten.expand.default, (a, [B, H, *shp[2:]]))
+                        e.meta["val"] = va.reshape(shp).expand(B, H, *shp[2:])
+                        with g.inserting_after(e):
+                            r = g.call_function(torch.ops.aten.reshape.default, (e, [B * H, *shp[2:]]))
+                        r.meta["val"] = e.meta["val"].reshape(B * H, *shp[2:])
+                new[a] = r
+        except Exception:
+            continue
+        for u in chain:
+            u.args = tuple(x if a is v4 else new.get(a, a) if isinstance(a, torch.fx.Node) else a
+                           for a in u.args)
+            if _op(u) in _SOFTMAX:
+                u.args = (u.args[0], -1, *u.args[2:])
+            u.meta["val"] = u.meta["val"].reshape(B * H, S, T)
+        end.replace_all_uses_with(chain[-1])
+        g.erase_node(end)
+        if not v4.users:
+            g.erase_node(v4)
+        # the GEMMs on either side: batched, so matmul computes them as bmm does
+        for n in [*chain[-1].users, *_ancestors(x, stop=8)]:
+            if _op(n) == "bmm":
+                n.target = torch.ops.aten.matmul.default
 
 
 def _fold_biases(g: torch.fx.Graph) -> None:

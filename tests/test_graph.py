@@ -1099,6 +1099,41 @@ def test_falcon_attention_with_an_empty_cache_and_an_in_place_scale_is_matched_p
     one_attention_placed_and_agreeing(model, ids, out=lambda o: o.logits)
 
 
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                    reason="transformers is not installed (requirements-dev.txt)")
+def test_bloom_attention_over_merged_heads_with_alibi_in_baddbmm_is_matched_placed_and_agrees():
+    # BLOOM adds its ALiBi bias inside the scores' GEMM (baddbmm over [B*H, S, D]) and views the
+    # scores as [B, H, S, S] for the causal mask and the softmax, then back for the second bmm:
+    # the capture reads one 3-D attention over B*H heads, the bias and mask one runtime bias
+    import transformers
+    cfg = transformers.BloomConfig(hidden_size=32, n_layer=1, n_head=4, vocab_size=64)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.BloomForCausalLM(cfg).eval()
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
+    (att,) = one_attention_placed_and_agreeing(model, ids, out=lambda o: o.logits)
+    assert att.fit.spec["mask"] == "bias" and tuple(att.fit.shape[:4]) == (1, 8, 12, 8), att.fit
+
+
+def test_scores_viewed_per_head_around_the_softmax_read_as_one_attention_and_a_decoy_does_not():
+    # the merged-heads spelling written by hand (no transformers): baddbmm with a bias, a view
+    # to [B, H, S, S], a [B, 1, S, S] mask added, softmax, the view back, bmm; a softmax over
+    # the heads' dim (dim 1) is no attention and stays as written
+    B, H, S, D = 2, 3, 5, 4
+
+    def fwd(s, q, k, v, bias, mask, dim=-1):
+        sc = torch.baddbmm(bias, q, k.transpose(1, 2), beta=1.0, alpha=D ** -0.5)
+        p = torch.softmax(sc.view(B, H, S, S) + mask, dim=dim)
+        return torch.bmm(p.view(B * H, S, S), v).view(B, H, S, D)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B * H, S, D, generator=g) for _ in range(3))
+    bias, mask = torch.randn(B * H, 1, S, generator=g), torch.randn(B, 1, S, S, generator=g)
+    one_attention_placed_and_agreeing(Fn(fwd), q, k, v, bias, mask)
+    with torch.no_grad():
+        _, ms = found(Fn(lambda s, *a: fwd(s, *a, dim=1)), q, k, v, bias, mask)
+    assert not [m for gm in ms.values() for m in gm if m.family == "attention"], families(ms)
+
+
 def test_an_in_place_op_on_a_view_or_an_input_stays_in_place():
     # writing into a view writes into the tensor it views; into an input, into the caller's:
     # neither is rewritten to its functional form, and the captured graph computes what the
