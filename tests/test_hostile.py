@@ -86,13 +86,16 @@ def test_allow_list_rejects(name, words):
      "brackets nest"),
     ("import triton\ndef kernel_fn(x):\n    return " + "+".join(["x"] * 20_000) + "\n",
      "within limits"),
-    ("import triton\nx = 1" + " if 1 else 1" * 3000 + "\n", "within limits"),
+    # the parser's own limit is the interpreter's recursion limit, which torch.compile raises
+    # (1000 -> 2000): rejected by the parser or by the depth walk after it, never a crash
+    ("import triton\nx = 1" + " if 1 else 1" * 3000 + "\n", ("within limits", "nest deeper")),
     (b"\xff\xfe".decode("latin-1") + "\x00", "NUL"),
 ], ids=["unary-200k", "brackets-100", "sum-20k", "ifexp-3k", "nul"])
 def test_parsing_is_bounded(source, words):
     t0 = time.perf_counter()
     reason = verify.static_check(source, ("x",))
-    assert reason and words in reason, reason
+    words = (words,) if isinstance(words, str) else words
+    assert reason and any(w in reason for w in words), reason
     assert time.perf_counter() - t0 < 5
 
 
