@@ -278,6 +278,8 @@ def _merged_heads(g: torch.fx.Graph) -> None:
             cur = u
         if end is None or not any(_op(u) in _SOFTMAX for u in chain):
             continue
+        if any(isinstance(a, torch.fx.Node) for u in chain for a in u.kwargs.values()):
+            continue                          # tensors passed by keyword: left as written
         # the stretch's other tensors, each as [B*H, S, T] (a view where its B and H are 1)
         others = {a for u in chain for a in u.all_input_nodes if a is not v4 and a not in chain}
         if any(not isinstance(val(a), torch.Tensor) or val(a).dim() > 4 for a in others):

@@ -1121,14 +1121,15 @@ def test_scores_viewed_per_head_around_the_softmax_read_as_one_attention_and_a_d
     # the heads' dim (dim 1) is no attention and stays as written
     B, H, S, D = 2, 3, 5, 4
 
-    def fwd(s, q, k, v, bias, mask, dim=-1):
-        sc = torch.baddbmm(bias, q, k.transpose(1, 2), beta=1.0, alpha=D ** -0.5)
+    def fwd(s, q, k, v, bias, mask, dim=-1, beta=1.0):
+        sc = torch.baddbmm(bias, q, k.transpose(1, 2), beta=beta, alpha=D ** -0.5)
         p = torch.softmax(sc.view(B, H, S, S) + mask, dim=dim)
         return torch.bmm(p.view(B * H, S, S), v).view(B, H, S, D)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(B * H, S, D, generator=g) for _ in range(3))
     bias, mask = torch.randn(B * H, 1, S, generator=g), torch.randn(B, 1, S, S, generator=g)
     one_attention_placed_and_agreeing(Fn(fwd), q, k, v, bias, mask)
+    one_attention_placed_and_agreeing(Fn(lambda s, *a: fwd(s, *a, beta=0.5)), q, k, v, bias, mask)
     with torch.no_grad():
         _, ms = found(Fn(lambda s, *a: fwd(s, *a, dim=1)), q, k, v, bias, mask)
     assert not [m for gm in ms.values() for m in gm if m.family == "attention"], families(ms)
