@@ -15,3 +15,8 @@ if "TRITON_INTERPRET" not in os.environ:
             os.environ["TRITON_INTERPRET"] = "1"
     except ImportError:  # torch missing: the import that needs it will say so
         pass
+
+# The kernel families' package is named "kernels", as Hugging Face's is: importing it here tells
+# transformers (in any process that runs the engine, whatever it imports first) that its hub
+# kernels are unavailable, so it never imports ours in their place (kernels/__init__.py).
+import kernels  # noqa: E402,F401

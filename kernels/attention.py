@@ -4,11 +4,12 @@ q [B, H, S, D]; k, v [B, Hkv, S, D] with grouped-query attention: H % Hkv == 0 a
 reads key/value head h // (H // Hkv) (Hkv == H: multi-head; Hkv == 1: multi-query). ``causal``
 hides key j from query i when j > i (torch's is_causal: the mask is aligned top-left, which for
 equal lengths is the usual decoder mask); ``scale`` defaults to 1/sqrt(D). Output [B, H, S, D]
-in q's dtype. Candidates accept key/value lengths other than the queries' (same mask rule); the
-inputs made here have equal lengths (prefill and training).
+in q's dtype. Candidates accept key/value lengths other than the queries' (same mask rule).
 
 Shapes (the family's ``shape``): (B, H, S, D, Hkv, causal), causal 1 or 0; (B, H, S, D) and
-(B, H, S, D, Hkv) mean causal with Hkv = H resp. the given Hkv. The profiler records q's shape
+(B, H, S, D, Hkv) mean causal with Hkv = H resp. the given Hkv; a seventh entry Sk is the
+keys' length where it is not S (cross-attention, SegFormer's and PVT's keys pooled to fewer
+positions): k, v are [B, Hkv, Sk, D], and such a shape is never causal. The profiler records q's shape
 plus "kv_heads" for aten::scaled_dot_product_attention, and "causal" (its is_causal argument) when
 the call passes no mask; ``from_profile`` takes a call without that key as causal (a decoder's own
 mask). ``size`` (the verifier's interpreter cap) is q's numel times the key blocks of 64.
@@ -153,22 +154,35 @@ def _written_out(q, k, v, causal, scale, on_scores=None):
 # ---------------------------------------------------------------------------------------------
 
 def problem(shape) -> tuple[int, int, int, int, int, bool]:
-    """(B, H, S, D, Hkv, causal) of a family shape with 4, 5 or 6 entries."""
+    """(B, H, S, D, Hkv, causal) of a family shape with 4 to 7 entries (keys_len: the 7th)."""
     shape = tuple(int(s) for s in shape)
-    if len(shape) not in (4, 5, 6):
-        raise ValueError(f"an attention shape is (B, H, S, D[, Hkv[, causal]]), got {shape}")
+    if len(shape) not in (4, 5, 6, 7):
+        raise ValueError(f"an attention shape is (B, H, S, D[, Hkv[, causal[, Sk]]]), got {shape}")
     b, h, s, d = shape[:4]
     hkv = shape[4] if len(shape) > 4 else h
     causal = bool(shape[5]) if len(shape) > 5 else True
     if hkv < 1 or h % hkv:
         raise ValueError(f"query heads ({h}) must be a multiple of key/value heads ({hkv})")
+    if len(shape) > 6 and (shape[6] < 1 or (causal and shape[6] != s)):
+        raise ValueError(f"keys' length {shape[6]} with {s} queries"
+                         + (" and a causal mask: the contract's causal shapes have Sk = S" if causal else ""))
     return b, h, s, d, hkv, causal
 
 
+def keys_len(shape) -> int:
+    """Sk, the keys' (and values') length: the shape's 7th entry, else S."""
+    return int(shape[6]) if len(shape) > 6 else int(shape[2])
+
+
+def _keeping_keys(shape, base: tuple) -> tuple:
+    """``base`` (a shape's first six entries) with ``shape``'s Sk entry, where it has one."""
+    return tuple(base) + tuple(int(x) for x in tuple(shape)[6:7])
+
+
 def size(shape) -> int:
-    """q's numel times its key blocks of 64: the interpreter's work grows as S^2."""
+    """q's numel times its key blocks of 64: the interpreter's work grows as S * Sk."""
     b, h, s, d, _, _ = problem(shape)
-    return b * h * s * d * max(1, -(-s // 64))
+    return b * h * s * d * max(1, -(-keys_len(shape) // 64))
 
 
 def from_profile(record: dict) -> tuple:
@@ -183,12 +197,13 @@ _HUGE_SIGMA = math.sqrt(300.0)
 
 
 def make_inputs(shape, dtype, device, gen, kind="normal"):
-    """{q: [B, H, S, D], k, v: [B, Hkv, S, D] (v a transposed view), causal, scale} from ``gen``."""
+    """{q: [B, H, S, D], k, v: [B, Hkv, Sk, D] (v a transposed view), causal, scale} from ``gen``."""
     dtype = C.as_dtype(dtype)
     b, h, s, d, hkv, causal = problem(shape)
+    sk = keys_len(shape)
     q = C.randn(gen, b, h, s, d)
-    k = C.randn(gen, b, hkv, s, d)
-    v = C.randn(gen, b, s, hkv, d)                                     # [B, S, Hkv, D]
+    k = C.randn(gen, b, hkv, sk, d)
+    v = C.randn(gen, b, sk, hkv, d)                                    # [B, Sk, Hkv, D]
     if kind == "huge":
         q, k = q * _HUGE_SIGMA, k * _HUGE_SIGMA
     elif kind == "tiny":
@@ -199,12 +214,12 @@ def make_inputs(shape, dtype, device, gen, kind="normal"):
         # every query row its own temperature: 10^-2 (uniform) .. 10^1.5 (one-hot)
         q = q * torch.pow(10.0, -2.0 + 3.5 * C.rand(gen, b, h, s, 1))
     elif kind == "constant_rows":
-        k = k[:, :, :1, :].expand(b, hkv, s, d).clone()               # equal scores along a row
+        k = k[:, :, :1, :].expand(b, hkv, sk, d).clone()              # equal scores along a row
     elif kind == "heavy_tail":
-        v = C.cauchy(gen, b * s * hkv, d).reshape(b, s, hkv, d).clamp(-1e4, 1e4)
+        v = C.cauchy(gen, b * sk * hkv, d).reshape(b, sk, hkv, d).clamp(-1e4, 1e4)
     elif kind != "normal":
         raise ValueError(f"unknown input kind {kind!r}; known: normal, {', '.join(ADVERSARIAL)}")
-    v = v.to(dtype).to(device).transpose(1, 2)                         # [B, Hkv, S, D] view
+    v = v.to(dtype).to(device).transpose(1, 2)                         # [B, Hkv, Sk, D] view
     return {"q": q.to(dtype).to(device), "k": k.to(dtype).to(device), "v": v,
             "causal": causal, "scale": 1.0 / math.sqrt(d)}
 
@@ -255,8 +270,9 @@ def cost(shape, dtype):
     many for p @ v, about 5 more per score for the softmax; causal visits S*(S+1)/2 scores."""
     item = C.itemsize(dtype)
     b, h, s, d, hkv, causal = problem(shape)
-    scores = b * h * (s * (s + 1) // 2 if causal else s * s)
-    return (2 * b * h * s * d + 2 * b * hkv * s * d) * item, scores * (4 * d + 5)
+    sk = keys_len(shape)
+    scores = b * h * (s * (s + 1) // 2 if causal else s * sk)
+    return (2 * b * h * s * d + 2 * b * hkv * sk * d) * item, scores * (4 * d + 5)
 
 
 # (B, H, S, D, Hkv, causal). Llama-3-8B / Mistral-7B prefill (32 q heads, 8 kv heads, D 128) at
@@ -867,7 +883,7 @@ def make_mask(kind: str, dims: str, shape, dtype, device, gen, input_kind="norma
     kinds makes the corresponding adversarial mask (any other kind: the realistic one)."""
     dtype = C.as_dtype(dtype)
     b, h, s, _, _, _ = problem(shape)
-    mb, mh, mq, mk = mask_shape(dims, b, h, s, s)
+    mb, mh, mq, mk = mask_shape(dims, b, h, s, keys_len(shape))
     keys = torch.arange(mk, device=gen.device)
     hidden = torch.zeros(mb, mh, mq, mk, dtype=torch.bool, device=gen.device)
     if input_kind == "one_key" and mk > 1:
@@ -907,15 +923,16 @@ def _masked_cost(dims: str, kind: str):
     def cost_fn(shape, dtype):
         byts, flops = cost(shape, dtype)
         b, h, s, _, _, causal = problem(shape)
-        n = math.prod(mask_shape(dims, b, h, s, s))
-        scores = b * h * (s * (s + 1) // 2 if causal else s * s)
+        sk = keys_len(shape)
+        n = math.prod(mask_shape(dims, b, h, s, sk))
+        scores = b * h * (s * (s + 1) // 2 if causal else s * sk)
         return byts + n * (1 if kind != "bias" else C.itemsize(dtype)), flops + scores
     return cost_fn
 
 
 def _no_causal(shapes) -> tuple:
     """Family shapes with causal 0 (a runtime mask comes without it), duplicates dropped."""
-    return tuple(dict.fromkeys(problem(s)[:5] + (0,) for s in shapes))
+    return tuple(dict.fromkeys(_keeping_keys(s, problem(s)[:5] + (0,)) for s in shapes))
 
 
 def _with_causal(shapes) -> tuple:
@@ -1171,8 +1188,6 @@ def from_match(m):
         raise NoFit("q, k, v and the output in different dtypes: the contract takes one")
     if d > MAX_HEAD_DIM:
         raise NoFit(f"head dim {d} > {MAX_HEAD_DIM}: the kernels hold a [BLOCK_M, D] tile")
-    if sq != sk:
-        raise NoFit(f"{sq} queries, {sk} keys: the contract's inputs have equal lengths")
     # the mask: none, or a constant one; causal when it hides exactly the future keys
     if sdpa:
         causal = bool(m.scalar("is_causal"))
@@ -1246,7 +1261,10 @@ def from_match(m):
     if runtime is not None:
         spec.update(runtime[0])
         args["mask"] = runtime[1]
-    return Fit(spec, (b, h, sq, d, hkv, int(causal)), args,
+    if causal and sq != sk:
+        raise NoFit(f"a causal mask over {sq} queries and {sk} keys: the contract's causal shapes "
+                    f"have equal lengths")
+    return Fit(spec, (b, h, sq, d, hkv, int(causal)) + ((sk,) if sk != sq else ()), args,
                post=((("squeeze", 0),) if rank == 3 else ()))
 
 

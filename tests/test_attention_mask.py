@@ -569,3 +569,71 @@ def test_mpt_alibi_attention_is_matched_placed_and_agrees():
     ids = torch.randint(0, 64, (2, 12), generator=gen(12))
     (att,) = one_attention_placed_and_agreeing(model, ids, out=lambda o: o.logits)
     assert att.fit.spec["mask"] == "bias" and att.fit.spec["causal"] is True
+
+
+# ---- queries and keys of different lengths (cross-attention, pooled keys) ----------------------
+
+def test_a_shape_with_fewer_keys_than_queries_makes_its_inputs_and_cost_so_and_is_never_causal():
+    shape = (2, 4, 24, 16, 2, 0, 9)                        # Sk = 9 keys for 24 queries
+    inp = attention.make_inputs(shape, "float32", "cpu", gen(1))
+    assert inp["q"].shape == (2, 4, 24, 16) and inp["k"].shape == inp["v"].shape == (2, 2, 9, 16)
+    assert attention.keys_len(shape) == 9 and attention.keys_len(shape[:6]) == 24
+    (byts, flops), (sq_b, sq_f) = attention.cost(shape, "float32"), attention.cost(shape[:6], "float32")
+    assert byts == (2 * 2 * 4 * 24 * 16 + 2 * 2 * 2 * 9 * 16) * 4 and flops * 24 == sq_f * 9
+    fam = kernels.get("attention", SDPA_BIAS)
+    assert fam.make_inputs(shape, "float32", "cpu", gen(2))["mask"].shape == (2, 1, 1, 9)
+    with pytest.raises(ValueError, match="causal"):
+        attention.problem((2, 4, 24, 16, 2, 1, 9))
+
+
+@pytest.mark.parametrize("spec, shape", [({}, (1, 2, 24, 16, 1, 0, 9)),
+                                         (SDPA_BIAS, (2, 4, 20, 16, 2, 0, 37))],
+                         ids=["plain_fewer_keys", "padding_bias_more_keys"])
+def test_cross_attention_starters_pass_the_five_stages(spec, shape, cand_dir):
+    starter_passes_the_five_stages(kernels.get("attention", spec or None), shape, cand_dir)
+
+
+def _cross(self, x, mem, keep):
+    # a decoder's cross-attention written by hand: queries from x [B, 6, 16], keys and values
+    # from an encoder's memory [B, 11, 16] with its padding, 2 heads of 8
+    b = x.shape[0]
+    q = x.view(b, -1, 2, 8).transpose(1, 2)
+    k = mem.view(b, -1, 2, 8).transpose(1, 2)
+    v = (mem * 0.5).view(b, -1, 2, 8).transpose(1, 2)
+    s = (q @ k.transpose(-2, -1)) / math.sqrt(8)
+    s = s.masked_fill(~keep[:, None, None, :], float("-inf"))
+    return (torch.softmax(s, dim=-1) @ v).transpose(1, 2).reshape(b, -1, 16)
+
+
+def test_cross_attention_by_hand_is_matched_placed_and_agrees_and_a_causal_one_is_refused():
+    x, mem = torch.randn(2, 6, 16, generator=gen(3)), torch.randn(2, 11, 16, generator=gen(4))
+    keep = torch.ones(2, 11, dtype=torch.bool)
+    keep[1, 7:] = False
+    (att,) = one_attention_placed_and_agreeing(Fn(_cross), x, mem, keep)
+    assert tuple(att.fit.shape) == (2, 2, 6, 8, 2, 0, 11), att.fit.shape
+
+    def causal(s, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    q, kv = torch.randn(1, 2, 6, 8), torch.randn(1, 2, 11, 8)
+    _, ms = found(Fn(causal), q, kv, kv)
+    (m,) = [m for g in ms.values() for m in g if m.family == "attention"]
+    assert not m.placeable and "causal" in m.why_not, m.why_not
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                    reason="transformers is not installed (requirements-dev.txt)")
+def test_segformer_attention_over_pooled_keys_is_matched_placed_and_agrees():
+    # SegFormer reduces its keys and values spatially (a strided convolution, sr_ratio 2): 81
+    # queries attend to 16 keys
+    import transformers
+    cfg = transformers.SegformerConfig(num_encoder_blocks=1, depths=[1], sr_ratios=[2],
+                                       hidden_sizes=[16], num_attention_heads=[2],
+                                       patch_sizes=[4], strides=[4], decoder_hidden_size=16)
+    torch.manual_seed(0)
+    model = transformers.SegformerModel(cfg).eval()
+    # batch 2: at batch 1 the graph's fake strides for a size-1 dim make a convolution's output
+    # channels-last where the real run's is not, and the placed model's guards miss (it runs
+    # the original: correct, no faster)
+    px = torch.randn(2, 3, 32, 32, generator=gen(5))
+    (att,) = one_attention_placed_and_agreeing(model, px, out=lambda o: o.last_hidden_state)
+    assert tuple(att.fit.shape)[2:] == (81, 8, 2, 0, 16), att.fit.shape
