@@ -19,4 +19,6 @@ if "TRITON_INTERPRET" not in os.environ:
 # The kernel families' package is named "kernels", as Hugging Face's is: importing it here tells
 # transformers (in any process that runs the engine, whatever it imports first) that its hub
 # kernels are unavailable, so it never imports ours in their place (kernels/__init__.py).
-import kernels  # noqa: E402,F401
+import kernels  # noqa: E402,F401  (imported for its effect)
+
+del kernels
