@@ -377,6 +377,7 @@ def capture(model: nn.Module, inputs, kwargs: dict | None = None, allow_dynamo: 
     try:
         with torch.no_grad():
             gm = export_graph(model, inputs, kwargs)
+        _real_strides(gm, inputs, kwargs)
         return Capture("export", [Graph(gm, "export")], "", time.perf_counter() - t0, model,
                        inputs, kwargs)
     except Exception as e:
@@ -393,6 +394,38 @@ def capture(model: nn.Module, inputs, kwargs: dict | None = None, allow_dynamo: 
                        time.perf_counter() - t0, model, inputs, kwargs)
     return Capture("dynamo", graphs, f"{why_export}; captured by dynamo as {len(graphs)} graph(s)",
                    time.perf_counter() - t0, model, inputs, kwargs)
+
+
+def _real_strides(gm: torch.fx.GraphModule, inputs: tuple, kwargs: dict) -> None:
+    """Each node's value with the strides the real run gives it, where the graph's fake values
+    say otherwise. A reshape's fake value can give a size-1 dim another stride than the real
+    one, and a convolution reads that as a channels-last input: its fake output is channels-last
+    where the real one is not (SegFormer at batch 1), and every guard placed after it would
+    miss. One forward of the graph, node by node, values freed after their last reader."""
+    if any(n.op == "call_function" and _in_place(n) for n in gm.graph.nodes):
+        return                      # a run would change the model's state (buffers, caches)
+    diff = {}
+
+    class _Strides(torch.fx.Interpreter):
+        def run_node(self, n):
+            out = super().run_node(n)
+            v = n.meta.get("val")
+            if (isinstance(out, torch.Tensor) and isinstance(v, torch.Tensor)
+                    and tuple(out.shape) == tuple(v.shape) and out.stride() != v.stride()):
+                diff[n] = tuple(out.stride())
+            return out
+    try:
+        with torch.no_grad():
+            _Strides(gm).run(*gm.graph._codegen.process_inputs(*inputs, **kwargs))
+    except Exception:
+        return                      # the fake values stand (a graph that does not run here)
+    for n, stride in diff.items():
+        v = n.meta["val"]
+        mode = getattr(v, "fake_mode", None)
+        if mode is None:
+            continue
+        with mode:
+            n.meta["val"] = torch.empty_strided(tuple(v.shape), stride, dtype=v.dtype, device=v.device)
 
 
 def _static_names(gm, example, model) -> dict:

@@ -278,7 +278,7 @@ def _val(a):
 def _changed(old, new) -> bool:
     if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor):
         return (tuple(old.shape) != tuple(new.shape) or old.dtype != new.dtype
-                or tuple(old.stride()) != tuple(new.stride()))
+                or not rt.same_layout(tuple(old.shape), tuple(old.stride()), tuple(new.stride())))
     return True
 
 
@@ -308,8 +308,8 @@ def _repropagate(g: fx.Graph, mode) -> None:
                 new = n.target(*tree_map(_val, n.args), **tree_map(_val, n.kwargs))
         except Exception:
             continue
-        n.meta["val"] = new
-        if _changed(old, new):
+        if _changed(old, new):      # else the value keeps its strides (the real run's)
+            n.meta["val"] = new
             dirty.add(n)
 
 

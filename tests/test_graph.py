@@ -1135,6 +1135,35 @@ def test_scores_viewed_per_head_around_the_softmax_read_as_one_attention_and_a_d
     assert not [m for gm in ms.values() for m in gm if m.family == "attention"], families(ms)
 
 
+def test_captured_values_carry_the_strides_of_the_real_run():
+    # tokens viewed back to an image at batch 1 (a size-1 dim whose stride the fake values and
+    # the real run disagree on), a convolution, tokens again: every node's value has the real
+    # run's strides, so guards placed after the convolution hold
+    class Pool(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(8, 8, 2, stride=2)
+
+        def forward(self, x):                      # x [1, 36, 8]: 6 x 6 tokens of 8 channels
+            img = x.permute(0, 2, 1).reshape(1, 8, 6, 6)
+            return self.conv(img).reshape(1, 8, -1).permute(0, 2, 1) * 2.0
+    x = torch.randn(1, 36, 8)
+    cap = capture.capture(Pool().eval(), (x,))
+    assert cap.ok and cap.method == "export", cap.note
+    seen = {}
+
+    class Spy(torch.fx.Interpreter):
+        def run_node(self, n):
+            out = super().run_node(n)
+            if isinstance(out, torch.Tensor):
+                seen[n.name] = (tuple(out.stride()), tuple(n.meta["val"].stride()))
+            return out
+    gm = cap.graphs[0].gm
+    with torch.no_grad():
+        Spy(gm).run(*gm.graph._codegen.process_inputs(x))
+    assert seen and all(real == fake for real, fake in seen.values()), seen
+
+
 def test_an_in_place_op_on_a_view_or_an_input_stays_in_place():
     # writing into a view writes into the tensor it views; into an input, into the caller's:
     # neither is rewritten to its functional form, and the captured graph computes what the
