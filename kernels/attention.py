@@ -9,8 +9,8 @@ in q's dtype. Candidates accept key/value lengths other than the queries' (same 
 Shapes (the family's ``shape``): (B, H, S, D, Hkv, causal), causal 1 or 0; (B, H, S, D) and
 (B, H, S, D, Hkv) mean causal with Hkv = H resp. the given Hkv; a seventh entry Sk is the
 keys' length where it is not S (cross-attention, SegFormer's and PVT's keys pooled to fewer
-positions): k, v are [B, Hkv, Sk, D], and such a shape is never causal. The profiler records q's shape
-plus "kv_heads" for aten::scaled_dot_product_attention, and "causal" (its is_causal argument) when
+positions): k, v are [B, Hkv, Sk, D], and such a shape is never causal. The profiler records
+q's shape plus "kv_heads" for aten::scaled_dot_product_attention, and "causal" (its is_causal argument) when
 the call passes no mask; ``from_profile`` takes a call without that key as causal (a decoder's own
 mask). ``size`` (the verifier's interpreter cap) is q's numel times the key blocks of 64.
 
@@ -164,8 +164,8 @@ def problem(shape) -> tuple[int, int, int, int, int, bool]:
     if hkv < 1 or h % hkv:
         raise ValueError(f"query heads ({h}) must be a multiple of key/value heads ({hkv})")
     if len(shape) > 6 and (shape[6] < 1 or (causal and shape[6] != s)):
-        raise ValueError(f"keys' length {shape[6]} with {s} queries"
-                         + (" and a causal mask: the contract's causal shapes have Sk = S" if causal else ""))
+        raise ValueError(f"keys' length {shape[6]} with {s} queries" + (
+            " and a causal mask: the contract's causal shapes have Sk = S" if causal else ""))
     return b, h, s, d, hkv, causal
 
 
