@@ -10,9 +10,9 @@ Shapes (the family's ``shape``): (B, H, S, D, Hkv, causal), causal 1 or 0; (B, H
 (B, H, S, D, Hkv) mean causal with Hkv = H resp. the given Hkv; a seventh entry Sk is the
 keys' length where it is not S (cross-attention, SegFormer's and PVT's keys pooled to fewer
 positions): k, v are [B, Hkv, Sk, D], and such a shape is never causal. The profiler records
-q's shape plus "kv_heads" for aten::scaled_dot_product_attention, and "causal" (its is_causal argument) when
-the call passes no mask; ``from_profile`` takes a call without that key as causal (a decoder's own
-mask). ``size`` (the verifier's interpreter cap) is q's numel times the key blocks of 64.
+q's shape plus "kv_heads" for aten::scaled_dot_product_attention, and "causal" (its is_causal
+argument) when the call passes no mask; ``from_profile`` takes a call without that key as
+causal (a decoder's own mask). ``size`` (the verifier's interpreter cap) is q's numel times the key blocks of 64.
 
 The reference is F.scaled_dot_product_attention(q, k, v, is_causal, scale, enable_gqa) (torch
 >= 2.5; 2.11 and 2.13 both have it): what LLaMA-style models call. q, k are made contiguous and
