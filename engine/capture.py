@@ -162,6 +162,24 @@ def _drop_empty_cats(g: torch.fx.Graph) -> None:
         g.erase_node(n)
 
 
+def fake_of(v):
+    """A node argument's fake value (the node's), anything else as it is."""
+    return v.meta.get("val") if isinstance(v, torch.fx.Node) else v
+
+
+def emit(g: torch.fx.Graph, target, args, mode):
+    """A call of ``target`` on ``args`` added at ``g``'s insertion point, its value computed on
+    the arguments' fake values under ``mode`` (none where that fails or there is no mode)."""
+    n = g.call_function(target, tuple(args))
+    if mode is not None:
+        try:
+            with mode:
+                n.meta["val"] = target(*[fake_of(a) for a in args])
+        except Exception:
+            pass
+    return n
+
+
 _SOFTMAX = {"softmax", "_softmax"}
 
 
@@ -196,6 +214,7 @@ def _split_baddbmm(g: torch.fx.Graph) -> None:
     scores: the bias added by the batched GEMM) reads as ``(a @ b) * α + bias * β``: the GEMM,
     its scale and a bias, the spelling attention's patterns are written in. The values are
     the same up to the rounding of the scale and the add, done apart."""
+    aten = torch.ops.aten
     for n in list(g.nodes):
         if _op(n) != "baddbmm" or len(n.args) != 3 or not _feeds_softmax(n):
             continue
@@ -203,34 +222,23 @@ def _split_baddbmm(g: torch.fx.Graph) -> None:
         beta, alpha = n.kwargs.get("beta", 1), n.kwargs.get("alpha", 1)
         if set(n.kwargs) - {"beta", "alpha"} or not all(isinstance(x, torch.fx.Node) for x in (bias, a, b)):
             continue
-        vb, va, vm, vo = val(bias), val(a), val(b), val(n)
-        if not all(isinstance(v, torch.Tensor) for v in (vb, va, vm, vo)):
+        vo = val(n)
+        mode = getattr(vo, "fake_mode", None)
+        if mode is None:
             continue
         made = []
-        try:
-            with g.inserting_before(n):
-                s = g.call_function(torch.ops.aten.matmul.default, (a, b))
-                made.append(s)
-                s.meta["val"] = va @ vm
-                if alpha != 1:
-                    s2 = g.call_function(torch.ops.aten.mul.Tensor, (s, alpha))
-                    made.append(s2)
-                    s2.meta["val"] = s.meta["val"] * alpha
-                    s = s2
-                if beta != 0:
-                    if beta != 1:
-                        bias2 = g.call_function(torch.ops.aten.mul.Tensor, (bias, beta))
-                        made.append(bias2)
-                        bias2.meta["val"] = vb * beta
-                        bias, vb = bias2, bias2.meta["val"]
-                    s2 = g.call_function(torch.ops.aten.add.Tensor, (s, bias))
-                    made.append(s2)
-                    s2.meta["val"] = s.meta["val"] + vb
-                    s = s2
-            ok = s.meta["val"].shape == vo.shape and s.meta["val"].dtype == vo.dtype
-        except Exception:
-            ok = False
-        if not ok:
+
+        def add(target, args):
+            made.append(emit(g, target, args, mode))
+            return made[-1]
+        with g.inserting_before(n):
+            s = add(aten.matmul.default, (a, b))
+            if alpha != 1:
+                s = add(aten.mul.Tensor, (s, alpha))
+            if beta != 0:
+                s = add(aten.add.Tensor, (s, add(aten.mul.Tensor, (bias, beta)) if beta != 1 else bias))
+        vs = val(s)
+        if not (isinstance(vs, torch.Tensor) and vs.shape == vo.shape and vs.dtype == vo.dtype):
             for m in reversed(made):
                 g.erase_node(m)
             continue
@@ -284,25 +292,24 @@ def _merged_heads(g: torch.fx.Graph) -> None:
         others = {a for u in chain for a in u.all_input_nodes if a is not v4 and a not in chain}
         if any(not isinstance(val(a), torch.Tensor) or val(a).dim() > 4 for a in others):
             continue
+        shapes = {a: (1,) * (4 - val(a).dim()) + tuple(val(a).shape) for a in others}
         try:
-            new = {}
-            for a in others:
-                va = val(a)
-                shp = (1,) * (4 - va.dim()) + tuple(va.shape)
+            for shp in shapes.values():
                 torch.broadcast_shapes(shp, (B, H, S, T))
-                with g.inserting_after(a):
-                    if shp[0] == 1 and shp[1] == 1:
-                        r = g.call_function(torch.ops.aten.reshape.default, (a, [1, *shp[2:]]))
-                        r.meta["val"] = va.reshape(1, *shp[2:])
-                    else:
-                        e = g.call_function(torch.ops.aten.expand.default, (a, [B, H, *shp[2:]]))
-                        e.meta["val"] = va.reshape(shp).expand(B, H, *shp[2:])
-                        with g.inserting_after(e):
-                            r = g.call_function(torch.ops.aten.reshape.default, (e, [B * H, *shp[2:]]))
-                        r.meta["val"] = e.meta["val"].reshape(B * H, *shp[2:])
-                new[a] = r
-        except Exception:
+        except RuntimeError:
             continue
+        mode = getattr(vo, "fake_mode", None)
+        if mode is None:
+            continue
+        new = {}
+        for a, shp in shapes.items():
+            with g.inserting_after(a):
+                if shp[0] == 1 and shp[1] == 1:       # no batch or head dim: a view
+                    new[a] = emit(g, torch.ops.aten.reshape.default, (a, [1, *shp[2:]]), mode)
+                    continue
+                e = emit(g, torch.ops.aten.expand.default, (a, [B, H, *shp[2:]]), mode)
+            with g.inserting_after(e):
+                new[a] = emit(g, torch.ops.aten.reshape.default, (e, [B * H, *shp[2:]]), mode)
         for u in chain:
             u.args = tuple(x if a is v4 else new.get(a, a) if isinstance(a, torch.fx.Node) else a
                            for a in u.args)
@@ -326,14 +333,12 @@ def _fold_biases(g: torch.fx.Graph) -> None:
     The biases' sum is what the second add would have read anyway; in the scores' own dtype the
     result differs by the rounding of one add."""
     for outer in list(g.nodes):
-        if not (outer.op == "call_function" and getattr(outer.target, "_opname", None) == "add"
-                and len(outer.args) == 2 and outer.kwargs.get("alpha", 1) == 1
-                and any(getattr(u.target, "_opname", None) in _SOFTMAX for u in outer.users)):
+        if not (_op(outer) == "add" and len(outer.args) == 2 and outer.kwargs.get("alpha", 1) == 1
+                and any(_op(u) in _SOFTMAX for u in outer.users)):
             continue
         inner, b2 = outer.args
-        if not (isinstance(inner, torch.fx.Node) and isinstance(b2, torch.fx.Node)
-                and inner.op == "call_function" and getattr(inner.target, "_opname", None) == "add"
-                and len(inner.args) == 2 and len(inner.users) == 1 and inner.kwargs.get("alpha", 1) == 1):
+        if not (_op(inner) == "add" and isinstance(b2, torch.fx.Node) and len(inner.args) == 2
+                and len(inner.users) == 1 and inner.kwargs.get("alpha", 1) == 1):
             continue
         x, b1 = inner.args
         if not (isinstance(x, torch.fx.Node) and isinstance(b1, torch.fx.Node)):
@@ -348,10 +353,8 @@ def _fold_biases(g: torch.fx.Graph) -> None:
         if x in _ancestors(b1) or x in _ancestors(b2) or x is b1 or x is b2:
             continue                           # a bias computed from the scores
         with g.inserting_before(outer):
-            both = g.call_function(torch.ops.aten.add.Tensor, (b1, b2))
-        try:
-            both.meta["val"] = v1 + v2
-        except Exception:
+            both = emit(g, torch.ops.aten.add.Tensor, (b1, b2), getattr(v1, "fake_mode", None))
+        if "val" not in both.meta:
             g.erase_node(both)
             continue
         outer.args = (x, both)

@@ -84,23 +84,6 @@ def _fake_mode(gm: fx.GraphModule):
     return None
 
 
-def _fake_of(v, mode):
-    if isinstance(v, fx.Node):
-        return v.meta.get("val")
-    return v
-
-
-def _emit(g: fx.Graph, target, args, mode):
-    n = g.call_function(target, tuple(args))
-    if mode is not None:
-        try:
-            with mode:
-                n.meta["val"] = target(*[_fake_of(a, mode) for a in args])
-        except Exception:
-            pass
-    return n
-
-
 def _meta_tuple(v) -> tuple | None:
     if not isinstance(v, torch.Tensor):
         return None
@@ -154,7 +137,7 @@ def _rewrite_one(g: fx.Graph, env: dict, m: match.Match, k: rt.Kernel, mode) -> 
                 return False, f"the argument {name} went with a site placed before this one"
             for v in ref.views:
                 target, vargs = _VIEW_ATEN[v[0]](node, *v[1:])
-                node = _emit(g, target, vargs, mode)
+                node = cap.emit(g, target, vargs, mode)
             args.append(node)
             metas.append(_meta_tuple(node.meta.get("val")) if isinstance(node, fx.Node) else None)
         if any(isinstance(a, fx.Node) and a.meta.get("val") is None for a in args):
@@ -169,10 +152,10 @@ def _rewrite_one(g: fx.Graph, env: dict, m: match.Match, k: rt.Kernel, mode) -> 
                 if isinstance(other, Ref):
                     src = m.node(other.name)
                     other = _live(env, src)
-                y = _emit(g, aten.add.Tensor, (y, other), mode)
+                y = cap.emit(g, aten.add.Tensor, (y, other), mode)
             else:
                 target, vargs = _VIEW_ATEN[name](y, *rest)
-                y = _emit(g, target, vargs, mode)
+                y = cap.emit(g, target, vargs, mode)
     return _swap(g, env, m.output, m.nodes, y, site)
 
 
@@ -221,7 +204,7 @@ def _site_node(g: fx.Graph, fam, k: rt.Kernel, args: list, metas: list, mode):
     family's reference under its contract on fake inputs."""
     try:
         with mode:
-            fake_out = fam.reference(**{n: _fake_of(a, mode) for n, a in zip(fam.arg_names, args)})
+            fake_out = fam.reference(**{n: cap.fake_of(a) for n, a in zip(fam.arg_names, args)})
     except Exception as e:
         return None, f"the {fam.name} reference does not run on these inputs: {type(e).__name__}"
     site = rt.add_site(k, tuple(metas), (tuple(int(s) for s in fake_out.shape), fake_out.dtype))

@@ -238,9 +238,8 @@ def _guard_hub_kernels() -> None:
     import sys
     if _HF_UTILS in sys.modules:
         _hub_kernels_off(sys.modules[_HF_UTILS])
-        for name in ("transformers.utils",):
-            if name in sys.modules:
-                sys.modules[name].is_kernels_available = sys.modules[_HF_UTILS].is_kernels_available
+        if "transformers.utils" in sys.modules:          # it re-exports the name
+            _hub_kernels_off(sys.modules["transformers.utils"])
     elif not any(isinstance(f, _HubKernelsOff) for f in sys.meta_path):
         sys.meta_path.insert(0, _HubKernelsOff())
 

@@ -12,7 +12,8 @@ keys' length where it is not S (cross-attention, SegFormer's and PVT's keys pool
 positions): k, v are [B, Hkv, Sk, D], and such a shape is never causal. The profiler records
 q's shape plus "kv_heads" for aten::scaled_dot_product_attention, and "causal" (its is_causal
 argument) when the call passes no mask; ``from_profile`` takes a call without that key as
-causal (a decoder's own mask). ``size`` (the verifier's interpreter cap) is q's numel times the key blocks of 64.
+causal (a decoder's own mask). ``size`` (the verifier's interpreter cap) is q's numel times
+the key blocks of 64.
 
 The reference is F.scaled_dot_product_attention(q, k, v, is_causal, scale, enable_gqa) (torch
 >= 2.5; 2.11 and 2.13 both have it): what LLaMA-style models call. q, k are made contiguous and
@@ -174,9 +175,10 @@ def keys_len(shape) -> int:
     return int(shape[6]) if len(shape) > 6 else int(shape[2])
 
 
-def _keeping_keys(shape, base: tuple) -> tuple:
-    """``base`` (a shape's first six entries) with ``shape``'s Sk entry, where it has one."""
-    return tuple(base) + tuple(int(x) for x in tuple(shape)[6:7])
+def _score_count(shape) -> int:
+    """Scores the shape computes: B * H * S * Sk, or the lower triangle's when causal."""
+    b, h, s, _, _, causal = problem(shape)
+    return b * h * (s * (s + 1) // 2 if causal else s * keys_len(shape))
 
 
 def size(shape) -> int:
@@ -269,10 +271,9 @@ def cost(shape, dtype):
     """(bytes, flops): read q, k, v once, write o once; 2*D flops per score for q @ k^T and as
     many for p @ v, about 5 more per score for the softmax; causal visits S*(S+1)/2 scores."""
     item = C.itemsize(dtype)
-    b, h, s, d, hkv, causal = problem(shape)
-    sk = keys_len(shape)
-    scores = b * h * (s * (s + 1) // 2 if causal else s * sk)
-    return (2 * b * h * s * d + 2 * b * hkv * sk * d) * item, scores * (4 * d + 5)
+    b, h, s, d, hkv, _ = problem(shape)
+    byts = (2 * b * h * s * d + 2 * b * hkv * keys_len(shape) * d) * item
+    return byts, _score_count(shape) * (4 * d + 5)
 
 
 # (B, H, S, D, Hkv, causal). Llama-3-8B / Mistral-7B prefill (32 q heads, 8 kv heads, D 128) at
@@ -922,22 +923,16 @@ def make_mask(kind: str, dims: str, shape, dtype, device, gen, input_kind="norma
 def _masked_cost(dims: str, kind: str):
     def cost_fn(shape, dtype):
         byts, flops = cost(shape, dtype)
-        b, h, s, _, _, causal = problem(shape)
-        sk = keys_len(shape)
-        n = math.prod(mask_shape(dims, b, h, s, sk))
-        scores = b * h * (s * (s + 1) // 2 if causal else s * sk)
-        return byts + n * (1 if kind != "bias" else C.itemsize(dtype)), flops + scores
+        b, h, s, _, _, _ = problem(shape)
+        n = math.prod(mask_shape(dims, b, h, s, keys_len(shape)))
+        return byts + n * (1 if kind != "bias" else C.itemsize(dtype)), flops + _score_count(shape)
     return cost_fn
 
 
-def _no_causal(shapes) -> tuple:
-    """Family shapes with causal 0 (a runtime mask comes without it), duplicates dropped."""
-    return tuple(dict.fromkeys(_keeping_keys(s, problem(s)[:5] + (0,)) for s in shapes))
-
-
-def _with_causal(shapes) -> tuple:
-    """Family shapes with causal 1 (a bias with the causal mask after it), duplicates dropped."""
-    return tuple(dict.fromkeys(problem(s)[:5] + (1,) for s in shapes))
+def _causal_as(shapes, causal: bool) -> tuple:
+    """Family shapes with their causal entry set (0: a runtime mask comes without it; 1: a bias
+    with the causal mask after it), an Sk entry kept, duplicates dropped."""
+    return tuple(dict.fromkeys(problem(s)[:5] + (int(causal),) + tuple(s[6:7]) for s in shapes))
 
 
 def _masked_family(spec: dict) -> Family:
@@ -957,7 +952,7 @@ def _masked_family(spec: dict) -> Family:
     cap = spec.get("softcap")
     # a bias with the causal mask after it (ALiBi): the family shapes are causal, else never
     causal = bool(spec.get("causal"))
-    shapes = _with_causal if causal else _no_causal
+    shapes = functools.partial(_causal_as, causal=causal)
     reference_fn = by_hand_masked(kind, fill, cap) if by else sdpa_masked(kind)
     extra = MASK_ADVERSARIAL[kind]
 
