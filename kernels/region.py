@@ -1679,10 +1679,17 @@ def splittable(spec) -> bool:
     return not set(_split_dims(spec["ops"][-1]["map"], spec.get("split"))) & set(spec["red"])
 
 
+# A convolution's implicit GEMM starts at the tap-major "window" loop where a tap's input
+# channels fill the default 32-deep K step; with fewer, the flat "dot" gather (K = Ci x taps)
+# wastes no lanes
+WINDOW_MIN_CI = 32
+
+
 def space_of(spec) -> tuple[dict, dict]:
     """(space, default) of a region: a GEMM's tile space; a convolution with weights and one
-    group: the region space plus the implicit GEMM ("conv_loop": "dot", its tile axes; the
-    starter) beside the tap loop ("taps"); any other region: the region space."""
+    group: the region space plus the implicit GEMM (its tile axes; "conv_loop" "dot" or
+    "window", the starter by WINDOW_MIN_CI) beside the tap loop ("taps"); any other region:
+    the region space."""
     if spec.get("gemm"):
         return GEMM_SPACE, GEMM_DEFAULT
     if conv_dot_ok(spec):
@@ -1694,8 +1701,11 @@ def space_of(spec) -> tuple[dict, dict]:
         # algorithm for small convolutions (a [2, 3, 11] one on the H200), where TF32 fails
         extra = {k: v for k, v in GEMM_SPACE.items() if k != "num_warps" and k not in GEMM_ONLY}
         extra["fp32_dot"] = CONV_FP32_DOT
-        return ({"conv_loop": ["dot", "taps"], **SPACE, **extra},
-                {"conv_loop": "dot", **DEFAULT,
+        cv = spec["conv"]
+        ci = cv["w_shape"][0] if cv["transposed"] else cv["w_shape"][1]
+        loop = "window" if ci >= WINDOW_MIN_CI else "dot"
+        return ({"conv_loop": ["dot", "window", "taps"], **SPACE, **extra},
+                {"conv_loop": loop, **DEFAULT,
                  **{k: v for k, v in GEMM_DEFAULT.items() if k not in GEMM_ONLY}})
     if splittable(spec):
         return {**SPACE, **SPLIT_SPACE}, {**DEFAULT, **SPLIT_DEFAULT}
@@ -1759,7 +1769,7 @@ def _inner_dim(spec, p, rows_d) -> int | None:
     if p.get("row_order", "auto") != "auto" or spec.get("gemm") or not rows_d:
         return None
     if spec.get("conv"):
-        if p.get("conv_loop") == "dot":
+        if p.get("conv_loop") in ("dot", "window"):
             return None                  # the implicit GEMM tiles (positions, channels) itself
     elif not spec["red"]:
         return None
@@ -1800,7 +1810,7 @@ def render_for(spec):
 
     def render(params):
         p = C.resolve(NAME, space, default, params)
-        conv_dot = bool(spec.get("conv")) and p.get("conv_loop") == "dot"
+        conv_dot = bool(spec.get("conv")) and p.get("conv_loop") in ("dot", "window")
         rows_d, cols_d = _plan_dims(spec, p)
         inner_d = _inner_dim(spec, p, rows_d)
         colset = set(cols_d)
@@ -1884,7 +1894,8 @@ def render_for(spec):
                 elif s.kind == "in":
                     lines.append(load(int(s.name[2:]), tile and level[s.name] == "dom"))
                 elif s.kind == "conv":
-                    lines.extend(_conv_dot_lines(spec, s, rows_d) if conv_dot else _conv_lines(spec, s))
+                    lines.extend(_conv_dot_lines(spec, s, rows_d, p["conv_loop"] == "window")
+                                 if conv_dot else _conv_lines(spec, s))
                 elif s.kind == "gemm":
                     lines.extend(_gemm_lines(spec, s, rows_d))
                 elif s.kind == "pw":
@@ -2305,7 +2316,7 @@ def conv_dot_ok(spec) -> bool:
     return bool(cv) and not cv.get("pool") and cv.get("w") is not None and cv["groups"] == 1
 
 
-def _conv_dot_lines(spec, st, rows_d) -> list:
+def _conv_dot_lines(spec, st, rows_d, window=False) -> list:
     """Kernel lines of the convolution's fp32 accumulator tile [ROWS, BLOCK] as an implicit
     GEMM: rows are (n, output positions), columns output channels, and K the Ci x kernel-volume
     taps, BLOCK_K of them a step: the input tile [ROWS, BLOCK_K] gathered from x (zero outside
@@ -2314,7 +2325,15 @@ def _conv_dot_lines(spec, st, rows_d) -> list:
     ones (never stored). What depends on the row alone (its batch offset, each spatial dim's
     window origin) is worked out once, before the K loop; inside it the [ROWS, BLOCK_K]
     index tiles are int32 (IDX64: int64, for a tensor of 2^31 elements or more): at
-    BLOCK_M x BLOCK_K = 128 x 32 int64 tiles of positions the loop spilled registers."""
+    BLOCK_M x BLOCK_K = 128 x 32 int64 tiles of positions the loop spilled registers.
+
+    ``window``: K ordered tap-major instead, BLOCK_K input channels of one tap a step (the
+    point "conv_loop": "window", for Ci of BLOCK_K or more). The step's tap is a scalar, so the
+    rows' positions, bounds and offsets are [ROWS] vectors worked out once a step and the
+    [ROWS, BLOCK_K] tile is one add and one mask: the "dot" gather decomposes every K index
+    into (channel, tap) and tests every element's window bounds."""
+    if window:
+        return _conv_window_lines(spec, st, rows_d)
     cv = spec["conv"]
     r = spec["rank"]
     S = r - 2
@@ -2370,6 +2389,75 @@ def _conv_dot_lines(spec, st, rows_d) -> list:
     else:
         woff = f"co[None, :] * cw_s0 + ci[:, None] * cw_s1{ks}"
     body.append(f"wt = tl.load(in{cv['w']}_ptr + {woff}, mask=kmask[:, None], other=0.0)")
+    body += ["if DOT_FP32:                       # interpreter: its tl.dot cannot multiply bf16",
+             "    xt = xt.to(tl.float32)",
+             "    wt = wt.to(tl.float32)",
+             "if IEEE:                           # fp32 operands: full fp32, no TF32",
+             f"    {n}_acc = tl.dot(xt, wt, {n}_acc, input_precision=\"ieee\")",
+             "else:",
+             f"    {n}_acc = tl.dot(xt, wt, {n}_acc)"]
+    out += ["    " + b for b in body]
+    if cv["b"] is not None:
+        out.append(f"{n} = {n}_acc + tl.load(in{cv['b']}_ptr + i1 * cb_s0, mask=cmask, "
+                   f"other=0.0).to(tl.float32)[None, :]")
+    else:
+        out.append(f"{n} = {n}_acc")
+    return out + _decompose("rows.to(IDX)", rows_d, "r")
+
+
+def _conv_window_lines(spec, st, rows_d) -> list:
+    """_conv_dot_lines' "window" loop: one K step is (tap t, channels cb .. cb + BLOCK_K) of
+    kernel volume x cdiv(Ci, BLOCK_K) steps; Ci < BLOCK_K pads every step with masked lanes."""
+    cv = spec["conv"]
+    S = spec["rank"] - 2
+    w = cv["w_shape"]
+    k = w[2:]
+    kp = math.prod(k)
+    tr = cv["transposed"]
+    ci_n = w[0] if tr else w[1]
+    n = st.name
+    nkc = f"(({ci_n} + BLOCK_K - 1) // BLOCK_K)"       # channel blocks a tap (constexpr)
+    out = _decompose("(m % m_rows).to(IDX)", rows_d, "cr", "cr_i")
+    xrow = "cr_i0.to(tl.int64) * cx_s0"
+    for s in range(S):
+        stv, pd = cv["stride"][s], cv["padding"][s]
+        if tr:
+            out.append(f"ob{s} = (cr_i{2 + s} + {pd}).to(IDX)                 # [ROWS]")
+        else:
+            out.append(f"ob{s} = (cr_i{2 + s} * {stv} - {pd}).to(IDX)          # [ROWS]")
+            xrow += f" + ob{s} * cx_s{2 + s}"
+    out += [f"xrow = {xrow}                  # [ROWS] int64",
+            "co = (cols % n_cols).to(IDX)                            # [BLOCK] channels in range",
+            "rk = tl.arange(0, BLOCK_K)",
+            f"{n}_acc = tl.zeros((ROWS, BLOCK), dtype=tl.float32)",
+            f"for kb in range(0, {kp} * {nkc}):     # (tap, channel block), tap-major"]
+    body = [f"t = kb // {nkc}                             # the tap (a scalar)",
+            f"ci = ((kb - t * {nkc}) * BLOCK_K + rk).to(IDX)   # [BLOCK_K] its channels",
+            f"kcm = ci < {ci_n}"]
+    for s in reversed(range(S)):
+        body.append(f"kq{s} = t % {k[s]}")
+        body.append(f"t = t // {k[s]}")
+    ok, xr = [], "xrow"
+    for s in range(S):
+        stv, dl = cv["stride"][s], cv["dilation"][s]
+        if tr:
+            body.append(f"tq{s} = ob{s} - kq{s} * {dl}                     # [ROWS]")
+            body.append(f"pq{s} = tq{s} // {stv}")
+            ok.append(f"(tq{s} >= 0) & (pq{s} * {stv} == tq{s}) & (pq{s} < xi{s})")
+            xr += f" + pq{s} * cx_s{2 + s}"
+        else:
+            body.append(f"pq{s} = ob{s} + kq{s} * {dl}                     # [ROWS]")
+            ok.append(f"(pq{s} >= 0) & (pq{s} < xi{s})")
+            xr += f" + kq{s} * {dl} * cx_s{2 + s}"
+    body.append("rok = " + " & ".join(ok) + "        # [ROWS] the tap inside x")
+    body.append(f"xt = tl.load(in{cv['x']}_ptr + ({xr})[:, None] + (ci * cx_s1)[None, :],")
+    body.append("             mask=rok[:, None] & kcm[None, :], other=0.0)")
+    ks = "".join(f" + kq{s} * cw_s{2 + s}" for s in range(S))
+    if tr:
+        woff = f"ci[:, None] * cw_s0 + co[None, :] * cw_s1{ks}"
+    else:
+        woff = f"co[None, :] * cw_s0 + ci[:, None] * cw_s1{ks}"
+    body.append(f"wt = tl.load(in{cv['w']}_ptr + {woff}, mask=kcm[:, None], other=0.0)")
     body += ["if DOT_FP32:                       # interpreter: its tl.dot cannot multiply bf16",
              "    xt = xt.to(tl.float32)",
              "    wt = wt.to(tl.float32)",

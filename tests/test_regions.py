@@ -742,17 +742,35 @@ def test_a_convolution_runs_as_an_implicit_gemm_and_as_a_tap_loop(model, inputs,
     _, f = _found(model, *inputs)
     (r,) = f.regions
     fam = kernels.get("region", r.spec)
-    assert fam.default["conv_loop"] == "dot" and fam.space["conv_loop"] == ["dot", "taps"]
+    assert fam.default["conv_loop"] == "dot" and fam.space["conv_loop"] == ["dot", "window", "taps"]
     # IEEE first (cuDNN runs small convolutions in IEEE fp32), TF32 the first move where
     # torch lets cuDNN use it
     assert fam.default["fp32_dot"] == "ieee"
     tf32 = ({"fp32_dot": "tf32"},) if torch.backends.cudnn.allow_tf32 else ()
     assert fam.openers == tf32 + ({"fp32_dot": "tf32x3"},)
-    for point, kernel in (({}, "_region_gemm"), ({"conv_loop": "taps"}, "_region_one_pass")):
+    for point, kernel in (({}, "_region_gemm"), ({"conv_loop": "window", "block_k": 16}, "_region_gemm"),
+                          ({"conv_loop": "taps"}, "_region_one_pass")):
         src = fam.render(point)
         assert f"def {kernel}(" in src and ("tl.dot(" in src) == (kernel == "_region_gemm")
         for st in _five_stages(fam, r.shape, src, tmp_path):
             assert st.status == "passed", (point, st.stage, st.failed_case, st.detail)
+
+
+def test_a_convolution_with_many_input_channels_starts_at_the_tap_major_loop(tmp_path):
+    # Ci = 32 fills a K step with one tap's channels: the starter loops (tap, channel block)
+    # and passes everything; dropping a window bound reads outside x and is rejected
+    _, f = _found(ConvBnRelu(nn.Conv2d(32, 6, 3, padding=1)), torch.randn(1, 32, 5, 4))
+    (r,) = f.regions
+    fam = kernels.get("region", r.spec)
+    assert fam.default["conv_loop"] == "window"
+    src = fam.starter()
+    assert "tap-major" in src and "tl.dot(" in src
+    for st in _five_stages(fam, r.shape, src, tmp_path):
+        assert st.status == "passed", (st.stage, st.failed_case, st.detail)
+    bad_src = src.replace("(pq0 >= 0) & ", "")
+    assert bad_src != src
+    bad = [s for s in _five_stages(fam, r.shape, bad_src, tmp_path) if s.status != "passed"]
+    assert bad and "wrong result" in bad[0].detail, bad
 
 
 def test_grouped_convolutions_and_pooling_keep_the_tap_loop():
