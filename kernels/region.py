@@ -1681,7 +1681,10 @@ def splittable(spec) -> bool:
 
 # A convolution's implicit GEMM starts at the tap-major "window" loop where a tap's input
 # channels fill the default 32-deep K step; with fewer, the flat "dot" gather (K = Ci x taps)
-# wastes no lanes
+# wastes no lanes. "conv_layout" "channels" copies x and w with their input channels
+# contiguous first (channels-last, as inductor lays out a convolution's operands): the window
+# loop's [ROWS, BLOCK_K] tile and the weights' [BLOCK_K, BLOCK_N] then run along K, the order
+# Hopper's TF32 tensor-core operands want; "model" reads them as the model passes them
 WINDOW_MIN_CI = 32
 
 
@@ -1704,8 +1707,9 @@ def space_of(spec) -> tuple[dict, dict]:
         cv = spec["conv"]
         ci = cv["w_shape"][0] if cv["transposed"] else cv["w_shape"][1]
         loop = "window" if ci >= WINDOW_MIN_CI else "dot"
-        return ({"conv_loop": ["dot", "window", "taps"], **SPACE, **extra},
-                {"conv_loop": loop, **DEFAULT,
+        return ({"conv_loop": ["dot", "window", "taps"], "conv_layout": ["model", "channels"],
+                 **SPACE, **extra},
+                {"conv_loop": loop, "conv_layout": "model", **DEFAULT,
                  **{k: v for k, v in GEMM_DEFAULT.items() if k not in GEMM_ONLY}})
     if splittable(spec):
         return {**SPACE, **SPLIT_SPACE}, {**DEFAULT, **SPLIT_DEFAULT}
@@ -2006,7 +2010,7 @@ def render_for(spec):
             return _render_gemm(spec, p, space, sig, one,
                                 any(s.op in ("prod", "cumprod") for s in steps if s.name in used),
                                 _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2,
-                                          conv_dot))
+                                          conv_dot, channels=p.get("conv_layout") == "channels"))
 
         # ---- looped: a pass per reduction, then a pass for a column-shaped output
         loop = list(head)
@@ -2550,6 +2554,18 @@ _FAR_SRC = '''def _far(*ts):
 '''
 
 
+_CHANNELS_SRC = '''def _channels_inner(t, d):
+    """``t`` (same shape) with dim ``d`` contiguous, its other dims in order: a copy unless it is."""
+    if t.stride(d) == 1:
+        return t
+    perm = [j for j in range(t.dim()) if j != d] + [d]
+    inv = [perm.index(j) for j in range(t.dim())]
+    return t.permute(perm).contiguous().permute(inv)
+
+
+'''
+
+
 _MUL_SRC = '''@triton.jit
 def _mul(a, b):
     return a * b
@@ -2589,7 +2605,8 @@ def _render_gemm(spec, p, space, sig, body, uses_mul, launcher) -> str:
                 "accumulation;"]
         moves = ["Bytes the op must move: x, the weights and the epilogue's inputs once, the output once;",
                  "flops 2 per output element and tap. Each tile re-reads its input window from L2/HBM."]
-    axes = {k: v for k, v in space.items() if k in GEMM_SPACE or k in ("conv_loop", "num_warps")}
+    axes = {k: v for k, v in space.items()
+            if k in GEMM_SPACE or k in ("conv_loop", "conv_layout", "num_warps")}
     doc = "\n".join([
         f'"""Region candidate: {spec["name"]} (generated from its ops; no hand-written code).',
         ""] + what + [_mm.FP32_DOT_DOC[p["fp32_dot"]]] + moves + [
@@ -2614,7 +2631,9 @@ def _render_gemm(spec, p, space, sig, body, uses_mul, launcher) -> str:
         prep += ("    if a.dtype == torch.float32:       # [a_hi | a_hi | a_lo] @ [b_hi ; b_lo ; b_hi]\n"
                  f"        a, b = _split3(a, -1, 2), _split3(b, {b_k}, 1)\n")
     launcher = launcher.replace(_OPERANDS_MARK, prep)
+    channels = p.get("conv_layout") == "channels"
     src = C.tidy(doc + _mm.GEMM_HELPERS_SRC + "\n\n" + _FAR_SRC + (_MUL_SRC if uses_mul else "")
+                 + (_CHANNELS_SRC if channels else "")
                  + (_mm.TF32_SPLIT_SRC if split else "") + (_mm.K_MAJOR_SRC if k_major else "")
                  + kern + "\n\n" + launcher)
     # the K loop's fp32 dots say "ieee"; bf16/fp16 tiles never take that branch
@@ -2652,7 +2671,7 @@ def _tiled_launch(spec, nin, call, a, k, batches, even_k) -> list:
 
 
 def _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2, conv_dot=False, inner=None,
-              slices=False):
+              slices=False, channels=False):
     split = spec.get("split")
     nin = len(spec["inputs"])
     rank = spec["rank"]
@@ -2745,6 +2764,10 @@ def _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2, conv_dot=Fal
         lines += _tiled_launch(spec, nin, call, "a", "K", "n_rows // m_rows", "K % bk == 0")
         return "\n".join(lines) + "\n"
     if conv_dot:
+        if channels:     # the "channels" layout: x and w with their input channels contiguous
+            ci_dim = 0 if cv["transposed"] else 1
+            lines += [f"    in{x} = _channels_inner(in{x}, 1)         # a copy unless already so",
+                      f"    in{w} = _channels_inner(in{w}, {ci_dim})"]
         lines.append("    m_rows = n_rows                   # (n, output positions)")
         lines += _tiled_launch(spec, nin, call + ["m_rows"], f"in{cv['x']}", str(_conv_taps(cv)),
                                "1", "True")
