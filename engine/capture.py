@@ -88,10 +88,12 @@ def _clean(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     for n in reversed(list(g.nodes)):       # unread items of tuple results (max's indices)
         if n.op == "call_function" and n.target is operator.getitem and not n.users:
             g.erase_node(n)
+    _drop_dead(g)
     _functional(g)
     _drop_empty_cats(g)
     _split_baddbmm(g)
     _merged_heads(g)
+    _batched_scores(g)
     _fold_biases(g)
     # export's own input guards (a module run under a dynamo context manager on every call, ~10
     # us of host time): what runs this graph checks the call's signature and each placed site
@@ -101,6 +103,28 @@ def _clean(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             g.erase_node(n)
     gm.recompile()
     return gm
+
+
+def _dead(n) -> bool:
+    """``n`` computes a value nothing reads, with no effect of its own: an aten op that returns
+    a value, writes no argument and draws no random numbers (a result the model drops)."""
+    t = getattr(n, "target", None)
+    if n.op != "call_function" or n.users or not isinstance(t, torch._ops.OpOverload):
+        return False
+    if t in getattr(torch.fx.node, "_side_effectful_functions", ()):
+        return False                      # asserts, profiler ranges: run for their effect
+    return (bool(t._schema.returns) and not t._schema.is_mutable
+            and torch.Tag.nondeterministic_seeded not in t.tags)
+
+
+def _drop_dead(g: torch.fx.Graph) -> None:
+    """Values the model computes and never reads leave the graph (with what only they read):
+    nn.MultiheadAttention returns its attention weights averaged over the heads, and a caller
+    that drops them (``out, _ = attn(x, x, x)``) leaves the softmax with a second reader, the
+    mean, which the attention patterns (one reader: the product with v) would refuse."""
+    for n in reversed(list(g.nodes)):
+        if _dead(n):
+            g.erase_node(n)
 
 
 def _fresh(n) -> bool:
@@ -324,6 +348,27 @@ def _merged_heads(g: torch.fx.Graph) -> None:
         for n in [*chain[-1].users, *_ancestors(x, stop=8)]:
             if _op(n) == "bmm":
                 n.target = torch.ops.aten.matmul.default
+
+
+def _after_softmax(n, hops: int = 3) -> bool:
+    """``n`` is a softmax's value, through up to ``hops`` single-reader casts or dropouts."""
+    for _ in range(hops + 1):
+        if _op(n) in _SOFTMAX:
+            return True
+        if _op(n) not in ("dropout", "to", "_to_copy", "clone", "contiguous") or len(n.users) != 1:
+            return False
+        n = n.args[0]
+    return False
+
+
+def _batched_scores(g: torch.fx.Graph) -> None:
+    """Attention written over [B*H, S, D] with ``torch.bmm`` (nn.MultiheadAttention when it
+    returns its weights): the GEMM whose value reaches a softmax and the one that reads the
+    softmax's value read as matmul, which computes 3-D operands as bmm does and is the
+    spelling the patterns are written in. Other bmms stay as written."""
+    for n in g.nodes:
+        if _op(n) == "bmm" and (_feeds_softmax(n) or _after_softmax(n.args[0])):
+            n.target = torch.ops.aten.matmul.default
 
 
 def _fold_biases(g: torch.fx.Graph) -> None:

@@ -1115,6 +1115,31 @@ def test_bloom_attention_over_merged_heads_with_alibi_in_baddbmm_is_matched_plac
     assert att.fit.spec["mask"] == "bias" and tuple(att.fit.shape[:4]) == (1, 8, 12, 8), att.fit
 
 
+class _MHABlock(nn.Module):      # KernelBench level 3's VisionAttention: sequence-first MHA
+    def __init__(self, keep_weights=False):
+        super().__init__()
+        self.attn, self.norm, self.keep = nn.MultiheadAttention(32, 4), nn.LayerNorm(32), keep_weights
+
+    def forward(self, x):
+        out, w = self.attn(x, x, x)
+        y = self.norm(out + x)
+        return (y, w) if self.keep else y
+
+
+def test_multihead_attention_with_its_weights_dropped_is_one_attention_and_with_them_kept_none():
+    # nn.MultiheadAttention off its fast path computes bmm, softmax, bmm and averages the
+    # weights over the heads: a caller dropping the weights leaves that mean dead (the capture
+    # drops it) and the bmms read as one attention over B*H heads; a caller returning them
+    # reads the softmax itself, so no attention kernel may replace it
+    x = torch.randn(6, 2, 32, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    (att,) = one_attention_placed_and_agreeing(_MHABlock().eval(), x)
+    assert tuple(att.fit.shape[:4]) == (1, 8, 6, 8), att.fit
+    with torch.no_grad():
+        _, ms = found(_MHABlock(keep_weights=True).eval(), x)
+    assert "attention" not in [m.family for g in ms.values() for m in g]
+
+
 def test_scores_viewed_per_head_around_the_softmax_read_as_one_attention_and_a_decoy_does_not():
     # the merged-heads spelling written by hand (no transformers): baddbmm with a bias, a view
     # to [B, H, S, S], a [B, 1, S, S] mask added, softmax, the view back, bmm; a softmax over
