@@ -761,15 +761,17 @@ def test_a_convolution_runs_as_an_implicit_gemm_and_as_a_tap_loop(model, inputs,
 
 def test_a_convolution_with_many_input_channels_starts_at_the_tap_major_loop(tmp_path):
     # Ci = 32 fills a K step with one tap's channels: the starter loops (tap, channel block)
-    # and passes everything; dropping a window bound reads outside x and is rejected
+    # over channels-last copies and passes everything, as does the same loop on the model's
+    # layout; dropping a window bound reads outside x and is rejected
     _, f = _found(ConvBnRelu(nn.Conv2d(32, 6, 3, padding=1)), torch.randn(1, 32, 5, 4))
     (r,) = f.regions
     fam = kernels.get("region", r.spec)
-    assert fam.default["conv_loop"] == "window"
+    assert fam.default["conv_loop"] == "window" and fam.default["conv_layout"] == "channels"
     src = fam.starter()
-    assert "tap-major" in src and "tl.dot(" in src
-    for st in _five_stages(fam, r.shape, src, tmp_path):
-        assert st.status == "passed", (st.stage, st.failed_case, st.detail)
+    assert "tap-major" in src and "_channels_inner(" in src and "tl.dot(" in src
+    for s in (src, fam.render({"conv_layout": "model"})):
+        for st in _five_stages(fam, r.shape, s, tmp_path):
+            assert st.status == "passed", (st.stage, st.failed_case, st.detail)
     bad_src = src.replace("(pq0 >= 0) & ", "")
     assert bad_src != src
     bad = [s for s in _five_stages(fam, r.shape, bad_src, tmp_path) if s.status != "passed"]
