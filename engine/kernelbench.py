@@ -151,9 +151,17 @@ def _why_nothing(store, run_id, left_out, check, budget_note: str = "") -> str:
     if not any(t["best_experiment_id"] for t in targets):
         # zero experiments and "every candidate failed" call for different fixes (a longer
         # budget vs a kernel bug): say which
-        if not store.experiments(run_id):
+        exps = store.experiments(run_id)
+        if not exps:
             return ("no experiment ran: " + (budget_note or "the budget ended first"))[:300]
-        return "no candidate passed the verifier within the budget"
+        failed = [e for e in exps if e.get("state") == "failed"]
+        if not failed:
+            return "no candidate passed the verifier within the budget"
+        # what failed them: a kernel bug reads differently from memory the run did not have
+        stages = sorted({(e.get("failed_stage") or "a worker").replace("_", " ") for e in failed})
+        first = (failed[0].get("error") or "").split("\n")[0]
+        return (f"no candidate passed the verifier: {len(failed)} failed "
+                f"({', '.join(stages)}), the first: {first}")[:300]
     if check is not None and check.status not in ("passed", "partial"):
         return f"the end-to-end check failed: {check.detail[:200]}"
     return "the kept kernels served no site of the model's graph"

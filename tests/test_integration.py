@@ -627,6 +627,15 @@ def test_kernelbench_says_when_no_experiment_ran(tmp_path):
     note = "the scoring was estimated at 65 s of the 60 s budget, the run got 0 s"
     assert _why_nothing(s, run, [], None, note) == "no experiment ran: " + note
     assert _why_nothing(s, run, [], None) == "no experiment ran: the budget ended first"
+    # candidates that ran and failed: the stage and the first one's reason, in the one line
+    tid = s.targets(run)[0]["id"]
+    for i in range(2):
+        s.record_experiment(dict(run_id=run, target_id=tid, family="matmul", proposer="search",
+                                 hypothesis="h", source="def kernel_fn(): pass", source_hash=f"h{i}",
+                                 state="failed", failed_stage="shape_sweep", timing_mode="interpreter",
+                                 error="out of memory at shape=[9, 9]\ndetail"), [])
+    assert _why_nothing(s, run, [], None) == ("no candidate passed the verifier: 2 failed "
+                                              "(shape sweep), the first: out of memory at shape=[9, 9]")
 
 
 def test_recorded_bert_run_ships_compile_and_places_nothing_slower():
