@@ -448,6 +448,11 @@ def time_reference(worker, req: dict, deadline: float) -> dict:
         except (Rejected, JudgeError) as e:
             compiled[mode] = {"error": str(e)[:300]}
         last = time.monotonic() - t0
+    if compiled:
+        try:                                  # their memory back before any candidate runs
+            _checked(worker.rpc(dict(base, op="release_reference"), deadline)[0], "reference")
+        except (Rejected, JudgeError):
+            pass
     ok = {m: t for m, t in compiled.items() if "latency_us" in t}
     if ok:
         best = min(ok, key=lambda m: ok[m]["latency_us"])

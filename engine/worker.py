@@ -675,9 +675,24 @@ def _op_prep_reference(req, state, send, workdir):
         state["fn"], state["fam"] = saved
 
 
+def _op_release_reference(req, state, send, workdir):
+    """The compiled references go, with dynamo's caches and CUDA graph pools (each
+    cudagraph mode keeps static copies of the inputs and outputs): the candidates' stages
+    after the baselines get that memory back (KernelBench's 7 GB FrobeniusNorm input ran out
+    of GPU memory in the shape sweep after four compile modes of its reference)."""
+    import gc
+    import torch
+    state.pop("compiled", None)
+    torch._dynamo.reset()
+    gc.collect()
+    if _device() == "cuda":
+        torch.cuda.empty_cache()
+    send({"ok": True})
+
+
 _OPS = {"hello": _op_hello, "load": _op_load, "call": _op_call, "prep": _op_prep,
         "sample": _op_sample, "drop": _op_drop, "prep_reference": _op_prep_reference,
-        "compile_reference": _op_compile_reference}
+        "compile_reference": _op_compile_reference, "release_reference": _op_release_reference}
 
 
 if __name__ == "__main__":

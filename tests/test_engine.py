@@ -571,3 +571,14 @@ def test_a_proposer_that_raises_sets_its_target_aside_and_the_run_goes_on(tmp_pa
     assert [e["state"] for e in s.experiments(run_id)] == ["kept"]
     assert any("the proposer failed (ValueError" in e["message"] and e["level"] == "warn"
                for e in s.events(run_id))
+
+
+def test_the_reference_runner_releases_its_compiled_baselines():
+    """After the baselines the judge asks the runner to drop the compiled references (dynamo's
+    caches and CUDA graph pools with them), so the candidates' stages get that memory back."""
+    import torch
+    from engine import worker
+    calls = []
+    state = {"compiled": torch.compile(lambda x: x + 1, backend="eager"), "tainted": False}
+    worker._OPS["release_reference"]({"op": "release_reference"}, state, calls.append, None)
+    assert calls == [{"ok": True}] and "compiled" not in state
