@@ -966,3 +966,49 @@ def test_a_pooling_window_reads_consecutive_output_positions_in_runs(tmp_path):
         src = fam.render(dict(fam.default, **point))
         for st in _five_stages(fam, r.shape, source=src, tmp=tmp_path):
             assert st.status == "passed", (point, st.stage, st.failed_case, st.detail)
+
+
+class ConvClampDiv(nn.Module):     # KernelBench level 2's ConvTranspose3d_Clamp_Min_Divide, in 2-D
+    def __init__(self):
+        super().__init__()
+        self.c = nn.Conv2d(64, 8, 3)
+
+    def forward(self, x):
+        return torch.clamp(self.c(x), min=-0.5) / 2.0
+
+
+def _tf32(t):
+    """fp32 truncated to TF32's 10 mantissa bits, as a tensor core reads it."""
+    return (t.float().contiguous().view(torch.int32) & ~0x1FFF).view(torch.float32)
+
+
+def test_a_convolution_the_model_lets_run_in_tf32_is_judged_by_tf32s_error_and_a_dropped_tap_is_not():
+    # cuDNN runs a small convolution in IEEE fp32 and a large one in TF32: the bound of a
+    # region whose model allows TF32 convolutions admits TF32's rounding at every shape, and
+    # not a kernel that leaves out one of the 576 taps; with TF32 turned off it admits neither
+    from engine import verify
+    _, f = _found(ConvClampDiv(), torch.randn(2, 64, 10, 10))
+    (r,) = f.regions
+    cv = r.spec["conv"]
+    assert cv.get("tf32", True)
+    gen = torch.Generator().manual_seed(3)
+    ins = kernels.get("region", r.spec).make_inputs(r.shape, torch.float32, "cpu", gen)
+    xk, wk = f"in{cv['x']}", f"in{cv['w']}"
+
+    def judged(spec, inputs):
+        fam = kernels.get("region", spec)
+        f64 = {k: v.double() if v.is_floating_point() else v for k, v in ins.items()}
+        want = fam.reference(**f64).float()
+        atol, rtol = fam.tolerance[torch.float32]
+        extra = fam.bound_tol[torch.float32] * fam.error_bound(**f64)
+        got = fam.reference(**{k: v.double() if v.is_floating_point() else v
+                               for k, v in inputs.items()}).float()
+        return verify.compare(got, want, atol, rtol, extra)[0]
+    tf32 = dict(ins, **{xk: _tf32(ins[xk]), wk: _tf32(ins[wk])})
+    w1 = ins[wk].clone()
+    w1[:, 5, 1, 1] = 0.0                                     # one tap of 64 x 3 x 3
+    dropped = dict(ins, **{wk: w1})
+    assert judged(r.spec, tf32)
+    assert not judged(r.spec, dropped)
+    ieee = {**r.spec, "conv": {**cv, "tf32": False}}
+    assert not judged(ieee, tf32)
