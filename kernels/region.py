@@ -2471,8 +2471,7 @@ def _conv_window_lines(spec, st, rows_d) -> list:
             out.append(f"ob{s} = (cr_i{2 + s} + {pd}).to(IDX)                 # [ROWS]")
         else:
             out.append(f"ob{s} = (cr_i{2 + s} * {stv} - {pd}).to(IDX)          # [ROWS]")
-            xrow += f" + ob{s} * cx_s{2 + s}"
-    out += [f"xrow = {xrow}                  # [ROWS] int64",
+    out += [f"xrow = {xrow}                  # [ROWS] int64: n's offset",
             "co = (cols % n_cols).to(IDX)                            # [BLOCK] channels in range",
             "rk = tl.arange(0, BLOCK_K)",
             f"{n}_acc = tl.zeros((ROWS, BLOCK), dtype=tl.float32)",
@@ -2494,7 +2493,7 @@ def _conv_window_lines(spec, st, rows_d) -> list:
         else:
             body.append(f"pq{s} = ob{s} + kq{s} * {dl}                     # [ROWS]")
             ok.append(f"(pq{s} >= 0) & (pq{s} < xi{s})")
-            xr += f" + kq{s} * {dl} * cx_s{2 + s}"
+            xr += f" + pq{s} * cx_s{2 + s}"          # IDX [ROWS]: int64 where offsets need it
     body.append("rok = " + " & ".join(ok) + "        # [ROWS] the tap inside x")
     body.append(f"xt = tl.load(in{cv['x']}_ptr + ({xr})[:, None] + (ci * cx_s1)[None, :],")
     body.append("             mask=rok[:, None] & kcm[None, :], other=0.0)")
