@@ -220,3 +220,33 @@ def test_recorded_hopper_runs_back_the_benchmark_table():
     outcomes = s.stage_outcomes("20261201-122744-cd5dc2")
     assert any(o["status"] == "slower" for o in outcomes)
     s.close()
+
+
+_CONV_PROBLEM = """import torch
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(32, 4, 3)
+    def forward(self, x):
+        return torch.relu(self.conv(x)) * 2.0
+def get_inputs():
+    return [torch.rand(1, 32, 5, 6)]
+def get_init_inputs():
+    return []
+"""
+
+
+def test_regionbench_times_a_problems_convolution_region_at_the_points_given(tmp_path):
+    from engine import regionbench
+    f = tmp_path / "1_Conv_Relu.py"
+    f.write_text(_CONV_PROBLEM)
+    lines = []
+    assert regionbench.main([str(f), "--points", '[{"conv_loop": "window"}, {"conv_loop": "nope"}]'],
+                            log=lines.append) == 0
+    assert lines[0].startswith("1_Conv_Relu.py conv+relu+mul shape=[1, 32, 5, 6]"), lines
+    ok = lines[1]
+    assert ok.startswith('  {"conv_loop": "window"}:') and " us " in ok, lines
+    assert float(ok.rsplit("max err ", 1)[1]) < 1e-4, ok           # the kernel computes it
+    assert "failed" in lines[2], lines                             # a point outside the space
+    with pytest.raises(SystemExit, match="no such file"):
+        regionbench.main([str(tmp_path / "missing.py")])
