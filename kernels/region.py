@@ -2435,20 +2435,7 @@ def _conv_dot_lines(spec, st, rows_d, window=False) -> list:
     else:
         woff = f"co[None, :] * cw_s0 + ci[:, None] * cw_s1{ks}"
     body.append(f"wt = tl.load(in{cv['w']}_ptr + {woff}, mask=kmask[:, None], other=0.0)")
-    body += ["if DOT_FP32:                       # interpreter: its tl.dot cannot multiply bf16",
-             "    xt = xt.to(tl.float32)",
-             "    wt = wt.to(tl.float32)",
-             "if IEEE:                           # fp32 operands: full fp32, no TF32",
-             f"    {n}_acc = tl.dot(xt, wt, {n}_acc, input_precision=\"ieee\")",
-             "else:",
-             f"    {n}_acc = tl.dot(xt, wt, {n}_acc)"]
-    out += ["    " + b for b in body]
-    if cv["b"] is not None:
-        out.append(f"{n} = {n}_acc + tl.load(in{cv['b']}_ptr + i1 * cb_s0, mask=cmask, "
-                   f"other=0.0).to(tl.float32)[None, :]")
-    else:
-        out.append(f"{n} = {n}_acc")
-    return out + _decompose("rows.to(IDX)", rows_d, "r")
+    return _conv_dot_step(cv, n, rows_d, out, body)
 
 
 def _conv_window_lines(spec, st, rows_d) -> list:
@@ -2503,14 +2490,21 @@ def _conv_window_lines(spec, st, rows_d) -> list:
     else:
         woff = f"co[None, :] * cw_s0 + ci[:, None] * cw_s1{ks}"
     body.append(f"wt = tl.load(in{cv['w']}_ptr + {woff}, mask=kcm[:, None], other=0.0)")
-    body += ["if DOT_FP32:                       # interpreter: its tl.dot cannot multiply bf16",
-             "    xt = xt.to(tl.float32)",
-             "    wt = wt.to(tl.float32)",
-             "if IEEE:                           # fp32 operands: full fp32, no TF32",
-             f"    {n}_acc = tl.dot(xt, wt, {n}_acc, input_precision=\"ieee\")",
-             "else:",
-             f"    {n}_acc = tl.dot(xt, wt, {n}_acc)"]
-    out += ["    " + b for b in body]
+    return _conv_dot_step(cv, n, rows_d, out, body)
+
+
+def _conv_dot_step(cv, n, rows_d, out, body) -> list:
+    """The implicit GEMM's K step after its tiles xt [ROWS, BLOCK_K] and wt [BLOCK_K, BLOCK]
+    are loaded (``body``, the loop's lines so far): the dot, the loop closed, the bias added,
+    the rows' indices for the epilogue."""
+    body = body + ["if DOT_FP32:                       # interpreter: its tl.dot cannot multiply bf16",
+                   "    xt = xt.to(tl.float32)",
+                   "    wt = wt.to(tl.float32)",
+                   "if IEEE:                           # fp32 operands: full fp32, no TF32",
+                   f"    {n}_acc = tl.dot(xt, wt, {n}_acc, input_precision=\"ieee\")",
+                   "else:",
+                   f"    {n}_acc = tl.dot(xt, wt, {n}_acc)"]
+    out = out + ["    " + b for b in body]
     if cv["b"] is not None:
         out.append(f"{n} = {n}_acc + tl.load(in{cv['b']}_ptr + i1 * cb_s0, mask=cmask, "
                    f"other=0.0).to(tl.float32)[None, :]")
