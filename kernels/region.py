@@ -1051,23 +1051,15 @@ def _conv_tf32_term(spec, kw, hi):
     The worst case, 2^-9 * (|x| * |w|), would let a kernel that drops one of 576 taps pass.
     With an fp32 sum's rounding over the taps; perturbed both ways, the epilogue's change is
     the allowance (as _gemm_term)."""
-    n = len(spec["inputs"])
-    f64 = [kw[f"in{i}"].double() if kw[f"in{i}"].is_floating_point() else kw[f"in{i}"]
-           for i in range(n)]
-    absd = [t.abs() if t.is_floating_point() else t for t in f64]
-    sq = [t * t if t.is_floating_point() else t for t in f64]
-    first = {**spec, "ops": [spec["ops"][0]]}
+    f64 = _inputs64(spec, kw)
     with torch.no_grad():
-        g = _replay_ops(first, _flipped(spec, f64))
-        gabs = _replay_ops(first, _flipped(spec, absd)).abs()
-        spread = _replay_ops(first, _flipped(spec, sq)).abs().sqrt()
-        taps = _conv_taps(spec["conv"])
-        d = (2.0**-9 * g.abs() + 2.0**-8 * spread
-             + 64 * 2.0**-24 * gabs * max(1.0, math.sqrt(taps) / 8.0))
-        up = _replay(spec, f64, first=g + d)
-        dn = _replay(spec, f64, first=g - d)
-    t = torch.maximum((up - hi).abs(), (dn - hi).abs())
-    return torch.where(torch.isfinite(t), t, torch.zeros_like(t))
+        g = _first_op(spec, f64)
+        gabs = _first_op(spec, [t.abs() if t.is_floating_point() else t for t in f64]).abs()
+        spread = _first_op(spec, [t * t if t.is_floating_point() else t for t in f64]).abs().sqrt()
+    taps = _conv_taps(spec["conv"])
+    d = (2.0**-9 * g.abs() + 2.0**-8 * spread
+         + 64 * 2.0**-24 * gabs * max(1.0, math.sqrt(taps) / 8.0))
+    return _through_epilogue(spec, f64, hi, g, d)
 
 
 def _gemm_term(spec, kw, hi):
@@ -1081,18 +1073,31 @@ def _gemm_term(spec, kw, hi):
     epilogue's change of output is the allowance (first order, exact for the affine and
     monotone epilogues regions hold; where it is not finite it allows nothing). ``hi``: the
     region's float64 result on these inputs, already worked out by the caller."""
-    n = len(spec["inputs"])
-    f64 = [kw[f"in{i}"].double() if kw[f"in{i}"].is_floating_point() else kw[f"in{i}"]
-           for i in range(n)]
-    absd = [t.abs() if t.is_floating_point() else t for t in f64]
-    op0 = spec["ops"][0]
+    f64 = _inputs64(spec, kw)
     # the first op alone, on |inputs|: |a| @ |b| (+ |bias|, which only widens it)
-    g = _replay_ops({**spec, "ops": [op0]}, _flipped(spec, f64))
-    gabs = _replay_ops({**spec, "ops": [op0]}, _flipped(spec, absd)).abs()
+    g = _first_op(spec, f64)
+    gabs = _first_op(spec, [t.abs() if t.is_floating_point() else t for t in f64]).abs()
     # K of this case (the sweep varies it): a's last dim
     k = next(int(kw[f"in{i}"].shape[-1]) for i, inp in enumerate(spec["inputs"])
              if inp.get("role") == "gemm_a")
     d = 64 * 2.0**-24 * (gabs * max(1.0, math.sqrt(k) / 8.0) + g.abs() * (k / 64.0))
+    return _through_epilogue(spec, f64, hi, g, d)
+
+
+def _inputs64(spec, kw) -> list:
+    return [kw[f"in{i}"].double() if kw[f"in{i}"].is_floating_point() else kw[f"in{i}"]
+            for i in range(len(spec["inputs"]))]
+
+
+def _first_op(spec, inputs):
+    """The region's first op (its GEMM or convolution) alone on ``inputs``."""
+    return _replay_ops({**spec, "ops": [spec["ops"][0]]}, _flipped(spec, inputs))
+
+
+def _through_epilogue(spec, f64, hi, g, d):
+    """The first op's result ``g`` off by up to ``d`` either way, carried through the rest of
+    the region: how far from ``hi`` (the region's float64 result) that moves the output (first
+    order, exact for the affine and monotone epilogues regions hold; nothing where not finite)."""
     with torch.no_grad():
         up = _replay(spec, f64, first=g + d)
         dn = _replay(spec, f64, first=g - d)
