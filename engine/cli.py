@@ -154,6 +154,9 @@ def _parser() -> argparse.ArgumentParser:
     kb.add_argument("--stop-after-minutes", type=float, default=None,
                     help="start no problem that would not end within this many minutes of the "
                     "command's start (with --budget-minutes; the rest is left for --resume)")
+    kb.add_argument("--min-run-minutes", type=float, default=None,
+                    help="raise a problem's --budget-minutes where the scoring's estimate "
+                    "(torch.compile of the original in every mode) would leave its run less")
     return p
 
 

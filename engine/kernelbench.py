@@ -233,6 +233,16 @@ def _run_budget_s(budget_s: float, spent_s: float, estimate_s: float | None) -> 
     return max(budget_s - spent_s - estimate_s, 0.0)
 
 
+def problem_budget_minutes(budget_minutes: float | None, estimate_s: float | None,
+                           min_run_minutes: float | None) -> float | None:
+    """A problem's --budget-minutes, raised where the scoring's estimate would leave its run less
+    than ``min_run_minutes`` (a level-3 network whose baseline alone, torch.compile max-autotune
+    tuning every convolution and GEMM shape, takes minutes: without a floor its loop gets 0 s)."""
+    if not budget_minutes or not min_run_minutes or estimate_s is None:
+        return budget_minutes
+    return max(budget_minutes, (estimate_s + SETUP_S) / 60 + min_run_minutes)
+
+
 def need_s(budget_minutes: float | None, estimate_s: float | None) -> float:
     """Seconds a problem is expected to take, for --stop-after-minutes: its setup and its
     budget, or its setup and the scoring's estimate where that is longer (every compile mode
@@ -452,20 +462,28 @@ def cmd_kernelbench(a, log=print) -> int:
                   dtype=a.dtype, budget_minutes=getattr(a, "budget_minutes", None))
     results = []
     stop = getattr(a, "stop_after_minutes", None)
+    min_run = getattr(a, "min_run_minutes", None)
     t_start = time.monotonic()
     budget = getattr(a, "budget_minutes", None)
-    for n, path in enumerate(files):
+    over_s, skipped = 0.0, []
+    for path in files:
         # a problem takes its budget plus its setup (capture, the worker's start: ~15 s), its
-        # scoring's estimate where that is longer (need_s), or as long as the longest one so far
-        # took (a starter verified at a 7.5 GB shape ran 85 s over)
+        # scoring's estimate where that is longer (need_s), plus the most any problem so far ran
+        # past its own need (a starter verified at a 7.5 GB shape ran 85 s over). One that does
+        # not fit is left for --resume and the smaller ones after it still run (a level-3 sample
+        # mixes LeNet-5 with DenseNet-201).
         est = scoring_estimate(path) if budget or stop is not None else (None, None)
-        need = max([need_s(budget, est[0])] + [r.seconds for r in results])
-        if stop is not None and time.monotonic() - t_start + need > stop * 60:
-            log(f"stopping: {len(files) - n} problem(s) left would not end within "
-                f"--stop-after-minutes {stop:g} (--resume goes on with them)")
-            break
-        log(f"problem {path.name} ...")
-        r = score_problem(path, cfg_kw, a.trials, log, estimate=est)
+        p_budget = problem_budget_minutes(budget, est[0], min_run)
+        need = need_s(p_budget, est[0])
+        if stop is not None and time.monotonic() - t_start + need + over_s > stop * 60:
+            skipped.append(path.name)
+            log(f"skipping {path.name}: it needs ~{need + over_s:.0f} s, more than "
+                f"--stop-after-minutes {stop:g} leaves (--resume goes on with it)")
+            continue
+        log(f"problem {path.name} ..." + (f" (budget raised to {p_budget:.1f} min: the scoring's "
+                                          f"estimate is {est[0]:.0f} s)" if p_budget != budget else ""))
+        r = score_problem(path, dict(cfg_kw, budget_minutes=p_budget), a.trials, log, estimate=est)
+        over_s = max(over_s, r.seconds - need) if need else over_s
         log(f"problem {path.name}: {r.status}, correct={r.correct}, kernels={r.kernels or 'none'}"
             + (f", {r.speedup('eager'):.3g}x eager" if r.speedup("eager") else "")
             + (f", {r.speedup('compile'):.3g}x compile" if r.speedup("compile") else "")
@@ -477,6 +495,9 @@ def cmd_kernelbench(a, log=print) -> int:
             # limit keeps the problems it finished), a problem run again replaces its row, and
             # <out> is rewritten from all of them
             _write(a.out, _accumulate(table, [r]), a.level)
+    if skipped:
+        log(f"stopping: {len(skipped)} problem(s) left would not end within --stop-after-minutes "
+            f"{stop:g} (--resume goes on with them): {', '.join(skipped)}")
     if table is not None:
         results = sorted(_read_table(table).values(), key=lambda r: _order(r.problem))
     text = _write(a.out, results, a.level)

@@ -945,6 +945,10 @@ def test_kernelbench_budget_leaves_the_scoring_its_estimated_compiles(tmp_path, 
     assert kb.need_s(0.5, est_s) == pytest.approx(kb.SETUP_S + est_s)   # longer than the budget
     assert kb.need_s(10.0, est_s) == kb.SETUP_S + 600 and kb.need_s(None, None) == 0.0
     assert kb._run_budget_s(120.0, 1.0, None) == pytest.approx(72.0)    # no estimate: 60%
+    # --min-run-minutes: a budget the estimate would eat is raised so the run keeps its floor
+    assert kb.problem_budget_minutes(1.5, 300.0, 1.5) == pytest.approx((300.0 + kb.SETUP_S) / 60 + 1.5)
+    assert kb.problem_budget_minutes(10.0, 30.0, 1.5) == 10.0
+    assert kb.problem_budget_minutes(1.5, None, 1.5) == 1.5 == kb.problem_budget_minutes(1.5, 300.0, None)
     # the run gets the budget less the estimate (and the estimate's own capture), and an event
     # says what the scoring is estimated at, a warning when that leaves the loop little
     seen = {}
@@ -976,7 +980,8 @@ def test_kernelbench_budget_leaves_the_scoring_its_estimated_compiles(tmp_path, 
     # ~55 s, more than the minute left (the budget alone would have said 45 s)
     assert cli_main(["kernelbench", str(tmp_path), "--level", "1", "--out", str(tmp_path / "kb.md"),
                      "--budget-minutes", "0.5", "--stop-after-minutes", "1", "--db", db]) == 0
-    assert "stopping: 1 problem(s) left" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "skipping 1_TwoGemms.py" in out and "stopping: 1 problem(s) left" in out
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
