@@ -25,6 +25,7 @@ graphs the flat tensors dynamo passes.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -91,6 +92,7 @@ def _clean(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     _drop_dead(g)
     _functional(g)
     _drop_empty_cats(g)
+    _split_einsums(g)
     _split_baddbmm(g)
     _merged_heads(g)
     _batched_scores(g)
@@ -267,6 +269,133 @@ def _split_baddbmm(g: torch.fx.Graph) -> None:
                 g.erase_node(m)
             continue
         n.replace_all_uses_with(s)
+        g.erase_node(n)
+
+
+def _einsum_terms(eq: str, n_ops: int) -> tuple[list[str], str] | None:
+    """("bhid,bhjd->bhij", 2) -> (["bhid", "bhjd"], "bhij"); an implicit output is the letters
+    used once, sorted (torch's rule). None for what the decomposition leaves to torch: an
+    ellipsis, a letter twice in one term (a diagonal), a wrong operand count."""
+    eq = eq.replace(" ", "")
+    if "." in eq:
+        return None
+    lhs, arrow, out = eq.partition("->")
+    terms = lhs.split(",")
+    if not arrow:
+        letters = "".join(terms)
+        out = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+    if len(terms) != n_ops or any(len(set(t)) != len(t) for t in terms + [out]):
+        return None
+    if not all(t.isalpha() for t in terms if t) or set(out) - set("".join(terms)):
+        return None
+    return terms, out
+
+
+def _split_einsums(g: torch.fx.Graph) -> None:
+    """``einsum`` in any spelling reads as the GEMMs it is: every pair of operands (left to
+    right, what a later operand or the output still needs kept) becomes a permute to [batch...,
+    M..., K...] @ [batch..., K..., N...], a reshape where a side has several M, K or N letters,
+    a ``matmul`` (a ``mul`` where nothing is contracted) and a permute to the output's order;
+    a letter only one side has and nothing after needs is summed first. Attention written as
+    ``einsum("bhid,bhjd->bhij", q, k)`` then reads as ``q @ k.transpose(-2, -1)``, the
+    spelling the families' patterns hold, and a multi-operand einsum (Mamba-2's
+    "bclhn,bcshn,bhcls,bcshp->bclhp") as two batched GEMMs and a product. Left as it is: an
+    ellipsis, a diagonal, operands that broadcast a letter, and a chain whose pairwise
+    intermediate would be more than 4x the largest operand or output (torch's own path then
+    contracts in a better order)."""
+    aten = torch.ops.aten
+    for n in list(g.nodes):
+        if _op(n) != "einsum" or len(n.args) < 2 or not isinstance(n.args[0], str):
+            continue
+        ops = list(n.args[1])
+        vo = val(n)
+        mode = getattr(vo, "fake_mode", None)
+        got = _einsum_terms(n.args[0], len(ops))
+        if (got is None or mode is None or not ops or not all(isinstance(o, torch.fx.Node) for o in ops)
+                or not all(isinstance(val(o), torch.Tensor) for o in ops)):
+            continue
+        terms, out = got
+        size: dict[str, int] = {}
+        if any(size.setdefault(c, int(d)) != int(d)
+               for t, o in zip(terms, ops) for c, d in zip(t, val(o).shape)) or any(
+                len(t) != val(o).dim() for t, o in zip(terms, ops)):
+            continue                                  # a broadcast letter: torch's own rules
+        cap = 4 * max([val(o).numel() for o in ops] + [vo.numel(), 1])
+        made: list = []
+        # the new nodes' values in one mode (a re-captured graph's nodes can hold values of
+        # several): the operands' fake values remade in the einsum's mode where theirs differs
+        fv = {}
+        with mode:
+            for o in ops:
+                v = val(o)
+                fv[o] = v if getattr(v, "fake_mode", None) is mode else torch.empty_strided(
+                    v.shape, v.stride(), dtype=v.dtype, device=v.device)
+
+        def add(target, args):
+            m = g.call_function(target, tuple(args))
+            with mode:
+                m.meta["val"] = target(*[fv.get(a, a) if isinstance(a, torch.fx.Node) else a
+                                         for a in args])
+            fv[m] = m.meta["val"]
+            made.append(m)
+            return m
+
+        def permuted(x, have: str, want: str):
+            if have == want:
+                return x
+            if len(have) >= 2 and have[:-2] == want[:-2] and have[-2:] == want[-2:][::-1]:
+                return add(aten.transpose.int, (x, -2, -1))
+            return add(aten.permute.default, (x, [have.index(c) for c in want]))
+
+        def shaped(x, dims: list[int]):
+            return x if list(val(x).shape) == dims else add(aten.reshape.default, (x, dims))
+
+        def summed(x, have: str, keep: set) -> tuple:
+            gone = [i for i, c in enumerate(have) if c not in keep]
+            if not gone:
+                return x, have
+            return add(aten.sum.dim_IntList, (x, gone)), "".join(c for c in have if c in keep)
+
+        def pair(x, xs: str, y, ys: str, want: set) -> tuple:
+            """x (letters xs) times y (ys), the letters in ``want`` kept: (node, letters)."""
+            x, xs = summed(x, xs, want | set(ys))
+            y, ys = summed(y, ys, want | set(xs))
+            batch = [c for c in xs if c in ys and c in want]
+            con = [c for c in xs if c in ys and c not in want]
+            mf, nf = [c for c in xs if c not in ys], [c for c in ys if c not in xs]
+            prod = lambda cs: math.prod(size[c] for c in cs)
+            bd = [size[c] for c in batch]
+            a = permuted(x, xs, "".join(batch + mf + con))
+            b = permuted(y, ys, "".join(batch + con + nf))
+            a = shaped(a, bd + [prod(mf), prod(con)] if con else bd + [prod(mf), 1])
+            b = shaped(b, bd + [prod(con), prod(nf)] if con else bd + [1, prod(nf)])
+            r = add(aten.matmul.default if con else aten.mul.Tensor, (a, b))
+            r = shaped(r, bd + [size[c] for c in mf + nf])
+            return r, "".join(batch + mf + nf)
+
+        ok = True
+        try:
+            with g.inserting_before(n):
+                x, xs = ops[0], terms[0]
+                if len(ops) == 1:
+                    x, xs = summed(x, xs, set(out))
+                for i in range(1, len(ops)):
+                    later = set(out).union(*[set(t) for t in terms[i + 1:]])
+                    x, xs = pair(x, xs, ops[i], terms[i], later)
+                    if val(x).numel() > cap:
+                        ok = False
+                        break
+                if ok:
+                    x = permuted(x, xs, out)
+        except Exception:                             # an op its fake values refuse: torch's
+            ok = False                                # einsum stays
+        vx = val(x) if ok else None
+        if not (isinstance(vx, torch.Tensor) and vx.shape == vo.shape and vx.dtype == vo.dtype) or not made:
+            for m in reversed(made):
+                if not m.users:
+                    g.erase_node(m)
+            continue
+        n.replace_all_uses_with(x)
         g.erase_node(n)
 
 

@@ -1213,3 +1213,58 @@ def test_an_in_place_op_on_a_view_or_an_input_stays_in_place():
     got = g.gm(x.clone())
     got = got[0] if isinstance(got, (tuple, list)) else got
     torch.testing.assert_close(got, want)
+
+
+# (equation, operand shapes, decomposed): every einsum the capture reads as GEMMs, products and
+# sums computes what torch.einsum does; the last ones stay einsums (torch's own rules)
+_EINSUMS = (
+    ("bhid,bhjd->bhij", [(2, 3, 5, 4), (2, 3, 6, 4)], True),       # attention's scores
+    ("bhij,bhjd->bhid", [(2, 3, 5, 6), (2, 3, 6, 4)], True),       # attention's output
+    ("btd,dhe->bhte", [(2, 5, 8), (8, 3, 4)], True),              # a projection into heads
+    ("ijk,ikl->jl", [(3, 4, 5), (3, 5, 6)], True),                # two letters contracted
+    ("i,i->", [(7,), (7,)], True),                                # a dot product
+    ("i,j->ij", [(3,), (4,)], True),                              # outer: a product, no GEMM
+    ("bij->bj", [(2, 3, 4)], True),                               # a sum
+    ("ij,jk", [(3, 4), (4, 5)], True),                            # implicit output "ik"
+    ("bn,anm,bm->ba", [(2, 4), (3, 4, 5), (2, 5)], True),         # bilinear, three operands
+    ("bhts,bsd,bhte->bted", [(2, 3, 5, 5), (2, 5, 4), (2, 3, 5, 6)], True),
+    ("bclhn,bcshn,bhcls,bcshp->bclhp",                            # Mamba-2's chunked scan
+     [(2, 3, 4, 2, 5), (2, 3, 4, 2, 5), (2, 2, 3, 4, 4), (2, 3, 4, 2, 6)], True),
+    ("ii->i", [(4, 4)], False),                                   # a diagonal
+    ("...ij,...jk->...ik", [(2, 3, 4), (2, 4, 5)], False),        # an ellipsis
+    ("bij,bjk->bik", [(2, 3, 4), (1, 4, 5)], False),              # b broadcast
+)
+
+
+@pytest.mark.parametrize("eq,shapes,split", _EINSUMS, ids=[e[0] for e in _EINSUMS])
+def test_einsum_in_any_spelling_reads_as_gemms_that_compute_what_torch_does(eq, shapes, split):
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(s, generator=g, dtype=torch.float64) for s in shapes]
+    model = Fn(lambda s, *a: torch.einsum(eq, *a))
+    cap = capture.capture(model.eval(), tuple(xs))
+    assert cap.ok and cap.method == "export", cap.note
+    gm = cap.graphs[0].gm
+    ops = [getattr(n.target, "_opname", "") for n in gm.graph.nodes if n.op == "call_function"]
+    assert ("einsum" not in ops) == split, ops
+    with torch.no_grad():
+        got = gm(*xs)
+    got = got[0] if isinstance(got, (tuple, list)) else got
+    torch.testing.assert_close(got, torch.einsum(eq, *xs), rtol=1e-12, atol=1e-12)
+
+
+def test_attention_written_with_einsum_is_one_attention_placed_and_agreeing():
+    # attention as einsum-first code writes it: the scores' einsum reads as q @ k^T, the
+    # output's as p @ v, and the attention family's patterns see their own spelling
+    def fwd(s, q, k, v):
+        p = (torch.einsum("bhid,bhjd->bhij", q, k) * q.shape[-1] ** -0.5).softmax(dim=-1)
+        return torch.einsum("bhij,bhjd->bhid", p, v)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 8, 16, generator=g) for _ in range(3))
+    one_attention_placed_and_agreeing(Fn(fwd), q, k, v)
+    # Mamba-2's four-operand einsum: two batched GEMMs the matmul family takes
+    x = [torch.randn(s, generator=g) for s in
+         [(2, 3, 4, 2, 5), (2, 3, 4, 2, 5), (2, 2, 3, 4, 4), (2, 3, 4, 2, 6)]]
+    with torch.no_grad():
+        _, ms = found(Fn(lambda s, *a: torch.einsum("bclhn,bcshn,bhcls,bcshp->bclhp", *a)), *x)
+    mm = [m for gm in ms.values() for m in gm if m.family == "matmul"]
+    assert len(mm) == 2 and all(m.placeable for m in mm), families(ms)
