@@ -645,6 +645,12 @@ def compile_modes(device: torch.device) -> tuple:
 # shape; the 3.6-minute problem ran 402 s on an estimate of 20 s a shape), 43's 4 shapes 107.7 s.
 AUTOTUNE_S_PER_SHAPE = 20.0
 AUTOTUNE_S_PER_SHAPE_FP32 = 45.0
+# Convolutions tune by their size: KernelBench level 3's ResNetBasicBlock (three fp32 convolutions
+# of 10x224x224, up to 37 GFLOP each) tuned in 9.3 s together, LeNet-5's (two convolutions and
+# three small addmm) in 22.3 s, where level 2's single 155- and 618-GFLOP convolutions took 43 and
+# 46 s (max-autotune-no-cudagraphs less default, H200, torch 2.11). A convolution under
+# SMALL_CONV_FLOP counts AUTOTUNE_S_PER_SMALL_CONV whatever its dtype (still ~3x what was seen).
+AUTOTUNE_S_PER_SMALL_CONV, SMALL_CONV_FLOP = 12.0, 50e9
 # A default compile before one was measured: Inductor's own ~2 s plus ~20 ms an aten op of the
 # graph (43_MinGPTCausalAttention, ~25 ops: 2.5 s on the H200). reduce-overhead compiles the same
 # Inductor graph (0.6 s after default's 2.5 s there: Inductor's cache); max-autotune after
@@ -711,14 +717,25 @@ def gemm_shapes(graphs) -> set:
     return keys
 
 
+def _small_conv(key: tuple) -> bool:
+    """A gemm_shapes key of a convolution under SMALL_CONV_FLOP (its FLOP taken at the input's
+    spatial size: at stride > 1 an overcount, which only errs long)."""
+    if key[0] != "conv":
+        return False
+    x, w = key[1], key[2]
+    return 2.0 * x[0] * math.prod(x[2:]) * math.prod(w) < SMALL_CONV_FLOP
+
+
 def graph_figures(graphs, capture_s: float = 0.0) -> dict:
     """What a compile estimate needs of a captured model, plain JSON (a run keeps it): its aten
-    ops, its distinct GEMM/convolution shapes, how long the capture took."""
+    ops, its distinct GEMM/convolution shapes (those in fp32 and the small convolutions apart
+    from the rest, see compile_estimate_s), how long the capture took."""
     ops = sum(1 for g in graphs for n in g.nodes() if n.op == "call_function")
     keys = gemm_shapes(graphs)
+    small = {k for k in keys if _small_conv(k)}
     return {"aten_ops": ops, "gemm_shapes": len(keys),
-            "gemm_shapes_fp32": sum(1 for k in keys if k[-1] == torch.float32),
-            "capture_s": round(float(capture_s), 2)}
+            "gemm_shapes_fp32": sum(1 for k in keys - small if k[-1] == torch.float32),
+            "small_convs": len(small), "capture_s": round(float(capture_s), 2)}
 
 
 def reference_gemm_shapes(fam, shapes, dtype: str) -> set | None:
@@ -748,13 +765,15 @@ def reference_gemm_shapes(fam, shapes, dtype: str) -> set | None:
 
 
 def compile_estimate_s(mode: str, gemm_shapes: int | None, default_s: float | None = None,
-                       aten_ops: int = 0, tuned: bool = False, fp32_shapes: int = 0) -> float:
+                       aten_ops: int = 0, tuned: bool = False, fp32_shapes: int = 0,
+                       small_convs: int = 0) -> float:
     """Seconds a torch.compile of one model in ``mode`` is expected to take, before it starts.
     The default mode costs ``default_s``, its measured compile, or before there is one
     COMPILE_BASE_S plus COMPILE_S_PER_OP for each of ``aten_ops``; reduce-overhead the same
     (Inductor's graph again, CUDA graphs over it). A max-autotune mode costs that plus
     AUTOTUNE_S_PER_SHAPE for each of the graph's ``gemm_shapes`` distinct GEMM/convolution
-    shapes (AUTOTUNE_S_PER_SHAPE_FP32 for the ``fp32_shapes`` of them in float32), unless
+    shapes (AUTOTUNE_S_PER_SHAPE_FP32 for the ``fp32_shapes`` of them in float32,
+    AUTOTUNE_S_PER_SMALL_CONV for the ``small_convs``, counted in neither), unless
     ``tuned`` (a max-autotune mode already compiled the same GEMMs in this process: Inductor
     keeps its choices, and the next one costs about a default compile).
     ``gemm_shapes`` None (a graph not captured): three times the default compile."""
@@ -763,17 +782,21 @@ def compile_estimate_s(mode: str, gemm_shapes: int | None, default_s: float | No
         return base
     if gemm_shapes is None:
         return 3.0 * base
-    fp32 = min(fp32_shapes, gemm_shapes)
-    return base + AUTOTUNE_S_PER_SHAPE * (gemm_shapes - fp32) + AUTOTUNE_S_PER_SHAPE_FP32 * fp32
+    small = min(small_convs, gemm_shapes)
+    fp32 = min(fp32_shapes, gemm_shapes - small)
+    return (base + AUTOTUNE_S_PER_SHAPE * (gemm_shapes - small - fp32)
+            + AUTOTUNE_S_PER_SHAPE_FP32 * fp32 + AUTOTUNE_S_PER_SMALL_CONV * small)
 
 
 def modes_estimate_s(modes, gemm_shapes: int | None, default_s: float | None = None,
-                     aten_ops: int = 0, tuned: bool = False, fp32_shapes: int = 0) -> float:
+                     aten_ops: int = 0, tuned: bool = False, fp32_shapes: int = 0,
+                     small_convs: int = 0) -> float:
     """compile_estimate_s summed over ``modes`` tried one after the other in one process (the
     first max-autotune mode tunes, the ones after it reuse its choices)."""
     total = 0.0
     for mode in modes:
-        total += compile_estimate_s(mode, gemm_shapes, default_s, aten_ops, tuned, fp32_shapes)
+        total += compile_estimate_s(mode, gemm_shapes, default_s, aten_ops, tuned, fp32_shapes,
+                                    small_convs)
         tuned = tuned or (mode.startswith("max-autotune") and gemm_shapes is not None)
     return total
 
@@ -799,11 +822,11 @@ def stage_modes_s(figures: dict | None, timing_mode: str,
         return (), None
     modes = compile_modes(torch.device("cuda" if timing_mode == "gpu" else "cpu"))
     ops, gemms = figures.get("aten_ops", 0), figures.get("gemm_shapes")
-    fp32 = figures.get("gemm_shapes_fp32", 0)
+    fp32, small = figures.get("gemm_shapes_fp32", 0), figures.get("small_convs", 0)
 
     def est(ms):
         return (STAGE_FIXED_S + figures.get("capture_s", 0.0)
-                + modes_estimate_s(ms, gemms, aten_ops=ops, fp32_shapes=fp32)
+                + modes_estimate_s(ms, gemms, aten_ops=ops, fp32_shapes=fp32, small_convs=small)
                 + modes_estimate_s(ms, gemms, aten_ops=ops, tuned=True))
     for k in range(len(modes), 1, -1):
         if cap_s is None or est(modes[:k]) <= cap_s:
@@ -869,7 +892,8 @@ def time_variants(model, inputs, kernels: list, timing_mode: str, do_compile: bo
     figures = graph_figures(graphs) if graphs else {}
     eager_s = (rows[0]["latency_us"] or 0.0) / 1e6
     cost = dict(gemm_shapes=figures.get("gemm_shapes"), aten_ops=figures.get("aten_ops", 0),
-                fp32_shapes=figures.get("gemm_shapes_fp32", 0), default_s=None, tuned=False,
+                fp32_shapes=figures.get("gemm_shapes_fp32", 0),
+                small_convs=figures.get("small_convs", 0), default_s=None, tuned=False,
                 timing_s=(warmup + reps) * eager_s + (1.0 if device.type == "cpu" else 0.0))
     for variant in ("compile", "compile_optimized"):
         if variant == "compile_optimized" and not kernels:
@@ -938,13 +962,14 @@ def _best_compiled(variant, model, inputs, kernels, road, measure, timing_mode, 
     costs seconds)."""
     device = _device(model, inputs)
     cost = cost if cost is not None else dict(gemm_shapes=None, aten_ops=0, fp32_shapes=0,
-                                              default_s=None, tuned=False, timing_s=0.0)
+                                              small_convs=0, default_s=None, tuned=False,
+                                              timing_s=0.0)
     best, notes, skipped = None, [], []
     for n, mode in enumerate(compile_modes(device)):
         left = (deadline - time.monotonic()) if deadline is not None else math.inf
         need = cost["timing_s"] + compile_estimate_s(mode, cost["gemm_shapes"], cost["default_s"],
                                                      cost["aten_ops"], cost["tuned"],
-                                                     cost["fp32_shapes"])
+                                                     cost["fp32_shapes"], cost.get("small_convs", 0))
         if not all_modes and not (first_always and n == 0) and left < max(need, 5.0):
             tunes = (mode.startswith("max-autotune") and not cost["tuned"]
                      and cost["gemm_shapes"])

@@ -222,7 +222,8 @@ def scoring_estimate(path: Path) -> tuple[float | None, dict | None]:
     # baseline_always): one default compile more, the GEMMs tuned by then
     return (integrate.STAGE_FIXED_S + integrate.modes_estimate_s(
         list(modes) + list(modes[:1]), figures["gemm_shapes"], aten_ops=figures["aten_ops"],
-        fp32_shapes=figures.get("gemm_shapes_fp32", 0)), figures)
+        fp32_shapes=figures.get("gemm_shapes_fp32", 0),
+        small_convs=figures.get("small_convs", 0)), figures)
 
 
 def _run_budget_s(budget_s: float, spent_s: float, estimate_s: float | None) -> float:

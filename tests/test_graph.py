@@ -685,6 +685,18 @@ def test_compile_estimate_counts_the_distinct_gemm_shapes_of_the_captured_graph(
     # every mode in one process: the first max-autotune mode tunes, the second reuses it
     assert integrate.modes_estimate_s(integrate.COMPILE_MODES, 2, default_s=1.5) == pytest.approx(
         4 * 1.5 + 2 * integrate.AUTOTUNE_S_PER_SHAPE)
+    # convolutions tune by size: a small one (LeNet-5's, ResNet's at 10x224x224) apart from
+    # the fp32 count, at AUTOTUNE_S_PER_SMALL_CONV; level 2's 618-GFLOP one at the fp32 rate
+    with torch.device("meta"):
+        small, large = nn.Conv2d(64, 64, 3, padding=1), nn.Conv2d(64, 128, 3)
+        x_small, x_large = torch.randn(10, 64, 56, 56), torch.randn(64, 64, 256, 256)
+    figs = [integrate.graph_figures(capture.capture(m.eval(), (x,), allow_dynamo=False).graphs)
+            for m, x in ((small, x_small), (large, x_large))]
+    assert [(f["gemm_shapes"], f["small_convs"], f["gemm_shapes_fp32"]) for f in figs] == [(1, 1, 0), (1, 0, 1)]
+    assert est("max-autotune", 1, default_s=1.5, small_convs=1) == pytest.approx(
+        1.5 + integrate.AUTOTUNE_S_PER_SMALL_CONV)
+    assert est("max-autotune", 3, default_s=1.5, fp32_shapes=2, small_convs=1) == pytest.approx(
+        1.5 + integrate.AUTOTUNE_S_PER_SMALL_CONV + 2 * integrate.AUTOTUNE_S_PER_SHAPE_FP32)
     # the end-to-end stage: nothing to estimate without the figures or without a compile
     assert integrate.stage_estimate_s(None, "gpu") is None
     assert integrate.stage_estimate_s(fig, "interpreter") is None
