@@ -1012,3 +1012,56 @@ def test_a_convolution_the_model_lets_run_in_tf32_is_judged_by_tf32s_error_and_a
     assert not judged(r.spec, dropped)
     ieee = {**r.spec, "conv": {**cv, "tf32": False}}
     assert not judged(ieee, tf32)
+
+
+class _GroupAndInstance(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gn = nn.GroupNorm(2, 4)              # affine: its weight reads the channels alone
+
+    def forward(self, x):
+        return self.gn(x), F.instance_norm(x)
+
+
+@pytest.mark.parametrize("name", ["group_norm", "instance_norm"])
+def test_a_norms_columns_are_indexed_without_a_division_an_element_where_strides_allow(name, tmp_path):
+    # a group norm's columns are [C/G, H, W], an instance norm's [H, W]: split into int64
+    # indices an element they ran at 7.7% and 48.9% of the copy rate on the H200. The [H, W]
+    # run (every tensor reads all of it or none) is one flat index times its innermost stride,
+    # and a chunk of BLOCK columns from a multiple of BLOCK lies in one run, so the channel is
+    # a scalar of the chunk. The launcher takes that path only where it holds (contiguous run,
+    # BLOCK dividing it): H and W swapped in memory, or prime sizes, take the per-element path.
+    _, f = _found(_GroupAndInstance(), torch.randn(2, 4, 8, 16))
+    r = next(r for r in f.regions if r.name.startswith(name))
+    fam = kernels.get("region", r.spec)
+    src = fam.render({"variant": "looped", "block": 64})
+    assert "if FLAT:" in src and "def _flat_cols(" in src
+    mod = load_candidate(src, tmp_path)
+    flags = []
+    real = mod.__globals__["_region_looped"]
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*a, **kw):
+                flags.append(kw["FLAT"])
+                return real[grid](*a, **kw)
+            return launch
+    mod.__globals__["_region_looped"] = Spy()
+    ins = fam.make_inputs(r.shape, "float32", DEVICE, gen(5))
+    torch.testing.assert_close(mod(**ins), fam.reference(**ins), rtol=1e-5, atol=1e-5)
+    # channels-last still reads [H, W] as one run (its stride C); W before H in memory does not
+    x = next(k for k, v in ins.items() if v.dim() == 4)
+    for layout in (ins[x].contiguous(memory_format=torch.channels_last),
+                   ins[x].transpose(2, 3).contiguous().transpose(2, 3)):
+        other = dict(ins, **{x: layout})
+        torch.testing.assert_close(mod(**other), fam.reference(**other), rtol=1e-5, atol=1e-5)
+    assert flags == [True, True, False], flags
+    mod.__globals__["_region_looped"] = real
+    for st in _five_stages(fam, r.shape, src, tmp_path):
+        assert st.status == "passed", (st.stage, st.failed_case, st.detail)
+    # the launcher's check matters: taking the flat path whatever the strides and sizes is
+    # rejected (a chunk across two runs reads the wrong channel's weight and rows)
+    wrong = src.replace("    flat = ", "    flat = True or ")
+    assert wrong != src
+    bad = [s for s in _five_stages(fam, r.shape, wrong, tmp_path) if s.status != "passed"]
+    assert bad, "forcing the flat index passed every stage"
