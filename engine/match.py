@@ -300,10 +300,20 @@ class Folder:
         self.graph = graph
         self.memo: dict = {}
         self.tainted = _mutated(graph.gm.graph)
+        # what reads a runtime input, in one pass in graph order: value() never recurses
+        # through it (ResNet-101's chain of ~1,000 ops from the image exceeded Python's
+        # recursion limit when a pattern asked whether its last value was a constant)
+        self.runtime: set = set()
+        for n in graph.gm.graph.nodes:
+            if (n.op == "placeholder" and graph.static.get(n.target) is None) or any(
+                    a in self.runtime for a in n.all_input_nodes):
+                self.runtime.add(n)
 
     def value(self, node):
         if not isinstance(node, fx.Node):
             return node
+        if node in self.runtime:
+            return None
         if node in self.memo:
             return self.memo[node]
         self.memo[node] = None                     # cycles cannot happen; recursion guard

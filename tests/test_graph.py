@@ -1280,3 +1280,15 @@ def test_attention_written_with_einsum_is_one_attention_placed_and_agreeing():
         _, ms = found(Fn(lambda s, *a: torch.einsum("bclhn,bcshn,bhcls,bcshp->bclhp", *a)), *x)
     mm = [m for gm in ms.values() for m in gm if m.family == "matmul"]
     assert len(mm) == 2 and all(m.placeable for m in mm), families(ms)
+
+
+def test_a_deep_network_is_matched_without_exceeding_the_recursion_limit():
+    # ResNet-101 at KernelBench's level 3: ~1,000 ops in a chain from the image; asking whether
+    # a value near the end is a constant walked the chain recursively and raised RecursionError
+    def deep(s, x):
+        for _ in range(700):
+            x = torch.relu(x * 1.01 + 0.1)
+        return torch.softmax(x, dim=-1)
+    with torch.no_grad():
+        _, ms = found(Fn(deep), torch.randn(4, 16))
+    assert "softmax" in [m.family for g in ms.values() for m in g], families(ms)
