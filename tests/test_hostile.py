@@ -116,8 +116,13 @@ def test_allow_list_accepts_every_starter_and_recorded_kernel():
     n_recorded = 0
     for db in sorted((ROOT / "data").glob("recorded_h200*.db")):
         con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-        for family, src in con.execute("SELECT family, source FROM experiments"):
-            sources.append((kernels.get(family), src))
+        # each candidate against its own target's contract (a region's inputs are its spec's;
+        # runs recorded before targets had a spec hold family kernels only)
+        has_spec = "spec" in [r[1] for r in con.execute("PRAGMA table_info(targets)")]
+        for family, src, spec in con.execute(
+                "SELECT e.family, e.source, " + ("t.spec" if has_spec else "'{}'")
+                + " FROM experiments e JOIN targets t ON t.id = e.target_id"):
+            sources.append((kernels.get(family, json.loads(spec or "{}") or None), src))
             n_recorded += 1
         con.close()
     assert n_recorded > 100
