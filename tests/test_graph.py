@@ -1292,3 +1292,25 @@ def test_a_deep_network_is_matched_without_exceeding_the_recursion_limit():
     with torch.no_grad():
         _, ms = found(Fn(deep), torch.randn(4, 16))
     assert "softmax" in [m.family for g in ms.values() for m in g], families(ms)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                    reason="transformers is not installed (requirements-dev.txt)")
+def test_xlnet_whose_attention_is_written_in_einsum_is_captured_as_gemms_that_agree():
+    # XLNet's relative attention as its authors write it: "ibnd,jbnd->bnij" and six more
+    # einsums; every one reads as GEMMs and the captured graph computes what the model does
+    import transformers
+    cfg = transformers.XLNetConfig(vocab_size=64, d_model=32, n_layer=1, n_head=4, d_inner=64)
+    torch.manual_seed(0)
+    model = transformers.XLNetModel(cfg).eval()
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        cap, ms = found(model, ids)
+        gm = cap.graphs[0].gm
+        ops = [getattr(n.target, "_opname", "") for n in gm.graph.nodes if n.op == "call_function"]
+        assert "einsum" not in ops and ops.count("matmul") >= 6, ops
+        assert [m for g in ms.values() for m in g if m.family == "matmul" and m.placeable]
+        got = gm(ids)
+        got = got[0] if isinstance(got, (tuple, list)) else got
+        got = getattr(got, "last_hidden_state", got)
+        torch.testing.assert_close(got, model(ids).last_hidden_state, rtol=1e-5, atol=1e-5)
