@@ -193,6 +193,14 @@ def fake_of(v):
     return v.meta.get("val") if isinstance(v, torch.fx.Node) else v
 
 
+def _in_mode(v, mode):
+    """``v`` as a value of fake ``mode`` (call under it): a tensor of another mode (a re-captured
+    graph's nodes can hold values of several) remade there, same shape, strides, dtype, device."""
+    if isinstance(v, torch.Tensor) and getattr(v, "fake_mode", None) is not mode:
+        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device)
+    return v
+
+
 def emit(g: torch.fx.Graph, target, args, mode):
     """A call of ``target`` on ``args`` added at ``g``'s insertion point, its value computed on
     the arguments' fake values under ``mode`` (none where that fails or there is no mode)."""
@@ -200,7 +208,7 @@ def emit(g: torch.fx.Graph, target, args, mode):
     if mode is not None:
         try:
             with mode:
-                n.meta["val"] = target(*[fake_of(a) for a in args])
+                n.meta["val"] = target(*[_in_mode(fake_of(a), mode) for a in args])
         except Exception:
             pass
     return n
@@ -322,23 +330,12 @@ def _split_einsums(g: torch.fx.Graph) -> None:
             continue                                  # a broadcast letter: torch's own rules
         cap = 4 * max([val(o).numel() for o in ops] + [vo.numel(), 1])
         made: list = []
-        # the new nodes' values in one mode (a re-captured graph's nodes can hold values of
-        # several): the operands' fake values remade in the einsum's mode where theirs differs
-        fv = {}
-        with mode:
-            for o in ops:
-                v = val(o)
-                fv[o] = v if getattr(v, "fake_mode", None) is mode else torch.empty_strided(
-                    v.shape, v.stride(), dtype=v.dtype, device=v.device)
 
         def add(target, args):
-            m = g.call_function(target, tuple(args))
-            with mode:
-                m.meta["val"] = target(*[fv.get(a, a) if isinstance(a, torch.fx.Node) else a
-                                         for a in args])
-            fv[m] = m.meta["val"]
-            made.append(m)
-            return m
+            made.append(emit(g, target, args, mode))
+            if not isinstance(val(made[-1]), torch.Tensor):
+                raise ValueError(f"{target} has no fake value here")
+            return made[-1]
 
         def permuted(x, have: str, want: str):
             if have == want:

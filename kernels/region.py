@@ -1870,17 +1870,15 @@ def render_for(spec):
         # one div and mod of int64 an element per column dim, a group norm's [C/G, H, W]
         # columns ran at 7.7% of the copy rate on the H200 (KernelBench level 1's 35), an
         # instance norm's [H, W] at 48.9% (34)
-        flat_able = not spec.get("conv") and not gemm and not conv_dot and len(cols_d) >= 2
         # the run: the longest suffix of the column dims every tensor reads all of or none of
         # (a group norm's [H, W], not its channels, which its weight reads alone)
         reads = [set(in_dims[i]) for i in range(nin) if spec["inputs"][i].get("map") is not None]
         reads.append(set(out_dims))
-        run_d = []
-        for k in range(len(cols_d), 0, -1):
-            if all(not (r & set(cols_d[k - 1:])) or set(cols_d[k - 1:]) <= r for r in reads):
-                run_d = cols_d[k - 1:]
-        outer_d = cols_d[:len(cols_d) - len(run_d)]
-        flat_able = flat_able and bool(run_d) and (len(run_d) >= 2 or bool(outer_d))
+        k = len(cols_d)
+        while k > 0 and all(not (r & set(cols_d[k - 1:])) or set(cols_d[k - 1:]) <= r for r in reads):
+            k -= 1
+        run_d, outer_d = cols_d[k:], cols_d[:k]
+        flat_able = not spec.get("conv") and not gemm and not conv_dot and len(cols_d) >= 2
         lvl_in = ["dom" if set(in_dims[i]) & colset else "row" for i in range(nin)]
         # levels follow the plan (pointwise regions: cols are the trailing dims)
         level = {}
