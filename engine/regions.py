@@ -164,6 +164,16 @@ def op_of(n: fx.Node) -> tuple[str, fx.Node] | None:
 
 # ---- building a spec from a node set -----------------------------------------------------------
 
+def _cast_to(qual: str, src: fx.Node):
+    """The dtype an explicit cast node sets (``x.float()``, ``x.to(torch.bfloat16)``), else None."""
+    if R.op_parts(qual)[0] not in ("_to_copy", "to"):
+        return None
+    want = src.kwargs.get("dtype")
+    if want is None:
+        want = next((a for a in src.args[1:] if isinstance(a, torch.dtype)), None)
+    return want if isinstance(want, torch.dtype) else None
+
+
 class NotARegion(Exception):
     pass
 
@@ -557,11 +567,24 @@ def build(nodes: list, order: dict) -> Region:
         spec_ops.append(op)
     float_in = next(i["dtype"] for i in spec_inputs if i["dtype"] != "bool")
     out_dt = _dtype(out)
+    # the output's dtype is the model's own where an explicit cast sets it (RMSNorm's
+    # x.to(torch.float32), rotary's cos.to(x.dtype), a sum(dtype=...)) and type promotion
+    # keeps it: every float value read after it is fixed too, or it is float32, which any
+    # float16 / bfloat16 input promotes to. The reference then returns that dtype for inputs
+    # of any dtype, so the kernel must too.
+    fixed: dict = {}
+    for n in values:
+        qual, src = ops[n]
+        floats = [a for a in src.all_input_nodes if _dtype(a) != "bool"]
+        fixed[n] = (_cast_to(qual, src) is not None
+                    or isinstance(src.kwargs.get("dtype"), torch.dtype)
+                    or any(fixed.get(a) and _dtype(a) == "float32" for a in floats)
+                    or (bool(floats) and all(fixed.get(a, False) for a in floats)))
     name = R.region_name(spec_ops)
     name = ("flip+" if flipped_src else "") + name + ("+flip" if flip_out is not None else "")
     spec = {"name": name, "rank": rank, "split": split,
             "red": red_dims or [], "inputs": spec_inputs, "ops": spec_ops,
-            "out_dtype": None if out_dt == float_in else out_dt}
+            "out_dtype": None if out_dt == float_in and not fixed[out] else out_dt}
     if flip_out is not None:
         spec["out_flip"] = flip_out
     if (flipped_src or flip_out is not None) and (split or conv is not None or gemm is not None):

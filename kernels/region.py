@@ -320,6 +320,10 @@ def _replay_ops(spec: dict, inputs: list, fp32_scans: bool = False, first=None):
                     and torch.finfo(want).bits >= _bits(op.get("src_dtype"))):
                 values.append(src)
                 continue
+            # a cast is its dtype alone: the spec keeps no device (to.device's is None), the
+            # reference runs where its inputs are
+            values.append(src.to(want) if want is not None else src.clone())
+            continue
         if (fp32_scans and name == "cumsum" and isinstance(src, torch.Tensor)
                 and src.dtype == torch.float32 and kwargs.get("dtype") in (None, torch.float32)):
             values.append(_seq_cumsum32(src, int(args[1]) % max(src.dim(), 1)))

@@ -1065,3 +1065,40 @@ def test_a_norms_columns_are_indexed_without_a_division_an_element_where_strides
     assert wrong != src
     bad = [s for s in _five_stages(fam, r.shape, wrong, tmp_path) if s.status != "passed"]
     assert bad, "forcing the flat index passed every stage"
+
+
+class Casts(nn.Module):
+    """Casts as models write them: rotary's ``cos.to(x.dtype)`` at the end, an fp32 table read
+    with a position (``inv_freq.float() * pos``, the cast under ``to(device)``), RMSNorm's
+    upcast before the residual."""
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("inv_freq", torch.rand(8))
+
+    def forward(self, emb, pos, h, r):
+        cos = (emb.cos() * 2.0).to(dtype=torch.float32)
+        ang = self.inv_freq.float().to(pos.device) * pos
+        y = (h * 0.5).to(torch.float32) + r
+        return cos, ang, y
+
+
+def test_a_dtype_the_model_casts_to_is_the_regions_output_dtype_in_every_dtype(tmp_path):
+    # the reference returns float32 for float16 inputs where the model casts (x.float() and
+    # anything promoted with it): so must the kernel, or the sweep's float16 cases fail
+    _, f = _found(Casts(), torch.randn(4, 8), torch.randn(4, 1), torch.randn(4, 8), torch.randn(4, 8))
+    by = _by_name(f)
+    assert {"cos+mul", "mul"} <= set(by), sorted(by)
+    fixed = [r for r in f.regions if r.spec["out_dtype"] == "float32"]
+    assert len(fixed) >= 2, [(r.name, r.spec["out_dtype"]) for r in f.regions]
+    verify.install_launch_counter()
+    for r in fixed:
+        fam = kernels.get("region", json.loads(json.dumps(r.spec)))
+        fn = load_candidate(fam.starter(), tmp_path)
+        v = verify.Verifier(fam, {"dtype": "float32", "dtypes": ["float32", "float16"],
+                                  "shapes": [{"shape": list(r.shape)}]}, DEVICE, DEVICE == "cpu")
+        for st in ("smoke", "shape_sweep"):
+            res = v.run_stage(fn, st)
+            assert res.status == "passed", (r.name, st, res.detail)
+    # a region whose output follows its inputs keeps no dtype of its own
+    plain = _by_name(_found(Chain(), torch.randn(4, 8), torch.randn(8))[1])["mul+add+leaky_relu+clamp"]
+    assert plain.spec["out_dtype"] is None
