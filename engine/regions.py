@@ -569,16 +569,17 @@ def build(nodes: list, order: dict) -> Region:
     out_dt = _dtype(out)
     # the output's dtype is the model's own where an explicit cast sets it (RMSNorm's
     # x.to(torch.float32), rotary's cos.to(x.dtype), a sum(dtype=...)) and type promotion
-    # keeps it: every float value read after it is fixed too, or it is float32, which any
-    # float16 / bfloat16 input promotes to. The reference then returns that dtype for inputs
-    # of any dtype, so the kernel must too.
+    # keeps it: every float value read after it is fixed too, or it is a float32 tensor of
+    # one or more dims, which any float16 / bfloat16 tensor promotes to. The reference then
+    # returns that dtype for inputs of any dtype, so the kernel must too.
     fixed: dict = {}
     for n in values:
         qual, src = ops[n]
         floats = [a for a in src.all_input_nodes if _dtype(a) != "bool"]
         fixed[n] = (_cast_to(qual, src) is not None
                     or isinstance(src.kwargs.get("dtype"), torch.dtype)
-                    or any(fixed.get(a) and _dtype(a) == "float32" for a in floats)
+                    or any(fixed.get(a) and _dtype(a) == "float32" and len(_shape(a)) > 0
+                           for a in floats)        # a 0-dim tensor promotes no other tensor
                     or (bool(floats) and all(fixed.get(a, False) for a in floats)))
     name = R.region_name(spec_ops)
     name = ("flip+" if flipped_src else "") + name + ("+flip" if flip_out is not None else "")

@@ -1102,3 +1102,17 @@ def test_a_dtype_the_model_casts_to_is_the_regions_output_dtype_in_every_dtype(t
     # a region whose output follows its inputs keeps no dtype of its own
     plain = _by_name(_found(Chain(), torch.randn(4, 8), torch.randn(8))[1])["mul+add+leaky_relu+clamp"]
     assert plain.spec["out_dtype"] is None
+
+
+class ScaleOfZeroDims(nn.Module):
+    """DeBERTa's spelling: a 0-dim fp32 scale cast to the activations' dtype divides them; a
+    0-dim tensor promotes no other tensor, so the output follows the activations' dtype."""
+    def forward(self, k):
+        scale = torch.sqrt(torch.tensor(k.size(-1), dtype=torch.float) * 2.0)
+        return k * 3.0 / scale.to(dtype=k.dtype)
+
+
+def test_a_zero_dim_cast_value_leaves_the_output_dtype_to_the_inputs(tmp_path):
+    _, f = _found(ScaleOfZeroDims(), torch.randn(4, 8))
+    r = next(r for r in f.regions if r.shape == (4, 8))
+    assert r.spec["out_dtype"] is None, r.spec
