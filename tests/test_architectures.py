@@ -1,0 +1,125 @@
+"""Architectures as their authors wrote them: transformers models built from small configs
+(random weights, nothing downloaded), captured, matched and cut into regions; every target's
+starter (family or generated) is placed at once and the rewritten model must agree with the
+original. A model's spellings (rotary in four layouts, ALiBi, soft-capping, DeBERTa's 0-dim
+scale, windowed attention, grouped convolutions, casts to float32 around norms) are what this
+exercises, not our own test modules."""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                                reason="transformers is not installed (requirements-dev.txt)")
+
+TXT = dict(vocab_size=128, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+           intermediate_size=128, max_position_embeddings=64)
+IMG = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, intermediate_size=128,
+           image_size=32, patch_size=8)
+# name: (config class, model class, config kwargs); text models take token ids [2, 16],
+# vision models images [2, 3, 32, 32]
+ARCH = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(TXT, num_key_value_heads=2)),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(TXT, num_key_value_heads=2, head_dim=16)),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(vocab_size=128, n_embd=64, n_layer=1, n_head=4,
+                                                   n_positions=64)),
+    "bloom": ("BloomConfig", "BloomForCausalLM", dict(vocab_size=128, hidden_size=64, n_layer=1,
+                                                      n_head=4)),
+    "deberta_v2": ("DebertaV2Config", "DebertaV2Model", dict(TXT)),
+    "t5_encoder": ("T5Config", "T5EncoderModel", dict(vocab_size=128, d_model=64, d_kv=16, d_ff=128,
+                                                     num_layers=1, num_heads=4)),
+    "swin": ("SwinConfig", "SwinModel", dict(image_size=32, patch_size=4, embed_dim=16,
+                                             depths=[1, 1], num_heads=[2, 2], window_size=4)),
+    "resnet": ("ResNetConfig", "ResNetModel", dict(hidden_sizes=[16, 32], depths=[1, 1],
+                                                   embedding_size=16, layer_type="basic")),
+    # slow: the rest of the zoo measured by hand (all agree; docs/graph.md)
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(TXT, num_key_value_heads=2, head_dim=16)),
+    "phi": ("PhiConfig", "PhiForCausalLM", dict(TXT)),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(TXT)),
+    "gptj": ("GPTJConfig", "GPTJForCausalLM", dict(vocab_size=128, n_embd=64, n_layer=1, n_head=4,
+                                                   rotary_dim=8, n_positions=64)),
+    "falcon": ("FalconConfig", "FalconForCausalLM", dict(vocab_size=128, hidden_size=64,
+                                                         num_hidden_layers=1, num_attention_heads=4)),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(TXT, num_key_value_heads=2,
+                                                            num_local_experts=4, num_experts_per_tok=2)),
+    "opt": ("OPTConfig", "OPTForCausalLM", dict(vocab_size=128, hidden_size=64, num_hidden_layers=1,
+                                                num_attention_heads=4, ffn_dim=128,
+                                                max_position_embeddings=64, word_embed_proj_dim=64)),
+    "albert": ("AlbertConfig", "AlbertModel", dict(TXT, embedding_size=32)),
+    "beit": ("BeitConfig", "BeitModel", dict(IMG)),
+    "clip_vision": ("CLIPVisionConfig", "CLIPVisionModel", dict(IMG)),
+    "segformer": ("SegformerConfig", "SegformerModel", dict(
+        hidden_sizes=[16, 32], depths=[1, 1], num_encoder_blocks=2, num_attention_heads=[1, 2],
+        sr_ratios=[2, 1], patch_sizes=[7, 3], strides=[4, 2], decoder_hidden_size=32)),
+    "levit": ("LevitConfig", "LevitModel", dict(image_size=32, hidden_sizes=[32, 48, 64],
+                                                num_attention_heads=[1, 2, 2], depths=[1, 1, 1],
+                                                key_dim=[8, 8, 8])),
+    "mobilenet_v2": ("MobileNetV2Config", "MobileNetV2Model", dict(image_size=32,
+                                                                   depth_multiplier=0.25)),
+    "convnext": ("ConvNextConfig", "ConvNextModel", dict(hidden_sizes=[16, 32], depths=[1, 1],
+                                                         num_stages=2, image_size=32)),
+}
+QUICK = ("llama", "gemma2", "gpt2", "bloom", "deberta_v2", "t5_encoder", "swin", "resnet")
+VISION = {"swin", "resnet", "beit", "clip_vision", "segformer", "levit", "mobilenet_v2", "convnext"}
+
+
+def _build(name):
+    import transformers
+    cfg_cls, model_cls, kw = ARCH[name]
+    cfg = getattr(transformers, cfg_cls)(**kw)
+    if hasattr(cfg, "use_cache"):
+        cfg.use_cache = False
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(cfg).eval()
+    g = torch.Generator().manual_seed(1)
+    if name in VISION:
+        return model, (torch.randn(2, 3, 32, 32, generator=g),)
+    return model, (torch.randint(0, 128, (2, 16), generator=g),)
+
+
+def _starters(targets) -> list:
+    """Each target's starter as a kept kernel would be recorded (verified for its shapes)."""
+    import kernels
+    from engine import integrate, verify
+    out = []
+    for i, t in enumerate(targets):
+        fam = kernels.get(t.family, t.spec or None)
+        src = fam.for_target(t.shapes[0]["shape"], t.dtype).starter()
+        assert verify.static_check(src, fam.arg_names) is None, (t.label or t.family)
+        out.append(integrate.KernelRecord(
+            family=t.family, experiment_id=i, seq=i, source=src,
+            source_hash=hashlib.sha256(src.encode()).hexdigest(), dtype=t.dtype,
+            shapes=[list(s["shape"]) for s in t.shapes],
+            tolerance=tuple(fam.tolerance[getattr(torch, t.dtype)]), device_type="cpu",
+            spec=dict(t.spec or {})))
+    return out
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in QUICK else pytest.mark.slow)
+                                  for n in ARCH])
+def test_every_starter_placed_at_once_keeps_the_models_output(name):
+    from engine import capture, integrate, match, place, regions
+    from engine import profile as profiler
+    model, inputs = _build(name)
+    cap = capture.capture(model, inputs)
+    assert cap.ok, cap.note
+    matches = {g.index: match.find(g) for g in cap.graphs}
+    regs = {g.index: regions.find(g, matches[g.index]).regions for g in cap.graphs}
+    gp = profiler.profile_graph(cap, matches, warmup=0, iters=1, regions=regs)
+    assert gp.targets
+    kernels = integrate.load(_starters(gp.targets))
+    pl = place.place(cap, kernels, matches)
+    # every target's kernel took at least one site (a target stands for its top shapes only)
+    placed = {(s["family"], s["pattern"]) for s in pl.sites}
+    assert len(pl.sites) >= len(gp.targets), pl.skipped
+    assert {t.label or t.family for t in gp.targets if t.family == "region"} <= {
+        p for f, p in placed if f == "region"}
+    opt = place.optimized(cap, pl)
+    with torch.no_grad():
+        ref, got = model(*inputs), opt(*inputs)
+    assert opt.calls == {"placed": 1, "original": 0, "guard_miss": 0}
+    err, where = integrate.compare(integrate.flatten(got), integrate.flatten(ref))
+    assert err <= 2e-5, where
