@@ -164,6 +164,24 @@ def op_of(n: fx.Node) -> tuple[str, fx.Node] | None:
 
 # ---- building a spec from a node set -----------------------------------------------------------
 
+def _model_strides(a: fx.Node) -> list | None:
+    """The strides the model passes input ``a`` in, where not contiguous and no two elements
+    share memory but along an expanded dim (stride 0): a transposed view, a slice of a wider
+    buffer, channels-last, an expanded bias. The verifier's edge cases run the real shape in
+    this layout; the placed site is guarded on it."""
+    v = a.meta.get("val")
+    if not isinstance(v, torch.Tensor) or v.is_contiguous() or v.numel() <= 1:
+        return None
+    dims = sorted((d for d in range(v.dim()) if v.shape[d] > 1 and v.stride(d) != 0),
+                  key=lambda d: v.stride(d))
+    reach = 1
+    for d in dims:                       # innermost first: each dim steps past the ones inside
+        if v.stride(d) < reach:
+            return None
+        reach = v.stride(d) * v.shape[d]
+    return [int(x) for x in v.stride()]
+
+
 def _cast_to(qual: str, src: fx.Node):
     """The dtype an explicit cast node sets (``x.float()``, ``x.to(torch.bfloat16)``), else None."""
     if R.op_parts(qual)[0] not in ("_to_copy", "to"):
@@ -548,6 +566,9 @@ def build(nodes: list, order: dict) -> Region:
             spec_inputs.append({"map": None, "dtype": dt, "role": in_pos[a]})
         else:
             spec_inputs.append({"map": in_pos[a], "dtype": dt})
+            st = _model_strides(a)
+            if st is not None:
+                spec_inputs[-1]["strides"] = st
             if a in flipped_src:
                 spec_inputs[-1]["flip"] = flipped_src[a]     # its own dims, read reversed
     if all(i["dtype"] == "bool" for i in spec_inputs):

@@ -449,7 +449,7 @@ class Case:
     shape: tuple
     dtype: str
     kind: str = "normal"
-    layout: str = "contiguous"   # contiguous | row_strided | column_major
+    layout: str = "contiguous"   # contiguous | row_strided | column_major | model
     seed: int = 0                # the case's inputs: the same in the runner and in the judge
 
     def __str__(self) -> str:
@@ -490,6 +490,25 @@ def _relayout(t, layout: str):
     return t
 
 
+def _restride(t, strides):
+    """Same values as ``t`` with the given strides (the model's layout): a fresh buffer holding
+    NaN where the layout skips memory, so a kernel that reads a gap shows it; a dim of stride 0
+    (an expanded view) repeats the values of its first index."""
+    import torch
+    strides = tuple(int(x) for x in strides)
+    if len(strides) != t.dim():
+        return t
+    base_shape = tuple(1 if st == 0 else n for n, st in zip(t.shape, strides))
+    src = t[tuple(slice(0, 1) if st == 0 else slice(None) for st in strides)]
+    need = 1 + sum((n - 1) * st for n, st in zip(base_shape, strides))
+    buf = torch.full((max(need, 1),), float("nan"), dtype=t.dtype, device=t.device) \
+        if t.dtype.is_floating_point else torch.zeros(max(need, 1), dtype=t.dtype, device=t.device)
+    out = buf.as_strided(base_shape, [0 if n == 1 and st == 0 else st
+                                      for n, st in zip(base_shape, strides)])
+    out.copy_(src)
+    return out.expand(t.shape) if base_shape != tuple(t.shape) else out
+
+
 def case_inputs(fam, case: Case, device: str) -> dict:
     """A case's inputs, a pure function of (family, case, device): the runner and the judge
     build bitwise the same tensors from the case's seed."""
@@ -497,7 +516,11 @@ def case_inputs(fam, case: Case, device: str) -> dict:
     gen = torch.Generator(device=device)
     gen.manual_seed(int(case.seed))
     inp = fam.make_inputs(case.shape, getattr(torch, case.dtype), device, gen, kind=case.kind)
-    if case.layout != "contiguous":
+    if case.layout == "model":
+        for name, strides in (getattr(fam, "model_strides", None) or {}).items():
+            if isinstance(inp.get(name), torch.Tensor):
+                inp[name] = _restride(inp[name], strides)
+    elif case.layout != "contiguous":
         first = fam.arg_names[0]
         inp[first] = _relayout(inp[first], case.layout)
     return inp
@@ -781,6 +804,9 @@ class Verifier:
             odd = self._fit(fam.sweep_shapes)
             for s in list(dict.fromkeys([small_real[0]] + odd[2:4])):
                 cs += [Case(s, dt, layout="row_strided"), Case(s, dt, layout="column_major")]
+            if getattr(fam, "model_strides", None):
+                # the real shape in the layout the model passes (its recorded strides)
+                cs.append(Case(tuple(real[0]), dt, layout="model"))
         else:
             raise ValueError(stage)
         return self._seeded(stage, cs)

@@ -115,6 +115,11 @@ class Family:
     # and its compiled form; verification keeps ``reference``. None: ``reference``.
     baseline: Callable | None = None
 
+    # {arg name: strides}: arguments the model passes in a layout of its own (a transposed
+    # view, a slice of a wider buffer, channels-last, an expanded bias), as its graph recorded
+    # them at the target's shape; the edge cases run the real shape so. {}: contiguous alone.
+    model_strides: dict = field(default_factory=dict)
+
     def baseline_op(self) -> Callable:
         return self.baseline or self.reference
 

@@ -3017,6 +3017,8 @@ def configure(spec: dict) -> Family:
         bound_tol={torch.float32: _STOL, torch.float16: _STOL, torch.bfloat16: _STOL},
         op_schema="(" + ", ".join(f"Tensor {n}" for n in names) + ") -> Tensor",
         spec=spec,
+        model_strides={n: tuple(i["strides"]) for n, i in zip(names, spec["inputs"])
+                       if i.get("strides")},
     )
 
 

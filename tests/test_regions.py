@@ -1116,3 +1116,38 @@ def test_a_zero_dim_cast_value_leaves_the_output_dtype_to_the_inputs(tmp_path):
     _, f = _found(ScaleOfZeroDims(), torch.randn(4, 8))
     r = next(r for r in f.regions if r.shape == (4, 8))
     assert r.spec["out_dtype"] is None, r.spec
+
+
+class TransposedSecond(nn.Module):     # the model passes its second input transposed
+    def forward(self, x, y):
+        return torch.relu(x * 2.0 + y.transpose(-1, -2))
+
+
+def test_an_input_the_model_passes_in_its_own_layout_is_verified_in_that_layout(tmp_path):
+    # the spec records the strides the model passes (only where not contiguous); the edge
+    # cases run the real shape in them, so a kernel that assumes the second input contiguous
+    # (the verifier's own layouts relayout only the first) is rejected
+    _, f = _found(TransposedSecond(), torch.randn(4, 8), torch.randn(8, 4))
+    r = _by_name(f)["mul+add+relu"]
+    assert [i.get("strides") for i in r.spec["inputs"]] == [None, [1, 4]]
+    fam = kernels.get("region", json.loads(json.dumps(r.spec)))
+    assert fam.model_strides == {"in1": (1, 4)}
+    edge = verify.Verifier(fam, {"dtype": "float32", "shapes": [{"shape": [4, 8]}]}, DEVICE,
+                           DEVICE == "cpu").cases("edge_cases")
+    assert [c.shape for c in edge if c.layout == "model"] == [(4, 8)]
+    inp = verify.case_inputs(fam, next(c for c in edge if c.layout == "model"), DEVICE)
+    assert inp["in1"].stride() == (1, 4) and inp["in0"].is_contiguous()
+    for st in _five_stages(fam, r.shape, tmp=tmp_path):
+        assert st.status == "passed", (st.stage, st.failed_case, st.detail)
+    src = fam.starter()
+    wrong = src.replace("in1.stride(0), in1.stride(1)", "in1.shape[1], 1")
+    assert wrong != src
+    stages = _five_stages(fam, r.shape, source=wrong, tmp=tmp_path)
+    assert [s.status for s in stages[:4]] == ["passed"] * 4, [(s.stage, s.detail) for s in stages]
+    assert stages[4].status == "failed" and "layout=model" in str(stages[4].failed_case)
+    # an expanded view (stride 0) repeats its first index; a gap the layout skips holds NaN
+    t = torch.arange(6.0).view(2, 3)
+    e = verify._restride(t, (0, 1))
+    assert e.stride() == (0, 1) and torch.equal(e, t[:1].expand(2, 3))
+    g = verify._restride(t, (4, 1))
+    assert torch.equal(g, t) and torch.isnan(g.as_strided((7,), (1,))[3])
