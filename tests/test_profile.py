@@ -131,7 +131,9 @@ def test_linear_counted_once():
     assert mm.time_us == pytest.approx(r.total_us, rel=1e-3)
     assert set(fams) <= {"matmul", "other"}
     names = {o["name"] for o in mm.top_ops}
-    assert {"aten::linear", "aten::addmm"} <= names
+    # (linear's own self time rounds to 0 us on a busy machine, and ops of no time are not
+    # listed: addmm, where the time is, must be)
+    assert "aten::addmm" in names, names
     # the per-op self times add up to the family's time: linear's time doesn't include addmm's
     assert sum(o["time_us"] for o in mm.top_ops) <= mm.time_us * (1 + 1e-6)
 
