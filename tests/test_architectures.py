@@ -62,7 +62,7 @@ ARCH = {
     "convnext": ("ConvNextConfig", "ConvNextModel", dict(hidden_sizes=[16, 32], depths=[1, 1],
                                                          num_stages=2, image_size=32)),
 }
-QUICK = ("llama", "gemma2", "gpt2", "bloom", "deberta_v2", "t5_encoder", "swin", "resnet")
+QUICK = ("llama", "bloom", "deberta_v2", "t5_encoder", "resnet")
 VISION = {"swin", "resnet", "beit", "clip_vision", "segformer", "levit", "mobilenet_v2", "convnext"}
 
 

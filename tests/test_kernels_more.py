@@ -1137,8 +1137,10 @@ def test_k_major_copies_serve_every_layout(cand_dir):
         assert ((fn(a, b).double() - ref).abs() <= 8 * 2.0 ** -23 * bound + 1e-30).all()
 
 
-@pytest.mark.parametrize("reduction, says", [("sum", "tl.store(out_ptr, total)"),
-                                              ("none", "return loss ")])
+@pytest.mark.parametrize("reduction, says", [
+    ("sum", "tl.store(out_ptr, total)"),
+    # (a minute each interpreted: the per-row contract is the slow suite's)
+    pytest.param("none", "return loss ", marks=pytest.mark.slow)])
 def test_summed_and_per_row_cross_entropy_pass_all_five_stages_and_a_mean_kernel_does_not(
         reduction, says, tmp_path):
     """reduction="sum" / "none" (a match of F.cross_entropy(..., reduction=...)): the family's
@@ -1159,6 +1161,7 @@ def test_summed_and_per_row_cross_entropy_pass_all_five_stages_and_a_mean_kernel
     assert v.run_stage(wrong, "smoke").status == "failed"
 
 
+@pytest.mark.slow
 def test_reduce_splits_few_long_rows_over_programs(tmp_path):
     # a sum over everything of a model's input is one row: one program a row left one SM
     # streaming it, each lane adding D / BLOCK_D values in order (a mean of 2^30 values was

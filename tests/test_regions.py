@@ -524,7 +524,9 @@ def test_a_pooling_with_ceil_mode_is_left_out_with_its_reason():
 
 
 @pytest.mark.parametrize("fn, kw, shape", [
-    (torch.argmax, {"dim": 1}, (3, 40, 5)), (torch.argmin, {"dim": -1}, (4, 300)),
+    # (the middle dim, one pass and looped over 40 x 5 columns, takes 90 s interpreted: slow)
+    pytest.param(torch.argmax, {"dim": 1}, (3, 40, 5), marks=pytest.mark.slow),
+    (torch.argmin, {"dim": -1}, (4, 300)),
     (torch.argmax, {}, (3, 7)), (torch.argmin, {"dim": 0, "keepdim": True}, (9, 4))],
     ids=["argmax_middle_dim", "argmin_last_dim", "argmax_flat", "argmin_keepdim"])
 def test_argmax_and_argmin_are_regions_that_pass_all_five_stages_one_pass_and_looped(fn, kw, shape, tmp_path):
@@ -731,10 +733,12 @@ class ConvSoftmax(nn.Module):       # a reduction over the channels after the co
 
 @pytest.mark.parametrize("model,inputs", [
     (ConvBnRelu(nn.Conv1d(3, 5, 3, dilation=2, padding=1)), (torch.randn(2, 3, 11),)),
-    (ConvBnRelu(nn.Conv2d(4, 6, 3, stride=2, bias=False)), (torch.randn(1, 4, 9, 8),)),
-    (ConvBnRelu(nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1)),
-     (torch.randn(1, 4, 5, 4),)),
-    (ConvSoftmax(), (torch.randn(2, 3, 6, 5),)),
+    # (the three below take 40-120 s each interpreted: slow; conv1d keeps both loops quick)
+    pytest.param(ConvBnRelu(nn.Conv2d(4, 6, 3, stride=2, bias=False)), (torch.randn(1, 4, 9, 8),),
+                 marks=pytest.mark.slow),
+    pytest.param(ConvBnRelu(nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1)),
+                 (torch.randn(1, 4, 5, 4),), marks=pytest.mark.slow),
+    pytest.param(ConvSoftmax(), (torch.randn(2, 3, 6, 5),), marks=pytest.mark.slow),
 ], ids=["conv1d_dilated", "conv2d_strided", "transposed2d", "channel_softmax"])
 def test_a_convolution_runs_as_an_implicit_gemm_and_as_a_tap_loop(model, inputs, tmp_path):
     # one group and weights: the starter is the implicit GEMM (tl.dot over BLOCK_K taps a step,
@@ -879,6 +883,7 @@ def _sm90_layouts(case: str) -> dict:
     return dict(line.split(" ", 1) for line in res.stdout.splitlines() if line.startswith(("auto", "flat")))
 
 
+@pytest.mark.slow
 def test_a_reduction_keeping_the_inner_dim_reads_it_in_runs(tmp_path):
     """max over dim 1 of [B, R, I] (KernelBench 47-53): with row_order "auto" a program's rows
     are consecutive positions of the contiguous inner dim, and compiled for sm_90 (no GPU
