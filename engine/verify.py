@@ -498,6 +498,12 @@ def _restride(t, strides):
     strides = tuple(int(x) for x in strides)
     if len(strides) != t.dim():
         return t
+    reach = 1                      # a layout that would overlap at this shape is not the model's
+    for d in sorted((d for d in range(t.dim()) if t.shape[d] > 1 and strides[d] != 0),
+                    key=lambda d: strides[d]):
+        if strides[d] < reach:
+            return t
+        reach = strides[d] * t.shape[d]
     base_shape = tuple(1 if st == 0 else n for n, st in zip(t.shape, strides))
     src = t[tuple(slice(0, 1) if st == 0 else slice(None) for st in strides)]
     need = 1 + sum((n - 1) * st for n, st in zip(base_shape, strides))

@@ -35,7 +35,7 @@ ARCH = {
                                              depths=[1, 1], num_heads=[2, 2], window_size=4)),
     "resnet": ("ResNetConfig", "ResNetModel", dict(hidden_sizes=[16, 32], depths=[1, 1],
                                                    embedding_size=16, layer_type="basic")),
-    # slow: the rest of the zoo measured by hand (all agree; docs/graph.md)
+    # slow: the rest (docs/graph.md: all 38 agree)
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(TXT, num_key_value_heads=2, head_dim=16)),
     "phi": ("PhiConfig", "PhiForCausalLM", dict(TXT)),
     "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(TXT)),
@@ -61,9 +61,30 @@ ARCH = {
                                                                    depth_multiplier=0.25)),
     "convnext": ("ConvNextConfig", "ConvNextModel", dict(hidden_sizes=[16, 32], depths=[1, 1],
                                                          num_stages=2, image_size=32)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(TXT, num_key_value_heads=2)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(TXT, num_key_value_heads=2)),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(TXT, num_key_value_heads=1, head_dim=16)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(TXT, num_key_value_heads=2, pad_token_id=0)),
+    "stablelm": ("StableLmConfig", "StableLmForCausalLM", dict(TXT, num_key_value_heads=2)),
+    "olmo": ("OlmoConfig", "OlmoForCausalLM", dict(TXT, pad_token_id=0)),
+    "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", dict(TXT, num_key_value_heads=2)),
+    "bert": ("BertConfig", "BertModel", dict(TXT)),
+    "roberta": ("RobertaConfig", "RobertaModel", dict(TXT, pad_token_id=1)),
+    "distilbert": ("DistilBertConfig", "DistilBertModel", dict(
+        vocab_size=128, dim=64, n_layers=1, n_heads=4, hidden_dim=128, max_position_embeddings=64)),
+    "electra": ("ElectraConfig", "ElectraModel", dict(TXT, embedding_size=32)),
+    "vit": ("ViTConfig", "ViTModel", dict(IMG)),
+    "deit": ("DeiTConfig", "DeiTModel", dict(IMG)),
+    "dinov2": ("Dinov2Config", "Dinov2Model", dict(hidden_size=64, num_hidden_layers=1,
+                                                   num_attention_heads=4, image_size=32, patch_size=8)),
+    "mobilevit": ("MobileViTConfig", "MobileViTModel", dict(
+        image_size=32, hidden_sizes=[16, 24, 32], neck_hidden_sizes=[8, 8, 16, 16, 24, 24, 32])),
+    "regnet": ("RegNetConfig", "RegNetModel", dict(hidden_sizes=[16, 32], depths=[1, 1],
+                                                   embedding_size=16, groups_width=8)),
 }
 QUICK = ("llama", "bloom", "deberta_v2", "t5_encoder", "resnet")
-VISION = {"swin", "resnet", "beit", "clip_vision", "segformer", "levit", "mobilenet_v2", "convnext"}
+VISION = {"swin", "resnet", "beit", "clip_vision", "segformer", "levit", "mobilenet_v2", "convnext",
+          "vit", "deit", "dinov2", "mobilevit", "regnet"}
 
 
 def _build(name):
