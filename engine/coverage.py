@@ -2,7 +2,8 @@
 
 For every problem file of the level (engine/kernelbench.py's ``problem_files``): build the model
 (shapes shrunk until its parameters and inputs fit ``--max-elems`` on the CPU: the problem's
-module-level sizes are halved, largest first, kernel sizes and strides left alone), capture its
+module-level sizes, and lists of them such as an MLP's layer widths, are halved, largest first, kernel sizes
+and strides left alone), capture its
 forward, match the families, extract the regions (engine/regions.py) and profile it node by
 node (engine/profile.py). A problem is **covered** when the targets (family contracts and
 regions) hold at least ``--need`` of its profiled time; its row names the targets and, when it
@@ -55,7 +56,10 @@ class Coverage:
 # ---- building a problem at a size the CPU holds ------------------------------------------------
 
 def _sizes(tree) -> dict:
-    """Top-level ``NAME = <int>`` assignments of a problem file: name -> (value, line)."""
+    """Top-level ``NAME = <int>`` assignments of a problem file, and lists or tuples of int
+    literals (level 3's ``layer_sizes = [16384, 16384]``, ``[1024] * 16``): key -> (value,
+    first line, last line). A list is one key, ``NAME[]``, its largest entry: halving it halves
+    every entry."""
     import ast
     out = {}
     known: dict = {}
@@ -63,11 +67,43 @@ def _sizes(tree) -> dict:
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1
                 and isinstance(node.targets[0], ast.Name)):
             continue
+        name = node.targets[0].id
+        vals = _int_list(node.value)
+        if vals is not None:
+            if max(vals) > 1:
+                out[f"{name}[]"] = (max(vals), node.lineno, node.end_lineno)
+            continue
         v = _const_int(node.value, known)
         if v is not None and v > 1:
-            known[node.targets[0].id] = v
-            out[node.targets[0].id] = (v, node.lineno, node.end_lineno)
+            known[name] = v
+            out[name] = (v, node.lineno, node.end_lineno)
     return out
+
+
+def _int_list(e) -> list | None:
+    """The ints of a list or tuple of int literals, or of ``[<int>, ...] * <int>``; else None."""
+    import ast
+    if isinstance(e, ast.BinOp) and isinstance(e.op, ast.Mult):
+        vals, n = _int_list(e.left), _const_int(e.right, {})
+        return vals * n if vals is not None and n is not None and 0 < n <= 4096 else None
+    if not isinstance(e, (ast.List, ast.Tuple)) or not e.elts:
+        return None
+    vals = [x.value if isinstance(x, ast.Constant) else None for x in e.elts]
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in vals):
+        return vals
+    return None
+
+
+def _list_literal(tree, name: str) -> tuple:
+    """The ints of the top-level list (or tuple) ``name`` and its brackets."""
+    import ast
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name) and node.targets[0].id == name):
+            tup = isinstance(node.value, ast.Tuple) or (isinstance(node.value, ast.BinOp)
+                                                        and isinstance(node.value.left, ast.Tuple))
+            return _int_list(node.value), "()" if tup else "[]"
+    raise KeyError(name)
 
 
 def _const_int(e, known: dict):
@@ -139,13 +175,23 @@ def shrink(path: Path, max_elems: int):
     sizes = _sizes(ast.parse(text))
     now = {k: v for k, (v, _, _) in sizes.items()}
 
+    tree = ast.parse(text)
+
     def edited():
         out = list(lines)
         for k, (v, ln, end) in sizes.items():
-            if now[k] != v:
+            if now[k] == v:
+                continue
+            if k.endswith("[]"):                 # a list: every entry scaled as its largest
+                name = k[:-2]
+                vals, br = _list_literal(tree, name)
+                vals = [max(1, x * now[k] // v) for x in vals]
+                inner = ", ".join(str(x) for x in vals) + ("," if br == "()" and len(vals) == 1 else "")
+                out[ln - 1] = f"{name} = {br[0]}{inner}{br[1]}"
+            else:
                 out[ln - 1] = f"{k} = {now[k]}"
-                for i in range(ln, end):
-                    out[i] = ""
+            for i in range(ln, end):
+                out[i] = ""
         return "\n".join(out)
     module = _module(path, text)
     n = _elems(module)

@@ -1314,3 +1314,55 @@ def test_xlnet_whose_attention_is_written_in_einsum_is_captured_as_gemms_that_ag
         got = got[0] if isinstance(got, (tuple, list)) else got
         got = getattr(got, "last_hidden_state", got)
         torch.testing.assert_close(got, model(ids).last_hidden_state, rtol=1e-5, atol=1e-5)
+
+
+SHRINKABLE = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):          # written as KernelBench's level-3 MLPs are
+    def __init__(self, input_size, layer_sizes, output_size, bias_shape):
+        super().__init__()
+        sizes = [input_size] + list(layer_sizes)
+        self.layers = nn.Sequential(*[nn.Linear(a, b) for a, b in zip(sizes, sizes[1:])])
+        self.out = nn.Linear(sizes[-1], output_size)
+        self.bias = nn.Parameter(torch.zeros(bias_shape))
+
+    def forward(self, x):
+        return self.out(self.layers(x)) + self.bias
+
+
+batch_size = 128
+input_size = 4096
+layer_sizes = [4096, 2048]
+deep = [512] * 3
+output_size = 1024
+bias_shape = (output_size,)
+
+
+def get_inputs():
+    return [torch.rand(batch_size, input_size)]
+
+
+def get_init_inputs():
+    return [input_size, layer_sizes + deep, output_size, bias_shape]
+"""
+
+
+def test_the_coverage_shrinker_halves_sizes_in_lists_and_keeps_derived_shapes(tmp_path):
+    # a list of layer widths is one size, every entry scaled with its largest; a tuple of names
+    # (bias_shape) is no size of its own and follows the size it names
+    from engine import coverage
+    path = tmp_path / "9_MLP.py"
+    path.write_text(SHRINKABLE)
+    model, inputs, shrunk = coverage.load_problem(path, 1 << 16)
+    assert "layer_sizes[]" in shrunk and shrunk["layer_sizes[]"][0] == 4096
+    n = sum(p.numel() for p in model.parameters()) + sum(t.numel() for t in inputs)
+    assert n <= 1 << 16, (n, shrunk)
+    widths = [m.out_features for m in model.layers]
+    half = shrunk["layer_sizes[]"][1] / 4096
+    assert widths[:2] == [int(4096 * half), int(2048 * half)], (widths, shrunk)
+    assert model.bias.shape == (model.out.out_features,)
+    with torch.no_grad():
+        assert model(*inputs).shape == (inputs[0].shape[0], model.out.out_features)
