@@ -4,9 +4,10 @@ For every problem file of the level (engine/kernelbench.py's ``problem_files``):
 (shapes shrunk until its parameters and inputs fit ``--max-elems`` on the CPU: the problem's
 module-level sizes, and lists of them such as an MLP's layer widths, are halved, largest
 first, kernel sizes and strides left alone), capture its forward, match the families,
-extract the regions (engine/regions.py) and profile it node by node (engine/profile.py). A problem is **covered** when the targets (family contracts and
-regions) hold at least ``--need`` of its profiled time; its row names the targets and, when it
-is not covered, the op holding most of what is left and why no target takes it.
+extract the regions (engine/regions.py) and profile it node by node (engine/profile.py). A
+problem is **covered** when the targets (family contracts and regions) hold at least
+``--need`` of its profiled time; its row names the targets and, when it is not covered, the
+op holding most of what is left and why no target takes it.
 
 ``--verify K``: the starter of every region target of every K-th problem (by number) goes
 through the five stages under the interpreter (engine/verify.py's in-process ``Verifier`` at
