@@ -58,8 +58,8 @@ class Coverage:
 def _sizes(tree) -> dict:
     """Top-level ``NAME = <int>`` assignments of a problem file, and lists or tuples of int
     literals (level 3's ``layer_sizes = [16384, 16384]``, ``[1024] * 16``): key -> (value,
-    first line, last line). A list is one key, ``NAME[]``, its largest entry: halving it halves
-    every entry."""
+    first line, last line, entries). A list is one key, ``NAME[]``, its largest entry (halving
+    it halves every entry), with entries (its ints, its brackets); an int's entries are None."""
     import ast
     out = {}
     known: dict = {}
@@ -70,13 +70,15 @@ def _sizes(tree) -> dict:
         name = node.targets[0].id
         vals = _int_list(node.value)
         if vals is not None:
+            e = node.value.left if isinstance(node.value, ast.BinOp) else node.value
             if max(vals) > 1:
-                out[f"{name}[]"] = (max(vals), node.lineno, node.end_lineno)
+                out[f"{name}[]"] = (max(vals), node.lineno, node.end_lineno,
+                                    (vals, "()" if isinstance(e, ast.Tuple) else "[]"))
             continue
         v = _const_int(node.value, known)
         if v is not None and v > 1:
             known[name] = v
-            out[name] = (v, node.lineno, node.end_lineno)
+            out[name] = (v, node.lineno, node.end_lineno, None)
     return out
 
 
@@ -92,18 +94,6 @@ def _int_list(e) -> list | None:
     if all(isinstance(v, int) and not isinstance(v, bool) for v in vals):
         return vals
     return None
-
-
-def _list_literal(tree, name: str) -> tuple:
-    """The ints of the top-level list (or tuple) ``name`` and its brackets."""
-    import ast
-    for node in tree.body:
-        if (isinstance(node, ast.Assign) and len(node.targets) == 1
-                and isinstance(node.targets[0], ast.Name) and node.targets[0].id == name):
-            tup = isinstance(node.value, ast.Tuple) or (isinstance(node.value, ast.BinOp)
-                                                        and isinstance(node.value.left, ast.Tuple))
-            return _int_list(node.value), "()" if tup else "[]"
-    raise KeyError(name)
 
 
 def _const_int(e, known: dict):
@@ -173,21 +163,18 @@ def shrink(path: Path, max_elems: int):
     text = path.read_text()
     lines = text.split("\n")
     sizes = _sizes(ast.parse(text))
-    now = {k: v for k, (v, _, _) in sizes.items()}
-
-    tree = ast.parse(text)
+    now = {k: v for k, (v, *_) in sizes.items()}
 
     def edited():
         out = list(lines)
-        for k, (v, ln, end) in sizes.items():
+        for k, (v, ln, end, entries) in sizes.items():
             if now[k] == v:
                 continue
-            if k.endswith("[]"):                 # a list: every entry scaled as its largest
-                name = k[:-2]
-                vals, br = _list_literal(tree, name)
+            if entries:                          # a list: every entry scaled as its largest
+                vals, br = entries
                 vals = [max(1, x * now[k] // v) for x in vals]
                 inner = ", ".join(str(x) for x in vals) + ("," if br == "()" and len(vals) == 1 else "")
-                out[ln - 1] = f"{name} = {br[0]}{inner}{br[1]}"
+                out[ln - 1] = f"{k[:-2]} = {br[0]}{inner}{br[1]}"
             else:
                 out[ln - 1] = f"{k} = {now[k]}"
             for i in range(ln, end):
@@ -213,7 +200,7 @@ def shrink(path: Path, max_elems: int):
             frozen.add(pick)
             continue
         module, n = trial, m
-    return module, {k: [v, now[k]] for k, (v, _, _) in sizes.items() if now[k] != v}
+    return module, {k: [v, now[k]] for k, (v, *_) in sizes.items() if now[k] != v}
 
 
 def load_problem(path: Path, max_elems: int):

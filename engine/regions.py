@@ -169,16 +169,11 @@ def _model_strides(a: fx.Node) -> list | None:
     share memory but along an expanded dim (stride 0): a transposed view, a slice of a wider
     buffer, channels-last, an expanded bias. The verifier's edge cases run the real shape in
     this layout; the placed site is guarded on it."""
+    from engine.verify import overlaps
     v = a.meta.get("val")
-    if not isinstance(v, torch.Tensor) or v.is_contiguous() or v.numel() <= 1:
+    if (not isinstance(v, torch.Tensor) or v.is_contiguous() or v.numel() <= 1
+            or overlaps(v.shape, v.stride())):
         return None
-    dims = sorted((d for d in range(v.dim()) if v.shape[d] > 1 and v.stride(d) != 0),
-                  key=lambda d: v.stride(d))
-    reach = 1
-    for d in dims:                       # innermost first: each dim steps past the ones inside
-        if v.stride(d) < reach:
-            return None
-        reach = v.stride(d) * v.shape[d]
     return [int(x) for x in v.stride()]
 
 

@@ -490,20 +490,26 @@ def _relayout(t, layout: str):
     return t
 
 
+def overlaps(shape, strides) -> bool:
+    """Would two elements of ``shape`` at ``strides`` share memory, other than along a dim of
+    stride 0 (an expanded view)? Innermost first, each dim must step past the ones inside."""
+    reach = 1
+    for d in sorted((d for d in range(len(shape)) if shape[d] > 1 and strides[d] != 0),
+                    key=lambda d: strides[d]):
+        if strides[d] < reach:
+            return True
+        reach = strides[d] * shape[d]
+    return False
+
+
 def _restride(t, strides):
     """Same values as ``t`` with the given strides (the model's layout): a fresh buffer holding
     NaN where the layout skips memory, so a kernel that reads a gap shows it; a dim of stride 0
     (an expanded view) repeats the values of its first index."""
     import torch
     strides = tuple(int(x) for x in strides)
-    if len(strides) != t.dim():
-        return t
-    reach = 1                      # a layout that would overlap at this shape is not the model's
-    for d in sorted((d for d in range(t.dim()) if t.shape[d] > 1 and strides[d] != 0),
-                    key=lambda d: strides[d]):
-        if strides[d] < reach:
-            return t
-        reach = strides[d] * t.shape[d]
+    if len(strides) != t.dim() or overlaps(t.shape, strides):
+        return t                   # a layout that would overlap at this shape is not the model's
     base_shape = tuple(1 if st == 0 else n for n, st in zip(t.shape, strides))
     src = t[tuple(slice(0, 1) if st == 0 else slice(None) for st in strides)]
     need = 1 + sum((n - 1) * st for n, st in zip(base_shape, strides))
@@ -523,7 +529,7 @@ def case_inputs(fam, case: Case, device: str) -> dict:
     gen.manual_seed(int(case.seed))
     inp = fam.make_inputs(case.shape, getattr(torch, case.dtype), device, gen, kind=case.kind)
     if case.layout == "model":
-        for name, strides in (getattr(fam, "model_strides", None) or {}).items():
+        for name, strides in fam.model_strides.items():
             if isinstance(inp.get(name), torch.Tensor):
                 inp[name] = _restride(inp[name], strides)
     elif case.layout != "contiguous":
@@ -810,7 +816,7 @@ class Verifier:
             odd = self._fit(fam.sweep_shapes)
             for s in list(dict.fromkeys([small_real[0]] + odd[2:4])):
                 cs += [Case(s, dt, layout="row_strided"), Case(s, dt, layout="column_major")]
-            if getattr(fam, "model_strides", None):
+            if fam.model_strides:
                 # the real shape in the layout the model passes (its recorded strides)
                 cs.append(Case(tuple(real[0]), dt, layout="model"))
         else:
