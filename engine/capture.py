@@ -25,6 +25,7 @@ graphs the flat tensors dynamo passes.
 from __future__ import annotations
 
 import contextlib
+import operator
 import math
 import time
 import warnings
@@ -89,6 +90,7 @@ def _clean(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     for n in reversed(list(g.nodes)):       # unread items of tuple results (max's indices)
         if n.op == "call_function" and n.target is operator.getitem and not n.users:
             g.erase_node(n)
+    _decompose(g)
     _drop_dead(g)
     _functional(g)
     _drop_empty_cats(g)
@@ -186,6 +188,157 @@ def _drop_empty_cats(g: torch.fx.Graph) -> None:
             continue
         n.replace_all_uses_with(src)
         g.erase_node(n)
+
+
+# Composite ops kept whole: a family's spellings or the matcher name them as one node
+# (tests/test_graph.py checks that no other composite appears in a spelling), and recurrent
+# layers, whose decomposition is a loop of steps where eager runs one vendor kernel; einsum
+# has its own pass (_split_einsums).
+_WHOLE = {"scaled_dot_product_attention", "rms_norm", "cross_entropy_loss", "nll_loss_nd",
+          "nll_loss", "nll_loss2d", "repeat_interleave", "einsum", "lstm", "gru", "rnn_tanh",
+          "rnn_relu"}
+# what a decomposition may hold besides the ops regions hold (kernels/region.py OPS), views
+# and in-place forms of those ops: constants (a scalar, a filled tensor) made where it runs
+_FACTORIES = {"scalar_tensor", "full", "new_full", "zeros_like", "ones_like", "empty_like",
+              "full_like", "fill_", "fill"}
+_DECOMPOSED_MAX = 32        # nodes a decomposition may add
+_COPIES = {"clone", "contiguous", "_to_copy", "to", "alias", "detach", "copy", "copy_"}
+
+
+def _decomposition(n, held: set):
+    """The ops a composite aten op at ``n`` runs (its CompositeImplicitAutograd kernel,
+    traced on meta tensors), as a GraphModule, when every one of them is an op regions hold,
+    a view, or a constant; else None."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    t = n.target
+    tensors = []
+
+    def meta(v):
+        if isinstance(v, torch.fx.Node):
+            fv = v.meta.get("val")
+            if not isinstance(fv, torch.Tensor):
+                raise TypeError("a non-tensor node argument")
+            tensors.append(torch.empty_strided(fv.shape, fv.stride(), dtype=fv.dtype, device="meta"))
+            return _Slot(len(tensors) - 1)
+        if isinstance(v, (list, tuple)):
+            return type(v)(meta(x) for x in v)
+        return v
+
+    def real(v, ts):
+        if isinstance(v, _Slot):
+            return ts[v.i]
+        if isinstance(v, (list, tuple)):
+            return type(v)(real(x, ts) for x in v)
+        return v
+    try:
+        args, kwargs = meta(list(n.args)), {k: meta(v) for k, v in n.kwargs.items()}
+        sub = make_fx(lambda *ts: t.decompose(*real(args, ts), **real(kwargs, ts)))(*tensors)
+    except Exception:
+        return None
+    body = [m for m in sub.graph.nodes if m.op not in ("placeholder", "output")]
+    if not body or len(body) > _DECOMPOSED_MAX:
+        return None
+    computes = False
+    for m in body:
+        mt = m.target
+        if m.op != "call_function":
+            return None
+        if mt is operator.getitem:
+            continue
+        if not isinstance(mt, torch._ops.OpOverload) or mt.namespace != "aten":
+            return None
+        name = mt._opname
+        rets = mt._schema.returns
+        view = bool(rets) and rets[0].alias_info is not None and not rets[0].alias_info.is_write
+        if not (name in held or name.removesuffix("_") in held or view or name in _FACTORIES):
+            return None
+        computes |= name.removesuffix("_") in held and name not in _COPIES
+    return sub if computes else None       # views and copies alone: nothing for a region
+
+
+class _Slot:
+    """Where the i-th tensor argument goes in a traced call's arguments."""
+    def __init__(self, i):
+        self.i = i
+
+
+def _decompose(g: torch.fx.Graph) -> None:
+    """A composite op the export kept whole (``triplet_margin_loss``, ``cosine_similarity``,
+    ``pairwise_distance``, ``margin_ranking_loss``, ``relu6``, ...: ops PyTorch itself writes
+    as other aten ops) becomes those ops, where regions hold each one: the same kernels eager
+    runs for it, now visible to the region finder, whatever the op is called. Ops a family
+    spells whole and views stay; so does an op whose decomposition needs anything else
+    (gathers, index arithmetic), which no region would hold."""
+    from kernels.region import OPS
+    held = set(OPS)
+    for n in list(g.nodes):
+        t = n.target
+        if (n.op != "call_function" or not isinstance(t, torch._ops.OpOverload)
+                or t.namespace != "aten" or t._opname in held or t._opname in _WHOLE
+                or not t.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd)):
+            continue
+        rets = t._schema.returns
+        if not rets or rets[0].alias_info is not None or t._schema.is_mutable:
+            continue
+        vo = val(n)
+        mode = getattr(vo, "fake_mode", None)
+        if not isinstance(vo, torch.Tensor) or mode is None:
+            continue
+        sub = _decomposition(n, held)
+        if sub is None:
+            continue
+        env, made = {}, []
+        ins = iter(a for a in _flat_nodes(n))
+        with g.inserting_before(n):
+            for m in sub.graph.nodes:
+                if m.op == "placeholder":
+                    env[m] = next(ins)
+                    continue
+                if m.op == "output":
+                    out = env[m.args[0]] if isinstance(m.args[0], torch.fx.Node) else None
+                    continue
+                args = torch.fx.node.map_arg(m.args, lambda a: env[a])
+                kwargs = dict(torch.fx.node.map_arg(m.kwargs, lambda a: env[a]))
+                if kwargs.get("device") is not None:
+                    kwargs["device"] = vo.device          # traced on meta: made where it runs
+                new = g.call_function(m.target, tuple(args), kwargs)
+                try:
+                    with mode:
+                        new.meta["val"] = m.target(
+                            *[_in_mode(fake_of(a), mode) for a in args],
+                            **{k: _in_mode(fake_of(v), mode) for k, v in kwargs.items()})
+                except Exception:
+                    out = None
+                    made.append(new)
+                    break
+                for k in ("stack_trace", "nn_module_stack", "source_fn_stack"):
+                    if k in n.meta:
+                        new.meta[k] = n.meta[k]
+                env[m] = new
+                made.append(new)
+        vs = val(out) if out is not None else None
+        if not (isinstance(vs, torch.Tensor) and vs.shape == vo.shape and vs.dtype == vo.dtype):
+            for m in reversed(made):
+                g.erase_node(m)
+            continue
+        n.replace_all_uses_with(out)
+        g.erase_node(n)
+
+
+def _flat_nodes(n) -> list:
+    """``n``'s node arguments in the order _decomposition made its meta tensors."""
+    out = []
+
+    def walk(v):
+        if isinstance(v, torch.fx.Node):
+            out.append(v)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x)
+    walk(list(n.args))
+    for v in n.kwargs.values():
+        walk(v)
+    return out
 
 
 def fake_of(v):

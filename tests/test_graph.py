@@ -1366,3 +1366,48 @@ def test_the_coverage_shrinker_halves_sizes_in_lists_and_keeps_derived_shapes(tm
     assert model.bias.shape == (model.out.out_features,)
     with torch.no_grad():
         assert model(*inputs).shape == (inputs[0].shape[0], model.out.out_features)
+
+
+def test_composite_ops_the_export_keeps_whole_are_read_as_the_ops_they_run():
+    # torch.export keeps an op PyTorch writes in other aten ops (its CompositeImplicitAutograd
+    # kernel) as one node: a triplet loss, cosine similarity, pairwise distance, relu6. Capture
+    # writes it out where regions hold every op of it, so the region finder sees what it
+    # computes whatever it is called; the values are the ones eager computes.
+    from engine import regions
+    a, p, n = (torch.randn(8, 16, generator=torch.Generator().manual_seed(i)) for i in range(3))
+
+    def fwd(s, a, p, n):
+        return (F.triplet_margin_loss(a, p, n) + F.cosine_similarity(a, p).mean()
+                + F.pairwise_distance(a, n).sum() + F.relu6(a).mean()
+                + F.rms_norm(a, (16,)).sum() + F.interpolate(a[None], scale_factor=2).sum())
+    model = Fn(fwd)
+    cap = capture.capture(model, (a, p, n))
+    assert cap.ok and cap.method == "export", cap.note
+    g = cap.graphs[0]
+    ops = {getattr(x.target, "_opname", "") for x in g.nodes() if x.op == "call_function"}
+    assert not ops & {"triplet_margin_loss", "cosine_similarity", "pairwise_distance", "relu6"}, ops
+    # a family's spelling (rms_norm) stays one node; so does an op whose decomposition holds
+    # what no region does (nearest upsampling's index arithmetic and gather)
+    assert {"rms_norm", "upsample_nearest1d"} <= ops, ops
+    left = {lf.why for lf in regions.find(g, match.find(g)).left}
+    assert not [w for w in left if w.startswith(("triplet", "cosine", "pairwise", "relu6"))], left
+    with torch.no_grad():
+        got = g.gm(a, p, n)
+    got = got[0] if isinstance(got, (tuple, list)) else got
+    torch.testing.assert_close(got, model(a, p, n), rtol=1e-6, atol=1e-6)
+
+
+def test_every_composite_op_a_family_spells_is_kept_whole_by_capture():
+    # the family patterns go through the same capture passes as models: a composite op in a
+    # spelling that capture wrote out would no longer be the node the pattern names
+    from kernels.region import OPS
+    composite = torch._C.DispatchKey.CompositeImplicitAutograd
+    for p in match.patterns():
+        for x in p.gm.graph.nodes:
+            t = x.target
+            if (x.op != "call_function" or not isinstance(t, torch._ops.OpOverload)
+                    or t._opname in OPS or not t.has_kernel_for_dispatch_key(composite)):
+                continue
+            rets = t._schema.returns
+            view = bool(rets) and rets[0].alias_info is not None
+            assert view or t._opname in capture._WHOLE, (p.family, p.spelling.name, t._opname)

@@ -71,6 +71,15 @@ class Pooled(nn.Module):
         return torch.relu(self.pool(x))
 
 
+class Composites(nn.Module):
+    """Ops PyTorch writes as other aten ops, which the export keeps whole: a triplet loss
+    (two row norms, then a mean of a hinge), a margin ranking loss, relu6."""
+
+    def forward(self, a, p, n, y):
+        return (F.triplet_margin_loss(a, p, n) + F.margin_ranking_loss(a[:, 0], p[:, 0], y)
+                + F.relu6(n).mean())
+
+
 class IndexOf(nn.Module):
     def __init__(self, fn, **kw):
         super().__init__()
@@ -371,7 +380,10 @@ def test_a_pointwise_region_wider_than_a_tile_is_cut_over_a_two_dimensional_grid
     (MaskedCumsum(), (torch.randn(3, 9), torch.rand(3, 9) > 0.5)),
     (IndexOf(torch.argmax, dim=1), (torch.randn(4, 37),)),
     (Pooled(nn.MaxPool2d(3, 2, 1)), (torch.randn(2, 3, 9, 9),)),
-], ids=["pointwise", "gemm_epilogue", "reductions", "masked_scan", "argmax", "max_pool"])
+    (Composites(), (torch.randn(6, 16), torch.randn(6, 16), torch.randn(6, 16),
+                    torch.tensor([1.0, -1.0, 1.0, 1.0, -1.0, -1.0]))),
+], ids=["pointwise", "gemm_epilogue", "reductions", "masked_scan", "argmax", "max_pool",
+        "composites"])
 def test_region_kernels_are_placed_one_site_a_region(model, inputs, tmp_path):
     # Each region a kernel was verified for becomes one site_call in the rewritten graph; its
     # ops leave the graph, the rest (a GEMM with no kernel) stays, and the model agrees.
