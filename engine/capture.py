@@ -96,6 +96,7 @@ def _clean(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     _drop_empty_cats(g)
     _split_einsums(g)
     _split_baddbmm(g)
+    _split_pairs(g)
     _merged_heads(g)
     _batched_scores(g)
     _fold_biases(g)
@@ -394,6 +395,67 @@ def _feeds_softmax(n, hops: int = 6) -> bool:
         if _op(n) in _SOFTMAX:
             return True
     return False
+
+
+# ops returning two reductions of one input over the same dims, and the two ops they are
+# (a function of the node's arguments -> (target, args, kwargs) of each half)
+_PAIRS = {
+    "var_mean": lambda a, kw: ((torch.ops.aten.var.correction, a, kw),
+                               (torch.ops.aten.mean.dim, a[:2], {"keepdim": kw.get("keepdim", False)})),
+    "std_mean": lambda a, kw: ((torch.ops.aten.std.correction, a, kw),
+                               (torch.ops.aten.mean.dim, a[:2], {"keepdim": kw.get("keepdim", False)})),
+    "aminmax": lambda a, kw: ((torch.ops.aten.amin.default, a[:1], {"dim": [kw["dim"]] if kw.get("dim") is not None else [], "keepdim": kw.get("keepdim", False)}),
+                              (torch.ops.aten.amax.default, a[:1], {"dim": [kw["dim"]] if kw.get("dim") is not None else [], "keepdim": kw.get("keepdim", False)})),
+}
+
+
+def _split_pairs(g: torch.fx.Graph) -> None:
+    """``torch.var_mean(x, dims)`` (``std_mean``, ``aminmax``): one aten op returning two
+    reductions, read through getitems, is the two ops it computes (``var`` and ``mean`` of
+    ``x`` over the same dims), each a reduction a region holds (a hand-written norm's
+    statistics). Values as torch computes each alone."""
+    for n in list(g.nodes):
+        name = _op(n)
+        if name not in _PAIRS or not all(u.target is operator.getitem for u in n.users):
+            continue
+        vo = val(n)
+        mode = getattr(vo[0], "fake_mode", None) if isinstance(vo, (tuple, list)) and vo else None
+        if mode is None:
+            continue
+        sch = n.target._schema
+        kw = {a.name: v for a, v in zip(sch.arguments[1:], n.args[1:])}
+        kw.update(n.kwargs)
+        if "unbiased" in kw:                     # the .dim overload's spelling of it
+            kw["correction"] = 1 if kw.pop("unbiased") else 0
+        args = (n.args[0], kw.pop("dim", None))
+        if name == "aminmax":
+            kw["dim"] = args[1]
+            args = (n.args[0],)
+        elif args[1] is None:
+            args = (n.args[0], [])
+        halves = _PAIRS[name](args, kw)
+        made = []
+        with g.inserting_before(n):
+            for target, a, k in halves:
+                m = g.call_function(target, tuple(a), dict(k))
+                try:
+                    with mode:
+                        m.meta["val"] = target(*[_in_mode(fake_of(x), mode) for x in a], **k)
+                except Exception:
+                    pass
+                made.append(m)
+        if not all(isinstance(m.meta.get("val"), torch.Tensor) and m.meta["val"].shape == v.shape
+                   and m.meta["val"].dtype == v.dtype for m, v in zip(made, vo)):
+            for m in reversed(made):
+                g.erase_node(m)
+            continue
+        for u in list(n.users):
+            u.replace_all_uses_with(made[u.args[1]])
+            g.erase_node(u)
+        g.erase_node(n)
+        for m in made:
+            if not m.users:                      # the half nothing read
+                g.erase_node(m)
 
 
 def _split_baddbmm(g: torch.fx.Graph) -> None:

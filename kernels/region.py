@@ -75,19 +75,21 @@ OPS = {
     "reciprocal": ("pw", _PW1, 1), "square": ("pw", _PW1, 1), "pow": ("pw", ("self",), 2),
     "maximum": ("pw", ("self", "other"), 1), "minimum": ("pw", ("self", "other"), 1),
     "sign": ("pw", _PW1, 1), "floor": ("pw", _PW1, 1), "ceil": ("pw", _PW1, 1),
+    "trunc": ("pw", _PW1, 1), "frac": ("pw", _PW1, 2),
     # transcendental
     "exp": ("pw", _PW1, 4), "exp2": ("pw", _PW1, 4), "expm1": ("pw", _PW1, 6),
     "log": ("pw", _PW1, 4), "log2": ("pw", _PW1, 4), "log10": ("pw", _PW1, 5),
     "log1p": ("pw", _PW1, 6), "sqrt": ("pw", _PW1, 2), "rsqrt": ("pw", _PW1, 2),
     "sin": ("pw", _PW1, 4), "cos": ("pw", _PW1, 4), "erf": ("pw", _PW1, 6),
-    "tanh": ("pw", _PW1, 6), "sigmoid": ("pw", _PW1, 5),
+    "tanh": ("pw", _PW1, 6), "sigmoid": ("pw", _PW1, 5), "log_sigmoid": ("pw", _PW1, 8),
+    "logaddexp": ("pw", ("self", "other"), 8),
     # activations
     "relu": ("pw", _PW1, 1), "leaky_relu": ("pw", _PW1, 2), "gelu": ("pw", _PW1, 10),
     "silu": ("pw", _PW1, 6), "mish": ("pw", _PW1, 14), "softplus": ("pw", _PW1, 8),
     "elu": ("pw", _PW1, 6), "selu": ("pw", _PW1, 6), "celu": ("pw", _PW1, 6),
     "hardtanh": ("pw", _PW1, 2), "hardsigmoid": ("pw", _PW1, 3), "hardswish": ("pw", _PW1, 4),
     "clamp": ("pw", _PW1, 2), "clamp_min": ("pw", _PW1, 1), "clamp_max": ("pw", _PW1, 1),
-    "threshold": ("pw", _PW1, 1),
+    "threshold": ("pw", _PW1, 1), "softshrink": ("pw", _PW1, 2), "hardshrink": ("pw", _PW1, 1),
     # selection and comparison
     "where": ("pw", ("condition", "self", "other"), 1), "masked_fill": ("pw", ("self", "mask"), 1),
     "gt": ("pw", ("self", "other"), 1), "lt": ("pw", ("self", "other"), 1),
@@ -558,7 +560,15 @@ def _interval(name: str, a: dict, t: list) -> tuple:
         return (min(x[0], v), max(x[1], v))
     if name in ("sign",):
         return (-1.0, 1.0)
-    if name in ("floor", "ceil"):
+    if name == "frac":
+        return (-1.0, 1.0)
+    if name == "log_sigmoid":
+        return (min(x[0], 0.0) - math.log(2.0), 0.0)
+    if name == "logaddexp":
+        return (max(x[0], o[0]), max(x[1], o[1]) + math.log(2.0))
+    if name in ("softshrink", "hardshrink"):
+        return (min(x[0], 0.0), max(x[1], 0.0))
+    if name in ("floor", "ceil", "trunc"):
         return (math.floor(x[0]) if math.isfinite(x[0]) else x[0], math.ceil(x[1]) if math.isfinite(x[1]) else x[1])
     if name in ("gt", "lt", "ge", "le", "eq", "ne", "logical_not", "logical_and", "logical_or"):
         return (0.0, 1.0)
@@ -1338,6 +1348,28 @@ def _pow(L, a, op):
     return L.pw(expr, (a["self"],))
 
 
+def _trunc(x):
+    return f"tl.where(({x}) < 0.0, tl.ceil({x}), tl.floor({x}))"
+
+
+def _shrink(x, lambd, soft):
+    """softshrink: x -+ lambd outside [-lambd, lambd], else 0; hardshrink: x there. NaN
+    falls through both comparisons to the last branch: it must be x, as torch keeps it."""
+    lo, hi = (f"({x}) + {_lit(lambd)}", f"({x}) - {_lit(lambd)}") if soft else (x, x)
+    return (f"tl.where(({x}) > {_lit(lambd)}, {hi}, tl.where(({x}) < {_lit(-lambd)}, {lo}, "
+            f"tl.where(({x}) != ({x}), ({x}), 0.0)))")
+
+
+def _logaddexp(L, a, op):
+    """max + log1p(exp(-|x - y|)); equal infinities give themselves (their difference is NaN),
+    as torch's kernel does."""
+    x, y = L.f(a["self"]), L.f(a["other"])
+    m = f"tl.where(({x}) > ({y}), ({x}), ({y}))"
+    d = f"tl.exp(-tl.abs(({x}) - ({y})))"
+    return L.pw(f"tl.where((({x}) == ({y})) & (tl.abs({x}) == float('inf')), ({x}), "
+                f"tl.where(({x}) != ({x}), ({x}), {m} + {_log1p(d)}))", (a["self"], a["other"]))
+
+
 def _minmax(fn):
     def f(L, a, op):
         x, y = L.f(a["self"]), L.f(a["other"])
@@ -1574,6 +1606,9 @@ _LOWER = {
     # torch.sign(NaN) is 0 (it computes (0 < x) - (x < 0))
     "sign": _un(lambda x, a: f"tl.where(({x}) > 0.0, 1.0, tl.where(({x}) < 0.0, -1.0, 0.0))"),
     "floor": _un(lambda x, a: f"tl.floor({x})"), "ceil": _un(lambda x, a: f"tl.ceil({x})"),
+    "trunc": _un(lambda x, a: _trunc(x)),
+    # x - trunc(x); an infinite x has none (torch: NaN)
+    "frac": _un(lambda x, a: f"tl.where(tl.abs({x}) == float('inf'), float('nan'), ({x}) - {_trunc(x)})"),
     "maximum": _minmax("maximum"), "minimum": _minmax("minimum"),
     "exp": _un(lambda x, a: f"tl.exp({x})"), "exp2": _un(lambda x, a: f"tl.exp2({x})"),
     "expm1": _un(lambda x, a: _expm1(x)), "log": _un(lambda x, a: f"tl.log({x})"),
@@ -1583,6 +1618,10 @@ _LOWER = {
     "rsqrt": _un(lambda x, a: f"tl.rsqrt({x})"), "sin": _un(lambda x, a: f"tl.sin({x})"),
     "cos": _un(lambda x, a: f"tl.cos({x})"), "erf": _un(lambda x, a: f"tl.erf({x})"),
     "tanh": _un(lambda x, a: _tanh(x)), "sigmoid": _un(lambda x, a: f"tl.sigmoid({x})"),
+    # min(x, 0) - log1p(exp(-|x|)): no overflow either way; NaN stays NaN (a where, not
+    # tl.minimum, which drops NaN on a GPU)
+    "log_sigmoid": _un(lambda x, a: f"tl.where(({x}) < 0.0, ({x}), 0.0) - {_log1p(f'tl.exp(-tl.abs({x}))')}"),
+    "logaddexp": _logaddexp,
     "relu": _un(lambda x, a: f"tl.where(({x}) < 0.0, 0.0, ({x}))"),
     "leaky_relu": _un(lambda x, a: f"tl.where(({x}) > 0.0, ({x}), ({x}) * {_lit(a.get('negative_slope', 0.01))})"),
     "gelu": _un(_gelu), "silu": _un(lambda x, a: f"({x}) * tl.sigmoid({x})"),
@@ -1599,6 +1638,8 @@ _LOWER = {
     "clamp_min": _un(lambda x, a: _where_clamp(x, a.get("min"), None)),
     "clamp_max": _un(lambda x, a: _where_clamp(x, None, a.get("max"))),
     "threshold": _un(lambda x, a: f"tl.where(({x}) <= {_lit(a['threshold'])}, {_lit(a['value'])}, ({x}))"),
+    "softshrink": _un(lambda x, a: _shrink(x, float(a.get("lambd", 0.5)), soft=True)),
+    "hardshrink": _un(lambda x, a: _shrink(x, float(a.get("lambd", 0.5)), soft=False)),
     "where": _where, "masked_fill": _masked_fill,
     "gt": _cmp(">"), "lt": _cmp("<"), "ge": _cmp(">="), "le": _cmp("<="), "eq": _cmp("=="),
     "ne": _cmp("!="),

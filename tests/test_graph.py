@@ -1411,3 +1411,26 @@ def test_every_composite_op_a_family_spells_is_kept_whole_by_capture():
             rets = t._schema.returns
             view = bool(rets) and rets[0].alias_info is not None
             assert view or t._opname in capture._WHOLE, (p.family, p.spelling.name, t._opname)
+
+
+def test_var_mean_and_aminmax_are_the_two_reductions_they_compute():
+    # torch.var_mean (a weight-standardized convolution's, a norm written by hand) is one aten
+    # op with two results; read as var and mean of the same dims, the norm is one region
+    from engine import regions
+
+    def fwd(s, x):
+        v, m = torch.var_mean(x, dim=(0, 2), keepdim=True)
+        sd, mu = torch.std_mean(x, -1, unbiased=False)
+        lo, hi = torch.aminmax(x, dim=1)
+        return (x - m) / torch.sqrt(v + 1e-5), sd * mu, hi - lo, torch.var_mean(x)[0]
+    x = torch.randn(3, 5, 7, generator=torch.Generator().manual_seed(0))
+    cap = capture.capture(Fn(fwd), (x,))
+    g = cap.graphs[0]
+    ops = [getattr(n.target, "_opname", str(n.target)) for n in g.nodes() if n.op == "call_function"]
+    assert not {"var_mean", "std_mean", "aminmax", "getitem"} & set(ops), ops
+    assert ops.count("mean") == 2, ops              # var_mean(x)[0]'s unread mean is gone
+    names = [r.name for r in regions.find(g, match.find(g)).regions]
+    assert "var+mean+sub+add+sqrt+div" in names and "min+max+sub" in names, names
+    with torch.no_grad():
+        for got, ref in zip(g.gm(x), fwd(None, x)):
+            torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6)

@@ -215,6 +215,32 @@ def test_generated_starter_passes_all_five_stages(model, inputs, name, tmp_path)
         assert st.status == "passed", (st.stage, st.failed_case, st.detail)
 
 
+class Elementwise(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x, y):
+        return self.fn(x, y)
+
+
+@pytest.mark.parametrize("fn,name", [
+    (lambda x, y: torch.logaddexp(x * 3.0, y), "mul+logaddexp"),
+    (lambda x, y: F.logsigmoid(x * 4.0) + y, "mul+log_sigmoid+add"),
+    (lambda x, y: F.softshrink(x, 0.7) * y, "softshrink+mul"),
+    (lambda x, y: F.hardshrink(x) - y, "hardshrink+sub"),
+    (lambda x, y: torch.frac(x * 5.0) + torch.trunc(y * 3.0), "mul+frac+mul+trunc+add"),
+], ids=["logaddexp", "log_sigmoid", "softshrink", "hardshrink", "frac_trunc"])
+def test_elementwise_ops_with_aten_kernels_of_their_own_pass_all_five_stages(fn, name, tmp_path):
+    # ops an export keeps as one aten kernel of their own: region ops, their infinities and
+    # NaN where torch puts them (the stability stage's NaN and Inf inputs)
+    _, f = _found(Elementwise(fn), torch.randn(4, 33), torch.randn(4, 33))
+    r = _by_name(f)[name]
+    fam = kernels.get("region", r.spec)
+    for st in _five_stages(fam, r.shape, tmp=tmp_path):
+        assert st.status == "passed", (st.stage, st.failed_case, st.detail)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["softmax+mul", "sub+abs+max", "group_norm+relu"])
 def test_row_reductions_pass_all_five_stages_one_pass_and_looped(name, tmp_path):
