@@ -753,7 +753,14 @@ def export_graph(fn: nn.Module, args: tuple, kwargs: dict | None = None) -> torc
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ep = torch.export.export(fn, tuple(args), kwargs or {}, strict=False)
-    return _clean(ep.module())
+    gm = ep.module()
+    for name, t in list(gm.named_buffers()) + [(k, v) for k, v in vars(gm).items()
+                                                if isinstance(v, torch.Tensor)]:
+        if isinstance(t, torch._subclasses.fake_tensor.FakeTensor):
+            # a value the trace could not follow, kept as a constant with no data: running
+            # the graph would fail; the caller takes the next road
+            raise RuntimeError(f"the export holds a fake constant ({name})")
+    return _clean(gm)
 
 
 def capture(model: nn.Module, inputs, kwargs: dict | None = None, allow_dynamo: bool = True) -> Capture:
@@ -824,6 +831,19 @@ def _static_names(gm, example, model) -> dict:
     return {name: t for name, t in zip(names, example) if isinstance(t, torch.Tensor) and id(t) in ids}
 
 
+def _data_as_detach(gm: torch.fx.GraphModule) -> None:
+    """``x.data`` (older code's way to leave autograd: ``target.data.unsqueeze(1)`` in a
+    label-smoothing loss) reaches dynamo's graph as ``_get_data_attr(x)``, which the export
+    turns into a constant fake tensor; for a forward's values it is ``x.detach()``."""
+    get_data = getattr(torch._C._autograd, "_get_data_attr", None)
+    hit = False
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and get_data is not None and n.target is get_data:
+            n.target, hit = torch.ops.aten.detach.default, True
+    if hit:
+        gm.recompile()
+
+
 def _dynamo_capture(model, inputs, kwargs) -> list[Graph]:
     graphs: list[Graph] = []
     failures: list[str] = []
@@ -831,6 +851,7 @@ def _dynamo_capture(model, inputs, kwargs) -> list[Graph]:
     def backend(gm, example):
         try:
             example = tuple(example)
+            _data_as_detach(gm)
             agm = export_graph(gm, example)
             graphs.append(Graph(agm, "dynamo", len(graphs), example, _static_names(gm, example, model)))
         except Exception as e:          # a graph export refuses stays out; its ops run as "other"

@@ -1965,7 +1965,12 @@ def render_for(spec):
             return " + ".join(terms) if terms else "0"
 
         def row_off(kind, i):
-            return offsets(kind, i, set(rows_d), "r")
+            o = offsets(kind, i, set(rows_d), "r")
+            if inner_d is not None and o != "0" and f"i{inner_d} * " not in o:
+                # the outer dims alone are scalars of the program (a [B, T, 1] sum read
+                # while reducing over T of [B, T, D]): a [ROWS] vector of them
+                o = f"{o} + zr"
+            return o
 
         def col_off(kind, i):
             return offsets(kind, i, colset, "c")

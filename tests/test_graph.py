@@ -1434,3 +1434,24 @@ def test_var_mean_and_aminmax_are_the_two_reductions_they_compute():
     with torch.no_grad():
         for got, ref in zip(g.gm(x), fwd(None, x)):
             torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6)
+
+
+def test_a_forward_that_reads_dot_data_is_captured_and_runs():
+    # older code leaves autograd with ``.data`` (a label-smoothing loss building its target
+    # distribution): the export refuses it; dynamo's graph reads it as a detach, not as a
+    # constant with no data that fails when the graph runs
+    def fwd(s, logits, target):
+        pred = logits.log_softmax(-1)
+        with torch.no_grad():
+            dist = torch.zeros_like(pred).fill_(0.1 / 9)
+            dist.scatter_(1, target.data.unsqueeze(1), 0.9)
+        return torch.mean(torch.sum(-dist * pred, dim=-1))
+    g = torch.Generator().manual_seed(0)
+    logits, target = torch.randn(4, 10, generator=g), torch.randint(0, 10, (4,), generator=g)
+    model = Fn(fwd)
+    cap = capture.capture(model, (logits, target))
+    assert cap.ok, cap.note
+    ms = {gr.index: match.find(gr) for gr in cap.graphs}
+    with torch.no_grad():
+        got = place.optimized(cap, place.place(cap, [], ms))(logits, target)
+    torch.testing.assert_close(got, model(logits, target))

@@ -80,6 +80,15 @@ class Composites(nn.Module):
                 + F.relu6(n).mean())
 
 
+class Elementwise(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x, y):
+        return self.fn(x, y)
+
+
 class IndexOf(nn.Module):
     def __init__(self, fn, **kw):
         super().__init__()
@@ -206,22 +215,17 @@ def _five_stages(fam, shape, source=None, tmp=None):
     (GemmEpilogue(), (torch.randn(3, 16),), "gemm+mul+gelu"),
     (Reductions(), (torch.randn(2, 6, 5),), "max"),
     (MaskedCumsum(), (torch.randn(3, 9), torch.rand(3, 9) > 0.5), "mul+cumsum+mul"),
-], ids=["pointwise", "gemm_epilogue", "reduce_outer_dims", "masked_scan"])
+    # attention pooling written by hand: weights [B, T, 1] over their sum [B, 1, 1], times
+    # x [B, T, D], summed over T; the sum is read by outer index alone (a scalar a program)
+    (Elementwise(lambda w, x: (w / w.sum(1, keepdim=True) * x).sum(1)),
+     (torch.rand(3, 10, 1) + 0.5, torch.randn(3, 10, 6)), "div+mul+sum"),
+], ids=["pointwise", "gemm_epilogue", "reduce_outer_dims", "masked_scan", "pool_middle_dim"])
 def test_generated_starter_passes_all_five_stages(model, inputs, name, tmp_path):
     _, f = _found(model, *inputs)
     r = _by_name(f)[name]
     fam = kernels.get("region", r.spec)
     for st in _five_stages(fam, r.shape, tmp=tmp_path):
         assert st.status == "passed", (st.stage, st.failed_case, st.detail)
-
-
-class Elementwise(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x, y):
-        return self.fn(x, y)
 
 
 @pytest.mark.parametrize("fn,name", [
