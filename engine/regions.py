@@ -584,7 +584,8 @@ def build(nodes: list, order: dict) -> Region:
     float_in = next(i["dtype"] for i in spec_inputs if i["dtype"] != "bool")
     out_dt = _dtype(out)
     # the output's dtype is the model's own where an explicit cast sets it (RMSNorm's
-    # x.to(torch.float32), rotary's cos.to(x.dtype), a sum(dtype=...)) and type promotion
+    # x.to(torch.float32), rotary's cos.to(x.dtype), a sum(dtype=...), a router's
+    # softmax(logits, 1, torch.float32)) and type promotion
     # keeps it: every float value read after it is fixed too, or it is a float32 tensor of
     # one or more dims, which any float16 / bfloat16 tensor promotes to. The reference then
     # returns that dtype for inputs of any dtype, so the kernel must too.
@@ -594,6 +595,7 @@ def build(nodes: list, order: dict) -> Region:
         floats = [a for a in src.all_input_nodes if _dtype(a) != "bool"]
         fixed[n] = (_cast_to(qual, src) is not None
                     or isinstance(src.kwargs.get("dtype"), torch.dtype)
+                    or any(isinstance(a, torch.dtype) for a in src.args[1:])   # softmax(x, 1, f32)
                     or any(fixed.get(a) and _dtype(a) == "float32" and len(_shape(a)) > 0
                            for a in floats)        # a 0-dim tensor promotes no other tensor
                     or (bool(floats) and all(fixed.get(a, False) for a in floats)))

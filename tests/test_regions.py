@@ -1117,7 +1117,7 @@ def test_a_norms_columns_are_indexed_without_a_division_an_element_where_strides
 class Casts(nn.Module):
     """Casts as models write them: rotary's ``cos.to(x.dtype)`` at the end, an fp32 table read
     with a position (``inv_freq.float() * pos``, the cast under ``to(device)``), RMSNorm's
-    upcast before the residual."""
+    upcast before the residual, a router's softmax with its dtype as an argument."""
     def __init__(self):
         super().__init__()
         self.register_buffer("inv_freq", torch.rand(8))
@@ -1126,7 +1126,7 @@ class Casts(nn.Module):
         cos = (emb.cos() * 2.0).to(dtype=torch.float32)
         ang = self.inv_freq.float().to(pos.device) * pos
         y = (h * 0.5).to(torch.float32) + r
-        return cos, ang, y
+        return cos, ang, y, F.softmax(r @ r.t() * 0.5, dim=1, dtype=torch.float)
 
 
 def test_a_dtype_the_model_casts_to_is_the_regions_output_dtype_in_every_dtype(tmp_path):
@@ -1134,9 +1134,9 @@ def test_a_dtype_the_model_casts_to_is_the_regions_output_dtype_in_every_dtype(t
     # anything promoted with it): so must the kernel, or the sweep's float16 cases fail
     _, f = _found(Casts(), torch.randn(4, 8), torch.randn(4, 1), torch.randn(4, 8), torch.randn(4, 8))
     by = _by_name(f)
-    assert {"cos+mul", "mul"} <= set(by), sorted(by)
+    assert {"cos+mul", "mul", "gemm+mul+softmax"} <= set(by), sorted(by)
     fixed = [r for r in f.regions if r.spec["out_dtype"] == "float32"]
-    assert len(fixed) >= 2, [(r.name, r.spec["out_dtype"]) for r in f.regions]
+    assert len(fixed) >= 3 and by["gemm+mul+softmax"] in fixed, [(r.name, r.spec["out_dtype"]) for r in f.regions]
     verify.install_launch_counter()
     for r in fixed:
         fam = kernels.get("region", json.loads(json.dumps(r.spec)))
