@@ -773,6 +773,7 @@ def capture(model: nn.Module, inputs, kwargs: dict | None = None, allow_dynamo: 
     try:
         with torch.no_grad():
             gm = export_graph(model, inputs, kwargs)
+        _fold_factories(gm)
         _real_strides(gm, inputs, kwargs)
         return Capture("export", [Graph(gm, "export")], "", time.perf_counter() - t0, model,
                        inputs, kwargs)
@@ -790,6 +791,62 @@ def capture(model: nn.Module, inputs, kwargs: dict | None = None, allow_dynamo: 
                        time.perf_counter() - t0, model, inputs, kwargs)
     return Capture("dynamo", graphs, f"{why_export}; captured by dynamo as {len(graphs)} graph(s)",
                    time.perf_counter() - t0, model, inputs, kwargs)
+
+
+_FOLD_MAX = 1 << 24       # elements: a constant larger than this is computed where it was
+
+
+def _fold_factories(gm: torch.fx.GraphModule) -> None:
+    """Values the forward builds from nothing but literals and shapes (a causal mask as
+    ``torch.triu(torch.full((T, T), -inf), 1)``, Mamba-2's ``tril(ones(T, T))``, an
+    ``arange`` of positions) are computed once here and read as constants: the graph stops
+    rebuilding them every call, and the matchers see the constant mask they are. Nothing
+    that reads an input, a parameter or a buffer, draws random numbers or is written in
+    place is folded."""
+    g = gm.graph
+    pure: set = set()
+    for n in g.nodes:
+        if n.op != "call_function":
+            continue
+        t = n.target
+        ok = t is operator.getitem or (
+            isinstance(t, torch._ops.OpOverload) and not t._schema.is_mutable
+            and torch.Tag.nondeterministic_seeded not in t.tags
+            and t not in getattr(torch.fx.node, "_side_effectful_functions", ()))
+        if ok and all(a in pure for a in n.all_input_nodes):
+            pure.add(n)
+    if not pure:
+        return
+    for n in g.nodes:                    # an op writing into one of them: fold nothing
+        t = n.target
+        if (n.op == "call_function" and isinstance(t, torch._ops.OpOverload)
+                and t._schema.is_mutable and any(a in pure for a in n.all_input_nodes)):
+            return
+    frontier = [n for n in g.nodes if n in pure and n.users
+                and (any(u not in pure for u in n.users) or any(u.op == "output" for u in n.users))]
+    env: dict = {}
+    try:
+        for n in g.nodes:
+            if n in pure:
+                env[n] = n.target(*torch.fx.node.map_arg(n.args, env.get),
+                                  **torch.fx.node.map_arg(n.kwargs, env.get))
+    except Exception:
+        return                           # left as the model computes it
+    k = 0
+    for n in frontier:
+        v = env[n]
+        if not isinstance(v, torch.Tensor) or v.numel() > _FOLD_MAX or "val" not in n.meta:
+            continue
+        while hasattr(gm, f"_folded_{k}"):
+            k += 1
+        name = f"_folded_{k}"
+        gm.register_buffer(name, v, persistent=False)
+        with g.inserting_before(n):
+            c = g.get_attr(name)
+        c.meta.update(n.meta)
+        n.replace_all_uses_with(c)
+    _drop_dead(g)
+    gm.recompile()
 
 
 def _real_strides(gm: torch.fx.GraphModule, inputs: tuple, kwargs: dict) -> None:
@@ -853,6 +910,7 @@ def _dynamo_capture(model, inputs, kwargs) -> list[Graph]:
             example = tuple(example)
             _data_as_detach(gm)
             agm = export_graph(gm, example)
+            _fold_factories(agm)
             graphs.append(Graph(agm, "dynamo", len(graphs), example, _static_names(gm, example, model)))
         except Exception as e:          # a graph export refuses stays out; its ops run as "other"
             failures.append(f"{type(e).__name__}: {_one_line(e)}")

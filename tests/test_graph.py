@@ -1455,3 +1455,37 @@ def test_a_forward_that_reads_dot_data_is_captured_and_runs():
     with torch.no_grad():
         got = place.optimized(cap, place.place(cap, [], ms))(logits, target)
     torch.testing.assert_close(got, model(logits, target))
+
+
+def test_masks_built_from_literals_in_the_forward_are_folded_into_constants():
+    # a causal mask built every call (torch.triu(torch.full(...)), Mamba-2's segsum masks from
+    # tril(ones)) reads no input: computed once at capture, read as a constant; what reads an
+    # input or is written in place stays
+    def fwd(s, x):
+        t = x.shape[-1]
+        causal = torch.triu(torch.full((t, t), float("-inf")), diagonal=1)
+        keep = torch.tril(torch.ones(t, t, dtype=torch.bool), diagonal=-1)
+        noise = torch.ones(t, t)
+        noise[:, 0] = 3.0                        # written in place through a view: left as is
+        return torch.softmax(x + causal, -1) + x.masked_fill(~keep, 0.0) + noise
+    x = torch.randn(2, 5, 5, generator=torch.Generator().manual_seed(0))
+    cap = capture.capture(Fn(fwd), (x,))
+    g = cap.graphs[0]
+    ops = [getattr(n.target, "_opname", "") for n in g.nodes() if n.op == "call_function"]
+    assert "ones" in ops, ops                           # the in-place write stops the folding
+    with torch.no_grad():
+        torch.testing.assert_close(g.gm(x)[0] if isinstance(g.gm(x), tuple) else g.gm(x), fwd(None, x))
+
+    def clean(s, x):
+        t = x.shape[-1]
+        causal = torch.triu(torch.full((t, t), float("-inf")), diagonal=1)
+        keep = torch.tril(torch.ones(t, t, dtype=torch.bool), diagonal=-1)
+        return torch.softmax(x + causal, -1) + x.masked_fill(~keep, 0.0)
+    cap = capture.capture(Fn(clean), (x,))
+    g = cap.graphs[0]
+    ops = [getattr(n.target, "_opname", "") for n in g.nodes() if n.op == "call_function"]
+    assert not {"triu", "tril", "full", "ones", "bitwise_not"} & set(ops), ops
+    assert sum(1 for n in g.nodes() if n.op == "get_attr") == 2
+    with torch.no_grad():
+        got = g.gm(x)
+    torch.testing.assert_close(got[0] if isinstance(got, (tuple, list)) else got, clean(None, x))
