@@ -317,13 +317,25 @@ def _decompose(g: torch.fx.Graph) -> None:
                         new.meta[k] = n.meta[k]
                 env[m] = new
                 made.append(new)
-        vs = val(out) if out is not None else None
-        if not (isinstance(vs, torch.Tensor) and vs.shape == vo.shape and vs.dtype == vo.dtype):
-            for m in reversed(made):
-                g.erase_node(m)
-            continue
-        n.replace_all_uses_with(out)
+        _replace_or_undo(g, n, out, made)
+
+
+def _same_value(a, b) -> bool:
+    """Fake values of one shape and dtype: a rewrite's result may stand for the node it replaces."""
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+            and a.shape == b.shape and a.dtype == b.dtype)
+
+
+def _replace_or_undo(g: torch.fx.Graph, n, new, made: list) -> bool:
+    """``n``'s readers read ``new`` and ``n`` leaves the graph where their values agree in shape
+    and dtype; else the nodes ``made`` for the rewrite leave it. True when replaced."""
+    if new is not None and _same_value(val(new), val(n)):
+        n.replace_all_uses_with(new)
         g.erase_node(n)
+        return True
+    for m in reversed(made):
+        g.erase_node(m)
+    return False
 
 
 def _flat_nodes(n) -> list:
@@ -444,8 +456,7 @@ def _split_pairs(g: torch.fx.Graph) -> None:
                 except Exception:
                     pass
                 made.append(m)
-        if not all(isinstance(m.meta.get("val"), torch.Tensor) and m.meta["val"].shape == v.shape
-                   and m.meta["val"].dtype == v.dtype for m, v in zip(made, vo)):
+        if not all(_same_value(m.meta.get("val"), v) for m, v in zip(made, vo)):
             for m in reversed(made):
                 g.erase_node(m)
             continue
@@ -486,13 +497,7 @@ def _split_baddbmm(g: torch.fx.Graph) -> None:
                 s = add(aten.mul.Tensor, (s, alpha))
             if beta != 0:
                 s = add(aten.add.Tensor, (s, add(aten.mul.Tensor, (bias, beta)) if beta != 1 else bias))
-        vs = val(s)
-        if not (isinstance(vs, torch.Tensor) and vs.shape == vo.shape and vs.dtype == vo.dtype):
-            for m in reversed(made):
-                g.erase_node(m)
-            continue
-        n.replace_all_uses_with(s)
-        g.erase_node(n)
+        _replace_or_undo(g, n, s, made)
 
 
 def _einsum_terms(eq: str, n_ops: int) -> tuple[list[str], str] | None:
@@ -601,8 +606,7 @@ def _split_einsums(g: torch.fx.Graph) -> None:
                     x = permuted(x, xs, out)
         except Exception:                             # an op its fake values refuse: torch's
             ok = False                                # einsum stays
-        vx = val(x) if ok else None
-        if not (isinstance(vx, torch.Tensor) and vx.shape == vo.shape and vx.dtype == vo.dtype) or not made:
+        if not (ok and made and _same_value(val(x), vo)):
             for m in reversed(made):
                 if not m.users:
                     g.erase_node(m)
