@@ -35,7 +35,7 @@ ARCH = {
                                              depths=[1, 1], num_heads=[2, 2], window_size=4)),
     "resnet": ("ResNetConfig", "ResNetModel", dict(hidden_sizes=[16, 32], depths=[1, 1],
                                                    embedding_size=16, layer_type="basic")),
-    # slow: the rest (docs/graph.md: all 38 agree)
+    # slow: the rest (docs/graph.md: all agree)
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(TXT, num_key_value_heads=2, head_dim=16)),
     "phi": ("PhiConfig", "PhiForCausalLM", dict(TXT)),
     "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(TXT)),
@@ -81,10 +81,63 @@ ARCH = {
         image_size=32, hidden_sizes=[16, 24, 32], neck_hidden_sizes=[8, 8, 16, 16, 24, 24, 32])),
     "regnet": ("RegNetConfig", "RegNetModel", dict(hidden_sizes=[16, 32], depths=[1, 1],
                                                    embedding_size=16, groups_width=8)),
+    # state-space and recurrent mixers, mixtures of experts, encoder-decoders, audio, more
+    # vision backbones (2026-12-04: all placed and agreeing)
+    "mamba": ("MambaConfig", "MambaModel", dict(vocab_size=128, hidden_size=64, num_hidden_layers=1,
+                                                 state_size=8, expand=2)),
+    "mamba2": ("Mamba2Config", "Mamba2Model", dict(vocab_size=128, hidden_size=64, num_hidden_layers=1,
+                                                    state_size=8, expand=2, num_heads=8, head_dim=16,
+                                                    n_groups=1, chunk_size=8)),
+    "rwkv": ("RwkvConfig", "RwkvModel", dict(vocab_size=128, hidden_size=64, num_hidden_layers=2,
+                                              attention_hidden_size=64, intermediate_size=128,
+                                              context_length=64)),
+    "recurrent_gemma": ("RecurrentGemmaConfig", "RecurrentGemmaModel", dict(
+        vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=128, lru_width=64, attention_window_size=16,
+        block_types=["recurrent", "attention"])),
+    "jamba": ("JambaConfig", "JambaModel", dict(TXT, num_key_value_heads=2, num_experts=2,
+                                                num_experts_per_tok=1, attn_layer_period=1,
+                                                attn_layer_offset=0, expert_layer_period=1,
+                                                expert_layer_offset=0, mamba_d_state=8,
+                                                mamba_expand=2, use_mamba_kernels=False)),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeModel", dict(TXT, num_key_value_heads=2, num_experts=4,
+                                                          num_experts_per_tok=2, moe_intermediate_size=32,
+                                                          shared_expert_intermediate_size=64)),
+    "olmoe": ("OlmoeConfig", "OlmoeModel", dict(TXT, num_key_value_heads=2, num_experts=4,
+                                                num_experts_per_tok=2)),
+    "bart": ("BartConfig", "BartModel", dict(vocab_size=128, d_model=64, encoder_layers=1,
+                                             decoder_layers=1, encoder_attention_heads=4,
+                                             decoder_attention_heads=4, encoder_ffn_dim=128,
+                                             decoder_ffn_dim=128, max_position_embeddings=64)),
+    "xlm_roberta": ("XLMRobertaConfig", "XLMRobertaModel", dict(TXT, pad_token_id=1)),
+    "gpt_bigcode": ("GPTBigCodeConfig", "GPTBigCodeModel", dict(vocab_size=128, n_embd=64, n_layer=1,
+                                                                n_head=4, n_positions=64)),
+    "codegen": ("CodeGenConfig", "CodeGenModel", dict(vocab_size=128, n_embd=64, n_layer=1, n_head=4,
+                                                      n_positions=64, rotary_dim=8)),
+    "biogpt": ("BioGptConfig", "BioGptModel", dict(TXT)),
+    "mpt": ("MptConfig", "MptModel", dict(vocab_size=128, d_model=64, n_layers=1, n_heads=4,
+                                          max_seq_len=64)),
+    "wav2vec2": ("Wav2Vec2Config", "Wav2Vec2Model", dict(
+        hidden_size=64, num_hidden_layers=1, num_attention_heads=4, intermediate_size=128,
+        conv_dim=[16, 16], conv_stride=[5, 2], conv_kernel=[10, 3], num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=4, feat_extract_norm="group")),
+    "bit": ("BitConfig", "BitModel", dict(hidden_sizes=[16, 32], depths=[1, 1], embedding_size=16,
+                                          layer_type="bottleneck", num_groups=4)),
+    "convnextv2": ("ConvNextV2Config", "ConvNextV2Model", dict(hidden_sizes=[16, 32], depths=[1, 1],
+                                                               num_stages=2, image_size=32)),
+    "poolformer": ("PoolFormerConfig", "PoolFormerModel", dict(
+        hidden_sizes=[16, 32], depths=[1, 1], num_encoder_blocks=2, patch_sizes=[7, 3],
+        strides=[4, 2], padding=[2, 1])),
+    "focalnet": ("FocalNetConfig", "FocalNetModel", dict(image_size=32, patch_size=4, embed_dim=16,
+                                                         depths=[1, 1], focal_levels=[2, 2],
+                                                         focal_windows=[3, 3])),
+    "siglip_vision": ("SiglipVisionConfig", "SiglipVisionModel", dict(IMG)),
 }
 QUICK = ("llama", "bloom", "deberta_v2", "t5_encoder", "resnet")
 VISION = {"swin", "resnet", "beit", "clip_vision", "segformer", "levit", "mobilenet_v2", "convnext",
-          "vit", "deit", "dinov2", "mobilevit", "regnet"}
+          "vit", "deit", "dinov2", "mobilevit", "regnet", "bit", "convnextv2", "poolformer",
+          "focalnet", "siglip_vision"}
+AUDIO = {"wav2vec2"}                      # raw waveforms [2, 800]
 
 
 def _build(name):
@@ -98,6 +151,8 @@ def _build(name):
     g = torch.Generator().manual_seed(1)
     if name in VISION:
         return model, (torch.randn(2, 3, 32, 32, generator=g),)
+    if name in AUDIO:
+        return model, (torch.randn(2, 800, generator=g),)
     return model, (torch.randint(0, 128, (2, 16), generator=g),)
 
 
