@@ -817,7 +817,9 @@ def _fold_factories(gm: torch.fx.GraphModule) -> None:
             isinstance(t, torch._ops.OpOverload) and not t._schema.is_mutable
             and torch.Tag.nondeterministic_seeded not in t.tags
             and t not in getattr(torch.fx.node, "_side_effectful_functions", ()))
-        if ok and all(a in pure for a in n.all_input_nodes):
+        v = n.meta.get("val")
+        small = not isinstance(v, torch.Tensor) or v.numel() <= _FOLD_MAX   # every step held at once
+        if ok and small and all(a in pure for a in n.all_input_nodes):
             pure.add(n)
     if not pure:
         return
