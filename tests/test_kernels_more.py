@@ -1137,10 +1137,10 @@ def test_k_major_copies_serve_every_layout(cand_dir):
         assert ((fn(a, b).double() - ref).abs() <= 8 * 2.0 ** -23 * bound + 1e-30).all()
 
 
+@pytest.mark.slow      # (one to two minutes each interpreted; the family's starter is in the quick suite)
 @pytest.mark.parametrize("reduction, says", [
     ("sum", "tl.store(out_ptr, total)"),
-    # (a minute each interpreted: the per-row contract is the slow suite's)
-    pytest.param("none", "return loss ", marks=pytest.mark.slow)])
+    ("none", "return loss ")])
 def test_summed_and_per_row_cross_entropy_pass_all_five_stages_and_a_mean_kernel_does_not(
         reduction, says, tmp_path):
     """reduction="sum" / "none" (a match of F.cross_entropy(..., reduction=...)): the family's

@@ -230,9 +230,9 @@ def test_generated_starter_passes_all_five_stages(model, inputs, name, tmp_path)
 
 @pytest.mark.parametrize("fn,name", [
     (lambda x, y: torch.logaddexp(x * 3.0, y), "mul+logaddexp"),
-    (lambda x, y: F.logsigmoid(x * 4.0) + y, "mul+log_sigmoid+add"),
-    (lambda x, y: F.softshrink(x, 0.7) * y, "softshrink+mul"),
-    (lambda x, y: F.hardshrink(x) - y, "hardshrink+sub"),
+    pytest.param(lambda x, y: F.logsigmoid(x * 4.0) + y, "mul+log_sigmoid+add", marks=pytest.mark.slow),
+    pytest.param(lambda x, y: F.softshrink(x, 0.7) * y, "softshrink+mul", marks=pytest.mark.slow),
+    pytest.param(lambda x, y: F.hardshrink(x) - y, "hardshrink+sub", marks=pytest.mark.slow),
     (lambda x, y: torch.frac(x * 5.0) + torch.trunc(y * 3.0), "mul+frac+mul+trunc+add"),
 ], ids=["logaddexp", "log_sigmoid", "softshrink", "hardshrink", "frac_trunc"])
 def test_elementwise_ops_with_aten_kernels_of_their_own_pass_all_five_stages(fn, name, tmp_path):
