@@ -1940,7 +1940,6 @@ def render_for(spec):
         if level[out] == "row" and out_level == "dom":
             out_level = "dom"        # a row value written along the cols: broadcast at the store
         used = _ancestors(by, (out,))
-        inputs_used = [i for i in range(nin) if f"in{i}" in used]
 
         def strides_of(kind, i):
             dims = in_dims[i] if kind == "in" else out_dims
@@ -2856,10 +2855,10 @@ def _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2, conv_dot=Fal
               else (f"in{float_in}.dtype" if float_in is not None else "torch.float32"))
     oshape = ", ".join(f"D{m}" if m is not None else "1" for m in out_map)
     lines.append(f"    out = torch.empty(({oshape}{',' if len(out_map) == 1 else ''}), dtype={out_dt}, device=in0.device)")
-    lines.append(f"    n_rows = 1" + "".join(f" * d{d}" for d in rows_d))
-    lines.append(f"    n_cols = 1" + "".join(f" * d{d}" for d in cols_d))
+    lines.append("    n_rows = 1" + "".join(f" * d{d}" for d in rows_d))
+    lines.append("    n_cols = 1" + "".join(f" * d{d}" for d in cols_d))
     red_d = [d for d in cols_d] if spec["red"] else []
-    lines.append(f"    n_red = float(1" + "".join(f" * d{d}" for d in red_d) + ")")
+    lines.append("    n_red = float(1" + "".join(f" * d{d}" for d in red_d) + ")")
     lines.append("    if n_rows * n_cols == 0:")
     lines.append("        return out")
 

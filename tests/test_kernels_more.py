@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ast
 import math
-import random
 import sys
 
 import pytest
