@@ -208,32 +208,27 @@ _COPIES = {"clone", "contiguous", "_to_copy", "to", "alias", "detach", "copy", "
 
 def _decomposition(n, held: set):
     """The ops a composite aten op at ``n`` runs (its CompositeImplicitAutograd kernel,
-    traced on meta tensors), as a GraphModule, when every one of them is an op regions hold,
-    a view, or a constant; else None."""
+    traced on meta tensors), as (GraphModule, the node arguments its placeholders stand for),
+    when every one of them is an op regions hold, a view, or a constant; else None."""
     from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.node import map_aggregate, map_arg
     t = n.target
-    tensors = []
+    nodes: list = []
 
-    def meta(v):
-        if isinstance(v, torch.fx.Node):
-            fv = v.meta.get("val")
-            if not isinstance(fv, torch.Tensor):
-                raise TypeError("a non-tensor node argument")
-            tensors.append(torch.empty_strided(fv.shape, fv.stride(), dtype=fv.dtype, device="meta"))
-            return _Slot(len(tensors) - 1)
-        if isinstance(v, (list, tuple)):
-            return type(v)(meta(x) for x in v)
-        return v
+    def slot(a):                       # a node argument -> the index of its meta tensor
+        nodes.append(a)
+        return _Slot(len(nodes) - 1)
+    args, kwargs = map_arg(n.args, slot), map_arg(dict(n.kwargs), slot)
+    vals = [a.meta.get("val") for a in nodes]
+    if not all(isinstance(v, torch.Tensor) for v in vals):
+        return None
+    metas = [torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta") for v in vals]
 
-    def real(v, ts):
-        if isinstance(v, _Slot):
-            return ts[v.i]
-        if isinstance(v, (list, tuple)):
-            return type(v)(real(x, ts) for x in v)
-        return v
+    def call(*ts):
+        real = lambda x: ts[x.i] if isinstance(x, _Slot) else x   # noqa: E731
+        return t.decompose(*map_aggregate(args, real), **map_aggregate(kwargs, real))
     try:
-        args, kwargs = meta(list(n.args)), {k: meta(v) for k, v in n.kwargs.items()}
-        sub = make_fx(lambda *ts: t.decompose(*real(args, ts), **real(kwargs, ts)))(*tensors)
+        sub = make_fx(call)(*metas)
     except Exception:
         return None
     body = [m for m in sub.graph.nodes if m.op not in ("placeholder", "output")]
@@ -254,7 +249,7 @@ def _decomposition(n, held: set):
         if not (name in held or name.removesuffix("_") in held or view or name in _FACTORIES):
             return None
         computes |= name.removesuffix("_") in held and name not in _COPIES
-    return sub if computes else None       # views and copies alone: nothing for a region
+    return (sub, nodes) if computes else None       # views and copies alone: nothing for a region
 
 
 class _Slot:
@@ -285,11 +280,11 @@ def _decompose(g: torch.fx.Graph) -> None:
         mode = getattr(vo, "fake_mode", None)
         if not isinstance(vo, torch.Tensor) or mode is None:
             continue
-        sub = _decomposition(n, held)
-        if sub is None:
+        found = _decomposition(n, held)
+        if found is None:
             continue
+        sub, ins = found[0], iter(found[1])
         env, made = {}, []
-        ins = iter(a for a in _flat_nodes(n))
         with g.inserting_before(n):
             for m in sub.graph.nodes:
                 if m.op == "placeholder":
@@ -336,22 +331,6 @@ def _replace_or_undo(g: torch.fx.Graph, n, new, made: list) -> bool:
     for m in reversed(made):
         g.erase_node(m)
     return False
-
-
-def _flat_nodes(n) -> list:
-    """``n``'s node arguments in the order _decomposition made its meta tensors."""
-    out = []
-
-    def walk(v):
-        if isinstance(v, torch.fx.Node):
-            out.append(v)
-        elif isinstance(v, (list, tuple)):
-            for x in v:
-                walk(x)
-    walk(list(n.args))
-    for v in n.kwargs.values():
-        walk(v)
-    return out
 
 
 def fake_of(v):
@@ -409,16 +388,16 @@ def _feeds_softmax(n, hops: int = 6) -> bool:
     return False
 
 
-# ops returning two reductions of one input over the same dims, and the two ops they are
-# (a function of the node's arguments -> (target, args, kwargs) of each half)
-_PAIRS = {
-    "var_mean": lambda a, kw: ((torch.ops.aten.var.correction, a, kw),
-                               (torch.ops.aten.mean.dim, a[:2], {"keepdim": kw.get("keepdim", False)})),
-    "std_mean": lambda a, kw: ((torch.ops.aten.std.correction, a, kw),
-                               (torch.ops.aten.mean.dim, a[:2], {"keepdim": kw.get("keepdim", False)})),
-    "aminmax": lambda a, kw: ((torch.ops.aten.amin.default, a[:1], {"dim": [kw["dim"]] if kw.get("dim") is not None else [], "keepdim": kw.get("keepdim", False)}),
-                              (torch.ops.aten.amax.default, a[:1], {"dim": [kw["dim"]] if kw.get("dim") is not None else [], "keepdim": kw.get("keepdim", False)})),
+# ops returning two reductions of one input over the same dims: the two ops they are, each
+# called as (x, dims, keepdim, correction) -> (target, args, kwargs)
+_HALVES = {
+    "var": lambda x, d, k, c: (torch.ops.aten.var.correction, (x, d), {"correction": c, "keepdim": k}),
+    "std": lambda x, d, k, c: (torch.ops.aten.std.correction, (x, d), {"correction": c, "keepdim": k}),
+    "mean": lambda x, d, k, c: (torch.ops.aten.mean.dim, (x, d), {"keepdim": k}),
+    "amin": lambda x, d, k, c: (torch.ops.aten.amin.default, (x, d), {"keepdim": k}),
+    "amax": lambda x, d, k, c: (torch.ops.aten.amax.default, (x, d), {"keepdim": k}),
 }
+_PAIRS = {"var_mean": ("var", "mean"), "std_mean": ("std", "mean"), "aminmax": ("amin", "amax")}
 
 
 def _split_pairs(g: torch.fx.Graph) -> None:
@@ -434,25 +413,21 @@ def _split_pairs(g: torch.fx.Graph) -> None:
         mode = getattr(vo[0], "fake_mode", None) if isinstance(vo, (tuple, list)) and vo else None
         if mode is None:
             continue
-        sch = n.target._schema
-        kw = {a.name: v for a, v in zip(sch.arguments[1:], n.args[1:])}
-        kw.update(n.kwargs)
-        if "unbiased" in kw:                     # the .dim overload's spelling of it
-            kw["correction"] = 1 if kw.pop("unbiased") else 0
-        args = (n.args[0], kw.pop("dim", None))
-        if name == "aminmax":
-            kw["dim"] = args[1]
-            args = (n.args[0],)
-        elif args[1] is None:
-            args = (n.args[0], [])
-        halves = _PAIRS[name](args, kw)
+        a = {arg.name: v for arg, v in zip(n.target._schema.arguments[1:], n.args[1:])}
+        a.update(n.kwargs)
+        dims = a.get("dim")
+        dims = [] if dims is None else ([dims] if isinstance(dims, int) else list(dims))
+        correction = a.get("correction", 1)
+        if "unbiased" in a:                      # the .dim overload's spelling of it
+            correction = 1 if a["unbiased"] else 0
         made = []
         with g.inserting_before(n):
-            for target, a, k in halves:
-                m = g.call_function(target, tuple(a), dict(k))
+            for half in _PAIRS[name]:
+                target, args, kw = _HALVES[half](n.args[0], dims, a.get("keepdim", False), correction)
+                m = g.call_function(target, args, kw)
                 try:
                     with mode:
-                        m.meta["val"] = target(*[_in_mode(fake_of(x), mode) for x in a], **k)
+                        m.meta["val"] = target(*[_in_mode(fake_of(x), mode) for x in args], **kw)
                 except Exception:
                     pass
                 made.append(m)
@@ -828,8 +803,7 @@ def _fold_factories(gm: torch.fx.GraphModule) -> None:
         if (n.op == "call_function" and isinstance(t, torch._ops.OpOverload)
                 and t._schema.is_mutable and any(a in pure for a in n.all_input_nodes)):
             return
-    frontier = [n for n in g.nodes if n in pure and n.users
-                and (any(u not in pure for u in n.users) or any(u.op == "output" for u in n.users))]
+    frontier = [n for n in g.nodes if n in pure and any(u not in pure for u in n.users)]
     env: dict = {}
     try:
         for n in g.nodes:

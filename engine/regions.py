@@ -177,14 +177,13 @@ def _model_strides(a: fx.Node) -> list | None:
     return [int(x) for x in v.stride()]
 
 
-def _cast_to(qual: str, src: fx.Node):
-    """The dtype an explicit cast node sets (``x.float()``, ``x.to(torch.bfloat16)``), else None."""
-    if R.op_parts(qual)[0] not in ("_to_copy", "to"):
-        return None
+def _dtype_arg(src: fx.Node):
+    """The dtype a node is told to produce, by keyword or position (``x.float()``,
+    ``x.to(torch.bfloat16)``, ``sum(dtype=...)``, ``softmax(x, 1, torch.float32)``), else None."""
     want = src.kwargs.get("dtype")
-    if want is None:
+    if not isinstance(want, torch.dtype):
         want = next((a for a in src.args[1:] if isinstance(a, torch.dtype)), None)
-    return want if isinstance(want, torch.dtype) else None
+    return want
 
 
 class NotARegion(Exception):
@@ -585,17 +584,14 @@ def build(nodes: list, order: dict) -> Region:
     out_dt = _dtype(out)
     # the output's dtype is the model's own where an explicit cast sets it (RMSNorm's
     # x.to(torch.float32), rotary's cos.to(x.dtype), a sum(dtype=...), a router's
-    # softmax(logits, 1, torch.float32)) and type promotion
-    # keeps it: every float value read after it is fixed too, or it is a float32 tensor of
+    # softmax(logits, 1, torch.float32)) and type promotion keeps it: every float value read after it is fixed too, or it is a float32 tensor of
     # one or more dims, which any float16 / bfloat16 tensor promotes to. The reference then
     # returns that dtype for inputs of any dtype, so the kernel must too.
     fixed: dict = {}
     for n in values:
-        qual, src = ops[n]
+        src = ops[n][1]
         floats = [a for a in src.all_input_nodes if _dtype(a) != "bool"]
-        fixed[n] = (_cast_to(qual, src) is not None
-                    or isinstance(src.kwargs.get("dtype"), torch.dtype)
-                    or any(isinstance(a, torch.dtype) for a in src.args[1:])   # softmax(x, 1, f32)
+        fixed[n] = (_dtype_arg(src) is not None
                     or any(fixed.get(a) and _dtype(a) == "float32" and len(_shape(a)) > 0
                            for a in floats)        # a 0-dim tensor promotes no other tensor
                     or (bool(floats) and all(fixed.get(a, False) for a in floats)))
