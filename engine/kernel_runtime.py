@@ -964,6 +964,13 @@ def add_site(kernel: Kernel, args: tuple, out: tuple) -> int:
     return site.id
 
 
+def restrided(x: torch.Tensor, shape: tuple, stride: tuple) -> torch.Tensor:
+    """``x``'s values in the layout ``stride`` (dense, non-overlapping): what a site's
+    contiguous result is copied into where a reader of the original op depended on its
+    layout (engine/place.py)."""
+    return torch.empty_strided(shape, stride, dtype=x.dtype, device=x.device).copy_(x)
+
+
 def site_call(site_id: int, *args):
     """What a placed node runs: the site's kernel on its arguments (see above)."""
     site = SITES[site_id]

@@ -170,6 +170,7 @@ def _swap(g: fx.Graph, env: dict, output: fx.Node, nodes: list, y: fx.Node, site
         return False, (f"the kernel's result would be {tuple(getattr(got, 'shape', ()))} "
                        f"{getattr(got, 'dtype', None)}, the graph reads {tuple(getattr(want, 'shape', ()))} "
                        f"{getattr(want, 'dtype', None)}")
+    y.meta["orig_val"] = want     # the layout the graph's readers were written for
     out_orig.replace_all_uses_with(y)
     # the replaced nodes nothing reads any more go, the output's copy first (so env must still
     # map the output to it here: else the original op runs beside the kernel, unread); the
@@ -265,13 +266,56 @@ def _changed(old, new) -> bool:
     return True
 
 
+# ops that hold on some layouts only: a view valid on the original layout may fail on the
+# one a site returns (its values, where it holds, do not depend on the layout); as_strided
+# reads memory, not values, and always needs the original strides
+_VIEWS = {aten.view.default, aten._unsafe_view.default}
+_STRIDED_READS = {aten.as_strided.default, aten.view_as_complex.default,
+                  aten.view_as_real.default}
+
+
+def _fake_run(n: fx.Node, mode):
+    """``n``'s value computed again from its inputs' (fake) values, or None where it fails."""
+    from torch.utils._pytree import tree_map
+    try:
+        with mode:
+            return n.target(*tree_map(_val, n.args), **tree_map(_val, n.kwargs))
+    except Exception:
+        return None
+
+
+def _dense(shape, stride) -> bool:
+    """Does ``stride`` lay ``shape`` out with no gap and no element twice?"""
+    from engine.verify import overlaps
+    span = 1 + sum((n - 1) * abs(st) for n, st in zip(shape, stride) if n > 1)
+    return not overlaps(shape, stride) and span == max(1, torch.Size(shape).numel())
+
+
+def _restride(g: fx.Graph, n: fx.Node, mode) -> None:
+    """Give ``n``'s first input back the layout it had in the original graph, where a site
+    upstream changed it: a copy into those strides (empty_strided + copy_), which is what the
+    original op had written; ``n`` then reads that copy."""
+    x = n.args[0]
+    old = x.meta.get("orig_val", x.meta.get("val"))
+    cur = x.meta.get("val")
+    if (not isinstance(old, torch.Tensor) or not isinstance(cur, torch.Tensor)
+            or rt.same_layout(tuple(cur.shape), tuple(old.stride()), tuple(cur.stride()))
+            or not _dense(tuple(old.shape), tuple(old.stride()))):
+        return
+    with g.inserting_before(n):
+        y = g.call_function(rt.restrided, (x, tuple(int(s) for s in old.shape),
+                                           tuple(int(s) for s in old.stride())))
+    with mode:
+        y.meta["val"] = rt.restrided(cur, tuple(old.shape), tuple(old.stride()))
+    n.replace_input_with(x, y)
+
+
 def _repropagate(g: fx.Graph, mode) -> None:
     """Fake values downstream of the sites again: a kernel returns its result contiguous where
     the replaced op may have returned another layout, and every later guard must hold the strides
     the graph will really pass (a rotary site's output is the next attention site's q)."""
     if mode is None:
         return
-    from torch.utils._pytree import tree_map
     dirty = set()
     for n in g.nodes:
         if n.op != "call_function":
@@ -286,12 +330,22 @@ def _repropagate(g: fx.Graph, mode) -> None:
         if not any(i in dirty for i in n.all_input_nodes):
             continue
         old = n.meta.get("val")
-        try:
-            with mode:
-                new = n.target(*tree_map(_val, n.args), **tree_map(_val, n.kwargs))
-        except Exception:
+        if n.target is aten.as_strided.default:
+            _restride(g, n, mode)   # reads memory, not values: the original strides back
+        new = _fake_run(n, mode)
+        if new is None and n.target in _VIEWS:
+            # valid on the original layout only (a view after a permute of attention's output,
+            # which CPU's SDPA returns [B, S, H, D]-major): a reshape holds the same values,
+            # copied where this layout needs it
+            n.target = aten.reshape.default
+            new = _fake_run(n, mode)
+        elif new is None and n.target in _STRIDED_READS:
+            _restride(g, n, mode)
+            new = _fake_run(n, mode)
+        if new is None:
             continue
         if _changed(old, new):      # else the value keeps its strides (the real run's)
+            n.meta.setdefault("orig_val", old)
             n.meta["val"] = new
             dirty.add(n)
 

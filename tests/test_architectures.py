@@ -132,12 +132,44 @@ ARCH = {
                                                          depths=[1, 1], focal_levels=[2, 2],
                                                          focal_windows=[3, 3])),
     "siglip_vision": ("SiglipVisionConfig", "SiglipVisionModel", dict(IMG)),
+    # more decoders (multi-head latent attention, sliding windows, QK norms, parallel blocks),
+    # encoders with convolutions or relative positions, hierarchical vision, speech
+    # (2026-12-05: all placed and agreeing)
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(
+        TXT, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, first_k_dense_replace=0, kv_lora_rank=16, q_lora_rank=32,
+        qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, n_group=1, topk_group=1)),
+    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(TXT, num_key_value_heads=2, head_dim=16,
+                                                                 sliding_window=8)),
+    "cohere": ("CohereConfig", "CohereForCausalLM", dict(TXT, num_key_value_heads=2)),
+    "nemotron": ("NemotronConfig", "NemotronForCausalLM", dict(TXT, num_key_value_heads=2, head_dim=16)),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(TXT, num_key_value_heads=2, pad_token_id=0)),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        TXT, num_key_value_heads=2, head_dim=16, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32)),
+    "funnel": ("FunnelConfig", "FunnelBaseModel", dict(vocab_size=128, d_model=64, n_head=4, d_head=16,
+                                                       d_inner=128, block_sizes=[1, 1],
+                                                       num_decoder_layers=1)),
+    "convbert": ("ConvBertConfig", "ConvBertModel", dict(TXT, embedding_size=64)),
+    "esm": ("EsmConfig", "EsmModel", dict(TXT, pad_token_id=1, position_embedding_type="rotary")),
+    "data2vec_vision": ("Data2VecVisionConfig", "Data2VecVisionModel", dict(
+        IMG, use_relative_position_bias=True)),
+    "swinv2": ("Swinv2Config", "Swinv2Model", dict(image_size=32, patch_size=4, embed_dim=16,
+                                                   depths=[1, 1], num_heads=[2, 2], window_size=4)),
+    "pvt_v2": ("PvtV2Config", "PvtV2Model", dict(image_size=32, hidden_sizes=[16, 32], depths=[1, 1],
+                                                 num_encoder_blocks=2, num_attention_heads=[1, 2],
+                                                 sr_ratios=[2, 1], patch_sizes=[7, 3], strides=[4, 2],
+                                                 mlp_ratios=[2, 2])),
+    "wavlm": ("WavLMConfig", "WavLMModel", dict(
+        hidden_size=64, num_hidden_layers=1, num_attention_heads=4, intermediate_size=128,
+        conv_dim=[16, 16], conv_stride=[5, 2], conv_kernel=[10, 3], num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=4, num_buckets=32, max_bucket_distance=64)),
 }
 QUICK = ("llama", "bloom", "deberta_v2", "t5_encoder", "resnet")
 VISION = {"swin", "resnet", "beit", "clip_vision", "segformer", "levit", "mobilenet_v2", "convnext",
           "vit", "deit", "dinov2", "mobilevit", "regnet", "bit", "convnextv2", "poolformer",
-          "focalnet", "siglip_vision"}
-AUDIO = {"wav2vec2"}                      # raw waveforms [2, 800]
+          "focalnet", "siglip_vision", "data2vec_vision", "swinv2", "pvt_v2"}
+AUDIO = {"wav2vec2", "wavlm"}                      # raw waveforms [2, 800]
 
 
 def _build(name):

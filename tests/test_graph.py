@@ -1177,6 +1177,23 @@ def test_scores_viewed_per_head_around_the_softmax_read_as_one_attention_and_a_d
     assert not [m for gm in ms.values() for m in gm if m.family == "attention"], families(ms)
 
 
+@pytest.mark.parametrize("read", ["view", "as_strided"])
+def test_a_reader_of_the_original_layout_after_a_site_gets_the_same_values(read):
+    # SDPA on q, k, v permuted from [B, S, H, D] returns its output [B, S, H, D]-major, and
+    # a model may view it back without a copy (data2vec-vision does): the site's result is
+    # contiguous [B, H, S, D], where that view fails; as_strided would read other elements
+    def fwd(s, q, k, v):
+        B, S, H, D = q.shape
+        q, k, v = (t.permute(0, 2, 1, 3) for t in (q, k, v))
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=s.bias)
+        if read == "view":
+            return o.permute(0, 2, 1, 3).view(B, S, H * D)
+        return o.as_strided((B, S, H * D), (S * H * D, H * D, 1))
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 16, 4, 8, generator=g) for _ in range(3))
+    one_attention_placed_and_agreeing(Fn(fwd, bias=torch.randn(1, 4, 16, 16, generator=g)), q, k, v)
+
+
 def test_captured_values_carry_the_strides_of_the_real_run():
     # tokens viewed back to an image at batch 1 (a size-1 dim whose stride the fake values and
     # the real run disagree on), a convolution, tokens again: every node's value has the real
