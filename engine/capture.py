@@ -633,7 +633,9 @@ def _merged_heads(g: torch.fx.Graph) -> None:
         if any(isinstance(a, torch.fx.Node) for u in chain for a in u.kwargs.values()):
             continue                          # tensors passed by keyword: left as written
         # the stretch's other tensors, each as [B*H, S, T] (a view where its B and H are 1)
-        others = {a for u in chain for a in u.all_input_nodes if a is not v4 and a not in chain}
+        # (a 0-dim one, masked_fill's value, broadcasts as it is and must stay 0-dim)
+        others = {a for u in chain for a in u.all_input_nodes if a is not v4 and a not in chain
+                  and not (isinstance(val(a), torch.Tensor) and val(a).dim() == 0)}
         if any(not isinstance(val(a), torch.Tensor) or val(a).dim() > 4 for a in others):
             continue
         shapes = {a: (1,) * (4 - val(a).dim()) + tuple(val(a).shape) for a in others}

@@ -1176,6 +1176,17 @@ def test_scores_viewed_per_head_around_the_softmax_read_as_one_attention_and_a_d
         _, ms = found(Fn(lambda s, *a: fwd(s, *a, dim=1)), q, k, v, bias, mask)
     assert not [m for gm in ms.values() for m in gm if m.family == "attention"], families(ms)
 
+    def masked(s, q, k, v, keep):
+        # SEW-D / DeBERTa's XSoftmax: the fill value a 0-dim tensor, which stays 0-dim
+        sc = torch.bmm(q, k.transpose(1, 2)).view(B, H, S, S)
+        sc = sc.masked_fill(~keep, torch.tensor(torch.finfo(sc.dtype).min))
+        return torch.bmm(torch.softmax(sc, -1).view(B * H, S, S), v).view(B, H, S, D)
+    keep = torch.rand(B, 1, 1, S, generator=g) > 0.3
+    with torch.no_grad():
+        cap, _ = found(Fn(masked), q, k, v, keep)
+        ref, got = Fn(masked)(q, k, v, keep), cap.graphs[0].gm(q, k, v, keep)
+    assert torch.equal(integrate.flatten(got)[0], ref)
+
 
 @pytest.mark.parametrize("read", ["view", "as_strided"])
 def test_a_reader_of_the_original_layout_after_a_site_gets_the_same_values(read):
