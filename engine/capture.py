@@ -203,6 +203,17 @@ _WHOLE = {"scaled_dot_product_attention", "rms_norm", "cross_entropy_loss", "nll
 _FACTORIES = {"scalar_tensor", "full", "new_full", "zeros_like", "ones_like", "empty_like",
               "full_like", "fill_", "fill"}
 _DECOMPOSED_MAX = 32        # nodes a decomposition may add
+# x.new_full(size, v) and its kin in a decomposition: size and fill value from their arguments
+_NEW_FULL = {torch.ops.aten.new_full.default: lambda a: a[2],
+             torch.ops.aten.new_zeros.default: lambda a: 0.0,
+             torch.ops.aten.new_ones.default: lambda a: 1.0}
+# ops with their own kernel (not composite) that PyTorch's decomposition table writes as ops
+# regions hold: pointwise ops and losses spelled as one name (F.glu's halves, nn.PReLU, addcmul,
+# lerp, logit, binary cross entropy). None is in a family's spelling (tests/test_graph.py)
+_DECOMPOSED_TOO = {"glu", "_prelu_kernel", "addcmul", "addcdiv", "lerp", "logit", "xlogy",
+                   "xlog1py", "sinc", "deg2rad", "rad2deg", "nan_to_num", "softsign",
+                   "tanhshrink", "binary_cross_entropy", "binary_cross_entropy_with_logits",
+                   "soft_margin_loss", "hinge_embedding_loss", "special_xlog1py"}
 _COPIES = {"clone", "contiguous", "_to_copy", "to", "alias", "detach", "copy", "copy_"}
 
 
@@ -224,13 +235,16 @@ def _decomposition(n, held: set):
         return None
     metas = [torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta") for v in vals]
 
+    run = _decomposer(t)
+
     def call(*ts):
         real = lambda x: ts[x.i] if isinstance(x, _Slot) else x   # noqa: E731
-        return t.decompose(*map_aggregate(args, real), **map_aggregate(kwargs, real))
+        return run(*map_aggregate(args, real), **map_aggregate(kwargs, real))
     try:
-        sub = make_fx(call)(*metas)
+        sub = make_fx(call, decomposition_table=_inner_decompositions())(*metas)
     except Exception:
         return None
+    sub.graph.eliminate_dead_code()       # a decomposition's unread buffers
     body = [m for m in sub.graph.nodes if m.op not in ("placeholder", "output")]
     if not body or len(body) > _DECOMPOSED_MAX:
         return None
@@ -252,6 +266,39 @@ def _decomposition(n, held: set):
     return (sub, nodes) if computes else None       # views and copies alone: nothing for a region
 
 
+def _log_sigmoid_forward(x):
+    # log sigmoid(x) = -softplus(-x): the op regions hold, where PyTorch's decompositions call
+    # the forward that also returns a buffer (read by its backward only)
+    return torch.ops.aten.neg(torch.ops.aten.softplus(torch.ops.aten.neg(x))), x.new_empty((0,))
+
+
+_INNER: dict = {}
+
+
+def _inner_decompositions() -> dict:
+    """What a decomposition's own ops become as it is traced: _DECOMPOSED_TOO's ops (prelu's
+    composite calls _prelu_kernel) and the log-sigmoid forward."""
+    if not _INNER:
+        from torch._decomp import decomposition_table
+        _INNER.update({op: f for op, f in decomposition_table.items()
+                       if isinstance(op, torch._ops.OpOverload) and op._opname in _DECOMPOSED_TOO})
+        _INNER[torch.ops.aten.log_sigmoid_forward.default] = _log_sigmoid_forward
+    return _INNER
+
+
+def _decomposer(t):
+    """The function that writes aten op ``t`` as other aten ops (its composite kernel, or
+    PyTorch's decomposition of an op in _DECOMPOSED_TOO), else None."""
+    if t._opname in _WHOLE:
+        return None
+    if t.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd):
+        return t.decompose
+    if t._opname in _DECOMPOSED_TOO:
+        from torch._decomp import decomposition_table
+        return decomposition_table.get(t)
+    return None
+
+
 class _Slot:
     """Where the i-th tensor argument goes in a traced call's arguments."""
     def __init__(self, i):
@@ -261,8 +308,9 @@ class _Slot:
 def _decompose(g: torch.fx.Graph) -> None:
     """A composite op the export kept whole (``triplet_margin_loss``, ``cosine_similarity``,
     ``pairwise_distance``, ``margin_ranking_loss``, ``relu6``, ...: ops PyTorch itself writes
-    as other aten ops) becomes those ops, where regions hold each one: the same kernels eager
-    runs for it, now visible to the region finder, whatever the op is called. Ops a family
+    as other aten ops), and an op of _DECOMPOSED_TOO (``glu``, PReLU's kernel, ``lerp``),
+    becomes those ops, where regions hold each one: the same computation, now visible to the
+    region finder, whatever the op is called. Ops a family
     spells whole and views stay; so does an op whose decomposition needs anything else
     (gathers, index arithmetic), which no region would hold."""
     from kernels.region import OPS
@@ -270,8 +318,7 @@ def _decompose(g: torch.fx.Graph) -> None:
     for n in list(g.nodes):
         t = n.target
         if (n.op != "call_function" or not isinstance(t, torch._ops.OpOverload)
-                or t.namespace != "aten" or t._opname in held or t._opname in _WHOLE
-                or not t.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd)):
+                or t.namespace != "aten" or t._opname in held or _decomposer(t) is None):
             continue
         rets = t._schema.returns
         if not rets or rets[0].alias_info is not None or t._schema.is_mutable:
@@ -295,12 +342,20 @@ def _decompose(g: torch.fx.Graph) -> None:
                     continue
                 args = torch.fx.node.map_arg(m.args, lambda a: env[a])
                 kwargs = dict(torch.fx.node.map_arg(m.kwargs, lambda a: env[a]))
+                target = m.target
+                if target in _NEW_FULL:
+                    # a constant of its input's dtype: made from literals alone, so that
+                    # _fold_factories computes it once and no region is cut at it
+                    like = m.args[0].meta["val"]
+                    target, args = torch.ops.aten.full.default, (
+                        list(args[1]), _NEW_FULL[target](args), )
+                    kwargs = {"dtype": kwargs.get("dtype") or like.dtype, "device": vo.device}
                 if kwargs.get("device") is not None:
                     kwargs["device"] = vo.device          # traced on meta: made where it runs
-                new = g.call_function(m.target, tuple(args), kwargs)
+                new = g.call_function(target, tuple(args), kwargs)
                 try:
                     with mode:
-                        new.meta["val"] = m.target(
+                        new.meta["val"] = target(
                             *[_in_mode(fake_of(a), mode) for a in args],
                             **{k: _in_mode(fake_of(v), mode) for k, v in kwargs.items()})
                 except Exception:

@@ -80,6 +80,22 @@ class Composites(nn.Module):
                 + F.relu6(n).mean())
 
 
+class Decomposed(nn.Module):
+    """Ops with aten kernels of their own that PyTorch's decompositions write as region ops:
+    F.glu's halves, nn.PReLU, lerp, addcmul, BCE with logits (log-sigmoid), xlogy (isnan)."""
+
+    def __init__(self):
+        super().__init__()
+        self.act = nn.PReLU(8)
+        with torch.no_grad():
+            self.act.weight.copy_(torch.linspace(0.1, 0.8, 8))
+
+    def forward(self, x, y, t):
+        b = self.act(F.glu(x, 1))
+        c = torch.lerp(b, y, 0.3) + torch.addcmul(y, y, b, value=0.5)
+        return F.binary_cross_entropy_with_logits(c, t), torch.xlogy(c.abs(), y.abs() + 1.0)
+
+
 class Elementwise(nn.Module):
     def __init__(self, fn):
         super().__init__()
@@ -239,6 +255,22 @@ def test_elementwise_ops_with_aten_kernels_of_their_own_pass_all_five_stages(fn,
     # ops an export keeps as one aten kernel of their own: region ops, their infinities and
     # NaN where torch puts them (the stability stage's NaN and Inf inputs)
     _, f = _found(Elementwise(fn), torch.randn(4, 33), torch.randn(4, 33))
+    r = _by_name(f)[name]
+    fam = kernels.get("region", r.spec)
+    for st in _five_stages(fam, r.shape, tmp=tmp_path):
+        assert st.status == "passed", (st.stage, st.failed_case, st.detail)
+
+
+@pytest.mark.parametrize("name", [
+    "sigmoid+mul+gt+mul+where+where+sub+mul+add+mul+mul+add+add",
+    "rsub+mul+neg+softplus+neg+sub+mean",
+    pytest.param("abs+abs+add+eq+log+mul+where+isnan+where", marks=pytest.mark.slow),
+], ids=["glu_prelu_lerp_addcmul", "bce_with_logits", "xlogy"])
+def test_ops_pytorch_decomposes_are_regions_that_pass_all_five_stages(name, tmp_path):
+    # glu's halves are two strided views of its input (the region reads them where they lie),
+    # nn.PReLU a where, BCE with logits a softplus and a mean, xlogy an isnan
+    _, f = _found(Decomposed(), torch.randn(4, 16, 10), torch.randn(4, 8, 10), torch.rand(4, 8, 10))
+    assert not [lf.why for lf in f.left if not lf.why.startswith(("slice", "view"))]
     r = _by_name(f)[name]
     fam = kernels.get("region", r.spec)
     for st in _five_stages(fam, r.shape, tmp=tmp_path):
@@ -412,8 +444,9 @@ def test_a_pointwise_region_wider_than_a_tile_is_cut_over_a_two_dimensional_grid
     (Pooled(nn.MaxPool2d(3, 2, 1)), (torch.randn(2, 3, 9, 9),)),
     (Composites(), (torch.randn(6, 16), torch.randn(6, 16), torch.randn(6, 16),
                     torch.tensor([1.0, -1.0, 1.0, 1.0, -1.0, -1.0]))),
+    (Decomposed(), (torch.randn(4, 16, 10), torch.randn(4, 8, 10), torch.rand(4, 8, 10))),
 ], ids=["pointwise", "gemm_epilogue", "reductions", "masked_scan", "argmax", "max_pool",
-        "composites"])
+        "composites", "decomposed"])
 def test_region_kernels_are_placed_one_site_a_region(model, inputs, tmp_path):
     # Each region a kernel was verified for becomes one site_call in the rewritten graph; its
     # ops leave the graph, the rest (a GEMM with no kernel) stays, and the model agrees.
