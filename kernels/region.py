@@ -96,7 +96,8 @@ OPS = {
     "ge": ("pw", ("self", "other"), 1), "le": ("pw", ("self", "other"), 1),
     "eq": ("pw", ("self", "other"), 1), "ne": ("pw", ("self", "other"), 1),
     "logical_not": ("pw", _PW1, 1), "logical_and": ("pw", ("self", "other"), 1),
-    "isnan": ("pw", _PW1, 1), "isinf": ("pw", _PW1, 1),
+    "isnan": ("pw", _PW1, 1), "isinf": ("pw", _PW1, 1), "isposinf": ("pw", _PW1, 1),
+    "isneginf": ("pw", _PW1, 1),
     "logical_or": ("pw", ("self", "other"), 1),
     # casts, copies, no-op dropout
     "_to_copy": ("pw", _PW1, 0), "to": ("pw", _PW1, 0), "clone": ("pw", _PW1, 0),
@@ -572,7 +573,7 @@ def _interval(name: str, a: dict, t: list) -> tuple:
     if name in ("floor", "ceil", "trunc"):
         return (math.floor(x[0]) if math.isfinite(x[0]) else x[0], math.ceil(x[1]) if math.isfinite(x[1]) else x[1])
     if name in ("gt", "lt", "ge", "le", "eq", "ne", "logical_not", "logical_and", "logical_or",
-                "isnan", "isinf"):
+                "isnan", "isinf", "isposinf", "isneginf"):
         return (0.0, 1.0)
     if name == "where":
         s, o2 = t[1] if len(t) > 1 else _iv(a.get("self")), t[2] if len(t) > 2 else _iv(a.get("other"))
@@ -1649,6 +1650,9 @@ _LOWER = {
     "isnan": lambda L, a, op: L.pw(f"({L.f(a['self'])}) != ({L.f(a['self'])})", (a["self"],), is_bool=True),
     "isinf": lambda L, a, op: L.pw(f"tl.abs({L.f(a['self'])}) == float('inf')", (a["self"],),
                                    is_bool=True),
+    "isposinf": lambda L, a, op: L.pw(f"({L.f(a['self'])}) == float('inf')", (a["self"],), is_bool=True),
+    "isneginf": lambda L, a, op: L.pw(f"({L.f(a['self'])}) == float('-inf')", (a["self"],),
+                                      is_bool=True),
     "logical_and": lambda L, a, op: L.pw(f"(({L.f(a['self'])}) != 0.0) & (({L.f(a['other'])}) != 0.0)",
                                          (a["self"], a["other"]), is_bool=True),
     "logical_or": lambda L, a, op: L.pw(f"(({L.f(a['self'])}) != 0.0) | (({L.f(a['other'])}) != 0.0)",

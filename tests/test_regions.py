@@ -82,7 +82,8 @@ class Composites(nn.Module):
 
 class Decomposed(nn.Module):
     """Ops with aten kernels of their own that PyTorch's decompositions write as region ops:
-    F.glu's halves, nn.PReLU, lerp, addcmul, BCE with logits (log-sigmoid), xlogy (isnan)."""
+    F.glu's halves, nn.PReLU, lerp, addcmul, BCE with logits (log-sigmoid), xlogy (isnan),
+    nan_to_num (isnan, isposinf, isneginf)."""
 
     def __init__(self):
         super().__init__()
@@ -93,7 +94,8 @@ class Decomposed(nn.Module):
     def forward(self, x, y, t):
         b = self.act(F.glu(x, 1))
         c = torch.lerp(b, y, 0.3) + torch.addcmul(y, y, b, value=0.5)
-        return F.binary_cross_entropy_with_logits(c, t), torch.xlogy(c.abs(), y.abs() + 1.0)
+        return (F.binary_cross_entropy_with_logits(c, t), torch.xlogy(c.abs(), y.abs() + 1.0),
+                torch.nan_to_num(torch.log(t) * torch.isinf(y), neginf=-30.0))
 
 
 class Elementwise(nn.Module):
@@ -265,7 +267,8 @@ def test_elementwise_ops_with_aten_kernels_of_their_own_pass_all_five_stages(fn,
     "sigmoid+mul+gt+mul+where+where+sub+mul+add+mul+mul+add+add",
     "rsub+mul+neg+softplus+neg+sub+mean",
     pytest.param("abs+abs+add+eq+log+mul+where+isnan+where", marks=pytest.mark.slow),
-], ids=["glu_prelu_lerp_addcmul", "bce_with_logits", "xlogy"])
+    "log+isinf+mul+isnan+where+isneginf+where+isposinf+where",
+], ids=["glu_prelu_lerp_addcmul", "bce_with_logits", "xlogy", "nan_to_num"])
 def test_ops_pytorch_decomposes_are_regions_that_pass_all_five_stages(name, tmp_path):
     # glu's halves are two strided views of its input (the region reads them where they lie),
     # nn.PReLU a where, BCE with logits a softplus and a mean, xlogy an isnan
