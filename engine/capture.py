@@ -293,10 +293,7 @@ def _decomposer(t):
         return None
     if t.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd):
         return t.decompose
-    if t._opname in _DECOMPOSED_TOO:
-        from torch._decomp import decomposition_table
-        return decomposition_table.get(t)
-    return None
+    return _inner_decompositions().get(t) if t._opname in _DECOMPOSED_TOO else None
 
 
 class _Slot:
@@ -347,8 +344,7 @@ def _decompose(g: torch.fx.Graph) -> None:
                     # a constant of its input's dtype: made from literals alone, so that
                     # _fold_factories computes it once and no region is cut at it
                     like = m.args[0].meta["val"]
-                    target, args = torch.ops.aten.full.default, (
-                        list(args[1]), _NEW_FULL[target](args), )
+                    target, args = torch.ops.aten.full.default, (list(args[1]), _NEW_FULL[target](args))
                     kwargs = {"dtype": kwargs.get("dtype") or like.dtype, "device": vo.device}
                 if kwargs.get("device") is not None:
                     kwargs["device"] = vo.device          # traced on meta: made where it runs

@@ -268,10 +268,9 @@ def _changed(old, new) -> bool:
 
 # ops that hold on some layouts only: a view valid on the original layout may fail on the
 # one a site returns (its values, where it holds, do not depend on the layout); as_strided
-# reads memory, not values, and always needs the original strides
+# (handled apart) reads memory, not values, and always needs the original strides
 _VIEWS = {aten.view.default, aten._unsafe_view.default}
-_STRIDED_READS = {aten.as_strided.default, aten.view_as_complex.default,
-                  aten.view_as_real.default}
+_STRIDED_READS = {aten.view_as_complex.default, aten.view_as_real.default}
 
 
 def _fake_run(n: fx.Node, mode):

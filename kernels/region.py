@@ -1318,6 +1318,11 @@ def _un(template):
     return f
 
 
+def _test(template):
+    """A bool of one input: ``template`` with its fp32 value as {x} (isnan, isinf)."""
+    return lambda L, a, op: L.pw(template.format(x=L.f(a["self"])), (a["self"],), is_bool=True)
+
+
 def _cmp(sym):
     def f(L, a, op):
         return L.pw(f"({L.f(a['self'])}) {sym} ({L.f(a['other'])})", (a["self"], a["other"]),
@@ -1647,12 +1652,8 @@ _LOWER = {
     "gt": _cmp(">"), "lt": _cmp("<"), "ge": _cmp(">="), "le": _cmp("<="), "eq": _cmp("=="),
     "ne": _cmp("!="),
     "logical_not": lambda L, a, op: L.pw(f"({L.f(a['self'])}) == 0.0", (a["self"],), is_bool=True),
-    "isnan": lambda L, a, op: L.pw(f"({L.f(a['self'])}) != ({L.f(a['self'])})", (a["self"],), is_bool=True),
-    "isinf": lambda L, a, op: L.pw(f"tl.abs({L.f(a['self'])}) == float('inf')", (a["self"],),
-                                   is_bool=True),
-    "isposinf": lambda L, a, op: L.pw(f"({L.f(a['self'])}) == float('inf')", (a["self"],), is_bool=True),
-    "isneginf": lambda L, a, op: L.pw(f"({L.f(a['self'])}) == float('-inf')", (a["self"],),
-                                      is_bool=True),
+    "isnan": _test("({x}) != ({x})"), "isinf": _test("tl.abs({x}) == float('inf')"),
+    "isposinf": _test("({x}) == float('inf')"), "isneginf": _test("({x}) == float('-inf')"),
     "logical_and": lambda L, a, op: L.pw(f"(({L.f(a['self'])}) != 0.0) & (({L.f(a['other'])}) != 0.0)",
                                          (a["self"], a["other"]), is_bool=True),
     "logical_or": lambda L, a, op: L.pw(f"(({L.f(a['self'])}) != 0.0) | (({L.f(a['other'])}) != 0.0)",
