@@ -15,8 +15,9 @@ placeable match claimed and grows regions of the ops kernels/region.py's table h
   absorbed``: the region's target replaces the family's; its space holds the same GEMM
   choices), and so is a reduce or softmax family match of a lone op inside such a region (a
   row sum after a GEMM: computed on the accumulator, not written and read back). A reduce
-  family's lone sum or mean of pointwise ops is absorbed into their region as well (a loss's
-  mean of its terms: the terms are never written out). A GEMM with nothing after it, a
+  family's lone sum or mean of pointwise ops, or read by them, is absorbed into their region
+  as well (a loss's mean of its terms: the terms are never written out; an L1 norm's
+  x / x.abs().mean(1): x read by one kernel). A GEMM with nothing after it, a
   reduction of a model's input, and a softmax with no GEMM before it stay their family's
   targets.
 
@@ -714,8 +715,10 @@ def find(graph: cap.Graph, matches=()) -> Found:
                     continue            # the family's own reduction, with nothing to fuse
                 # a reduce family's sum or mean of a computed value (a loss's mean of its
                 # pointwise terms): one region, the terms never written out and read back
-            else:
+            elif not (members & after) <= fold:
                 members, reg = grow(*start, after)
+            # else a reduce family's sum or mean between a prologue and an epilogue (an L1
+            # norm's x / x.abs().mean(1)): one region, x read by one kernel, not two
         if R._depth(reg.spec) == 0:
             continue                    # copies and casts alone: nothing to compute
         if reg.spec.get("gemm") and R._depth(reg.spec) == 1 and members & set(absorbable):
