@@ -715,7 +715,7 @@ def find(graph: cap.Graph, matches=()) -> Found:
                     continue            # the family's own reduction, with nothing to fuse
                 # a reduce family's sum or mean of a computed value (a loss's mean of its
                 # pointwise terms): one region, the terms never written out and read back
-            elif not (members & after) <= fold:
+            elif not _between(members & after, fold, members):
                 members, reg = grow(*start, after)
             # else a reduce family's sum or mean between a prologue and an epilogue (an L1
             # norm's x / x.abs().mean(1)): one region, x read by one kernel, not two
@@ -732,6 +732,20 @@ def find(graph: cap.Graph, matches=()) -> Found:
             found.left.append(Left(n, _why_left(n)))
     found.regions.sort(key=lambda r: order[r.output])
     return found
+
+
+def _between(reductions: set, fold: set, members: set) -> bool:
+    """One reduce family's reduction whose operand the region computes (its prologue) and whose
+    result the region's ops read: fused, its operand is never written out. Two reductions, or a
+    reduction of a model's input, stay their family's targets (a row sum of a raw input is
+    already one pass, and a NaN in it would spread over its whole row of the region); so does
+    one whose prologue reads a GEMM (``relu(linear(x)).sum(-1)``: the sum belongs in the GEMM's
+    epilogue, on the accumulator)."""
+    if len(reductions) != 1 or not reductions <= fold:
+        return False
+    (r,) = reductions
+    return (bool(r.args) and isinstance(r.args[0], fx.Node) and r.args[0] in members
+            and not any(_is_gemm(a) for m in members for a in m.all_input_nodes))
 
 
 def _is_gemm(n: fx.Node) -> bool:
