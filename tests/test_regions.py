@@ -141,8 +141,8 @@ def test_regions_found_in_models_written_several_ways():
     got = _by_name(f)
     assert got["softmax+mul"].spec["red"] == [1]                # dim 1: no softmax contract
     assert got["max"].spec["red"] == [0, 2]
-    # the reduce family's mean joins the region that reads it: two reductions over dim 1, one kernel
-    assert got["mean+sub+abs+max"].spec["red"] == [1] and [m.family for m in f.absorbed] == ["reduce"]
+    # the mean of the input stays the reduce family's (a raw input's row mean is one pass)
+    assert got["sub+abs+max"].spec["red"] == [1] and not f.absorbed
 
     _, f = _found(MaskedCumsum(), torch.randn(3, 9), torch.rand(3, 9) > 0.5)
     scan = _by_name(f)["mul+cumsum+mul"]
@@ -1237,3 +1237,12 @@ def test_an_input_the_model_passes_in_its_own_layout_is_verified_in_that_layout(
     assert torch.equal(g, t) and torch.isnan(g.as_strided((7,), (1,))[3])
     # strides that would overlap at another shape leave the input as it was
     assert verify._restride(t, (1, 1)) is t
+
+
+def test_a_reduce_familys_mean_between_a_prologue_and_an_epilogue_is_one_region():
+    # an L1 norm, x / x.abs().mean(1): x read by one kernel, the abs never written out; a mean
+    # of the raw input, or one after a GEMM, stays where it was (tests above)
+    _, f = _found(Flipped(lambda x: x / torch.mean(torch.abs(x), dim=1, keepdim=True)),
+                  torch.randn(4, 16))
+    assert [r.name for r in f.regions] == ["abs+mean+div"]
+    assert [m.family for m in f.absorbed] == ["reduce"]
