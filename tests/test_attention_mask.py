@@ -440,6 +440,7 @@ def test_a_soft_capped_attention_is_matched_with_its_cap_and_a_wrong_cap_is_not(
     assert not att or not att[0].placeable
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", [CAPPED, CAPPED_BIAS], ids=["causal", "padding_bias"])
 def test_soft_capped_kernels_agree_and_pass_the_five_stages(spec, cand_dir):
     fam = kernels.get("attention", spec)
@@ -545,6 +546,7 @@ def test_a_bias_then_the_causal_mask_is_one_contract_and_another_mask_is_refused
     assert att and not att[0].placeable and "causal" in att[0].why_not
 
 
+@pytest.mark.slow
 def test_bias_with_causal_kernels_agree_and_pass_the_five_stages(cand_dir):
     fam = kernels.get("attention", BIAS_CAUSAL)
     assert all(s[-1] == 1 for s in fam.bench_shapes + fam.sweep_shapes + fam.edge_shapes)

@@ -788,6 +788,7 @@ def test_swiglu_activation_alone_passes_the_verifier_and_a_wrong_one_does_not(ca
     assert r.status == "failed" and "wrong result" in r.detail
 
 
+@pytest.mark.slow
 def test_attention_tma_loads_take_descriptors_where_they_can_and_pass_the_verifier(cand_dir):
     """The "tma" point reads q, k, v through 4-D descriptors (the interpreter emulates TMA) for
     aligned rows, including v as a fused projection's transposed view, GQA and a head dim the

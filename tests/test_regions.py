@@ -1034,6 +1034,7 @@ def test_few_long_rows_are_reduced_in_slices_on_several_programs(model, inputs, 
         assert st.status == "passed", (st.stage, st.failed_case, st.detail)
 
 
+@pytest.mark.slow
 def test_a_pooling_window_reads_consecutive_output_positions_in_runs(tmp_path):
     """AvgPool1d over [B, C, L] (KernelBench 44: 65,536 positions): with row_order "auto" a
     program's rows are consecutive output positions and, compiled for sm_90 (no GPU needed),
