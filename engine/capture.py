@@ -91,6 +91,7 @@ def _clean(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         if n.op == "call_function" and n.target is operator.getitem and not n.users:
             g.erase_node(n)
     _decompose(g)
+    _exclusive_scans(g)
     _drop_dead(g)
     _functional(g)
     _drop_empty_cats(g)
@@ -189,6 +190,76 @@ def _drop_empty_cats(g: torch.fx.Graph) -> None:
             continue
         n.replace_all_uses_with(src)
         g.erase_node(n)
+
+
+# ops whose value is a constant the node's arguments give: zeros of a shape
+_ZEROS = {"zeros_like": lambda a, k: 0.0, "zeros": lambda a, k: 0.0,
+          "new_zeros": lambda a, k: 0.0, "full": lambda a, k: a[1] if len(a) > 1 else None,
+          "full_like": lambda a, k: a[1] if len(a) > 1 else None,
+          "new_full": lambda a, k: a[2] if len(a) > 2 else None}
+
+
+def _is_zeros(n) -> bool:
+    """``n`` is all zeros: a factory of zeros or a folded constant that holds only zeros."""
+    if not isinstance(n, torch.fx.Node):
+        return False
+    if n.op == "get_attr":
+        mod = n.graph.owning_module
+        t = getattr(mod, n.target, None) if mod is not None else None
+        return isinstance(t, torch.Tensor) and t.numel() > 0 and not bool(t.any())
+    fill = _ZEROS.get(_op(n))
+    return fill is not None and fill(n.args, n.kwargs) == 0
+
+
+def _exclusive_scans(g: torch.fx.Graph) -> None:
+    """An exclusive prefix sum spelled as its definition, ``cat([zeros, cumsum(x[..., :-1])])``
+    along the scan's dim (KernelBench's cumsum_exclusive: x narrowed by its last element, its
+    running sum shifted by one behind a block of zeros), reads as ``cumsum(x) - x``: the same
+    values (x[0] - x[0] is exactly 0, and cumsum(x)[i] - x[i] is the sum before i, up to one
+    rounding), one scan region that reads x once and writes once, where the spelling took a
+    scan, a copy into the concatenation and a block of zeros the region ops do not hold."""
+    aten = torch.ops.aten
+    for n in list(g.nodes):
+        if _op(n) != "cat" or not n.args or not isinstance(n.args[0], (list, tuple)) \
+                or len(n.args[0]) != 2 or n.kwargs:
+            continue
+        out = val(n)
+        zero, scan = n.args[0]
+        if not (isinstance(out, torch.Tensor) and isinstance(scan, torch.fx.Node)
+                and _op(scan) == "cumsum" and len(scan.users) == 1 and _is_zeros(zero)):
+            continue
+        d = (n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0)) % out.dim()
+        part = scan.args[0]
+        sdim = scan.args[1] % out.dim() if len(scan.args) > 1 and isinstance(scan.args[1], int) else None
+        zv = val(zero)
+        if (sdim != d or set(scan.kwargs) - {"dtype"} or scan.kwargs.get("dtype") not in (None, out.dtype)
+                or not isinstance(zv, torch.Tensor) or zv.dim() != out.dim() or zv.shape[d] != 1
+                or not isinstance(part, torch.fx.Node) or len(part.users) != 1):
+            continue
+        # part = x[..., 0:L-1] along d, by narrow or slice
+        x = part.args[0] if part.args else None
+        xv = val(x) if isinstance(x, torch.fx.Node) else None
+        if not isinstance(xv, torch.Tensor) or xv.shape != out.shape or xv.dtype != out.dtype:
+            continue
+        L = xv.shape[d]
+        pa = list(part.args) + [None] * 4
+        if _op(part) == "narrow":
+            ok = (pa[1] or 0) % xv.dim() == d and pa[2] == 0 and pa[3] == L - 1
+        elif _op(part) == "slice":
+            end = pa[3] if pa[3] is not None else L
+            end = end + L if end < 0 else end
+            ok = ((pa[1] or 0) % xv.dim() == d and pa[2] in (None, 0) and end == L - 1
+                  and pa[4] in (None, 1))
+        else:
+            ok = False
+        mode = getattr(out, "fake_mode", None)
+        if not ok or mode is None:
+            continue
+        made: list = []
+        with g.inserting_before(n):
+            made.append(emit(g, aten.cumsum.default, (x, d), mode))
+            made.append(emit(g, aten.sub.Tensor, (made[0], x), mode))
+        _replace_or_undo(g, n, made[-1], made)      # what only the cat read: _drop_dead
 
 
 # Composite ops kept whole: a family's spellings or the matcher name them as one node

@@ -1247,3 +1247,35 @@ def test_a_reduce_familys_mean_between_a_prologue_and_an_epilogue_is_one_region(
                   torch.randn(4, 16))
     assert [r.name for r in f.regions] == ["abs+mean+div"]
     assert [m.family for m in f.absorbed] == ["reduce"]
+
+
+@pytest.mark.parametrize("fn", [
+    # KernelBench level 1's 92: the row narrowed by its last element, a zero column in front
+    lambda x: torch.cat((torch.zeros_like(x.select(1, 0).unsqueeze(1)),
+                         torch.cumsum(x.narrow(dim=1, start=0, length=x.size(1) - 1), dim=1)), dim=1),
+    # sliced, a negative dim, zeros made from a shape
+    lambda x: torch.cat([torch.zeros(x.shape[0], 1), x[:, :-1].cumsum(-1)], dim=-1),
+], ids=["narrow_zeros_like", "slice_zeros"])
+def test_an_exclusive_cumsum_spelled_as_a_shifted_cat_is_one_scan_region(fn, tmp_path):
+    # cat([0, cumsum(x[:, :-1])]) is cumsum(x) - x: one scan region, x read once, the output
+    # written once, where the spelling is a scan, a column of zeros and a copy into the cat
+    x = torch.rand(4, 37)
+    cap = capture.capture(Flipped(fn).eval(), (x,))
+    got = cap.graphs[0].gm(x)
+    torch.testing.assert_close(got[0] if isinstance(got, (tuple, list)) else got, fn(x))
+    _, f = _found(Flipped(fn), x)
+    (r,) = f.regions
+    assert r.name == "cumsum+sub" and not f.left
+    fam = kernels.get("region", r.spec)
+    for st in _five_stages(fam, r.shape, tmp=tmp_path):
+        assert st.status == "passed", (st.stage, st.failed_case, st.detail)
+
+
+def test_a_cat_that_is_no_exclusive_scan_stays_a_cat():
+    # ones in front (an exclusive product's spelling, which cumprod(x) / x is not), or the
+    # scan of the whole row: the cat is left, with its reason
+    for fn in (lambda x: torch.cat([torch.ones(4, 1), x[:, :-1].cumsum(1)], 1),
+               lambda x: torch.cat([torch.zeros(4, 1), x.cumsum(1)], 1)):
+        _, f = _found(Flipped(fn), torch.rand(4, 9))
+        assert [r.name for r in f.regions] == ["cumsum"]
+        assert "aten.cat.default" in [str(l.node.target) for l in f.left]
