@@ -192,11 +192,9 @@ def _drop_empty_cats(g: torch.fx.Graph) -> None:
         g.erase_node(n)
 
 
-# ops whose value is a constant the node's arguments give: zeros of a shape
-_ZEROS = {"zeros_like": lambda a, k: 0.0, "zeros": lambda a, k: 0.0,
-          "new_zeros": lambda a, k: 0.0, "full": lambda a, k: a[1] if len(a) > 1 else None,
-          "full_like": lambda a, k: a[1] if len(a) > 1 else None,
-          "new_full": lambda a, k: a[2] if len(a) > 2 else None}
+# what a factory of a shape fills it with, from its arguments (x.new_full's kin: _NEW_FULL)
+_FILLS = {"zeros": lambda a: 0.0, "zeros_like": lambda a: 0.0,
+          "full": lambda a: a[1], "full_like": lambda a: a[1]}
 
 
 def _is_zeros(n) -> bool:
@@ -207,8 +205,8 @@ def _is_zeros(n) -> bool:
         mod = n.graph.owning_module
         t = getattr(mod, n.target, None) if mod is not None else None
         return isinstance(t, torch.Tensor) and t.numel() > 0 and not bool(t.any())
-    fill = _ZEROS.get(_op(n))
-    return fill is not None and fill(n.args, n.kwargs) == 0
+    fill = _NEW_FULL.get(n.target) or _FILLS.get(_op(n))
+    return fill is not None and fill(n.args) == 0
 
 
 def _exclusive_scans(g: torch.fx.Graph) -> None:
@@ -228,7 +226,7 @@ def _exclusive_scans(g: torch.fx.Graph) -> None:
         if not (isinstance(out, torch.Tensor) and isinstance(scan, torch.fx.Node)
                 and _op(scan) == "cumsum" and len(scan.users) == 1 and _is_zeros(zero)):
             continue
-        d = (n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0)) % out.dim()
+        d = (n.args[1] if len(n.args) > 1 else 0) % out.dim()
         part = scan.args[0]
         sdim = scan.args[1] % out.dim() if len(scan.args) > 1 and isinstance(scan.args[1], int) else None
         zv = val(zero)
