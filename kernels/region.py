@@ -1745,6 +1745,20 @@ GEMM_DEFAULT = {**{k: _mm.DEFAULT[k] for k in GEMM_SPACE}, "num_warps": 8}
 GEMM_FP32_FIRST = {"fp32_dot": "tf32x3", "k_major": True, "block_k": 64, "num_stages": 4}
 
 
+# A reduction's looped kernel (a row wider than max_block, read once per pass): "loop_rows" rows
+# a program (a row is already a program's work: ROWS_CAP's 16 rows of 65,535 left a 32,768-row
+# L2 norm 2,048 programs, a group norm of 896 groups 56); "cache_hints": the reduction passes'
+# loads evict_last, the last pass's evict_first; "last_pass" "reverse": the last pass walks the
+# chunks from the end, the ones the pass before it read last (still in L2) first; "grid"
+# "persistent": progs_per_sm programs an SM looping over row blocks, so the rows in flight
+# between two passes (their bytes in L2) are bounded by the grid
+LOOP_SPACE = {"loop_rows": [1, 2, 4, 8, 16], "cache_hints": [False, True],
+              "last_pass": ["forward", "reverse"], "grid": ["rows", "persistent"],
+              "progs_per_sm": [1, 2, 4, 8]}
+LOOP_DEFAULT = {"loop_rows": 1, "cache_hints": True, "last_pass": "reverse", "grid": "rows",
+                "progs_per_sm": 2}
+
+
 # A region with one reduction and a row-level output (a loss's mean over everything, a sum over
 # all dims, a max of a long row): the row's slices on several programs when rows are too few to
 # fill the GPU. "split_progs" is how many programs to aim for (0: never split). One program a row
@@ -1813,9 +1827,10 @@ def space_of(spec) -> tuple[dict, dict]:
                 {"conv_loop": "window" if wide else "dot",
                  "conv_layout": "channels" if wide else "model", **DEFAULT,
                  **{k: v for k, v in GEMM_DEFAULT.items() if k not in GEMM_ONLY}})
+    space, default = (SPACE, DEFAULT) if not spec["red"] else ({**SPACE, **LOOP_SPACE}, {**DEFAULT, **LOOP_DEFAULT})
     if splittable(spec):
-        return {**SPACE, **SPLIT_SPACE}, {**DEFAULT, **SPLIT_DEFAULT}
-    return SPACE, DEFAULT
+        return {**space, **SPLIT_SPACE}, {**default, **SPLIT_DEFAULT}
+    return space, default
 
 
 def _openers(space, spec) -> tuple:
@@ -1984,6 +1999,8 @@ def render_for(spec):
         def col_off(kind, i):
             return offsets(kind, i, colset, "c")
 
+        hint = {"v": ""}           # the looped kernel's cache hint on tile loads (LOOP_SPACE)
+
         def load(i, tile: bool):
             ro, co = row_off("in", i), col_off("in", i)
             if tile and (gemm or conv_dot) and ro == "0":
@@ -2002,9 +2019,10 @@ def render_for(spec):
             else:
                 ptr = f"in{i}_ptr + ({ro})[:, None]" if ro != "0" else f"in{i}_ptr + zr[:, None]"
                 m = "rmask[:, None]"
+            h = hint["v"] if tile else ""
             if spec["inputs"][i]["dtype"] == "bool":
-                return f"in{i} = tl.load({ptr}, mask={m}, other=0) != 0"
-            return f"in{i} = tl.load({ptr}, mask={m}, other=0.0).to(tl.float32)"
+                return f"in{i} = tl.load({ptr}, mask={m}, other=0{h}) != 0"
+            return f"in{i} = tl.load({ptr}, mask={m}, other=0.0{h}).to(tl.float32)"
 
         def emit(names, have: set, lines: list, tile: bool, carries: dict):
             """Lines computing ``names`` (and what they need) not in ``have``, in order."""
@@ -2172,6 +2190,10 @@ def render_for(spec):
         def emit_rows():
             emit_rows_to(loop, have)
         emit_rows()
+        # the reduction passes' loads keep their lines in L2 for the pass after them, the last
+        # pass's loads go first (C.cache_hints); none where a pass reads the row once
+        keep, stream = C.cache_hints(bool(p.get("cache_hints")) and bool(reds))
+        hint["v"] = keep
         for s in reds:
             loop.append(f"{s.name}_acc = tl.full([ROWS, BLOCK], {_NEUTRAL[s.op]}, tl.float32)")
             body = col_head("c0")
@@ -2208,17 +2230,26 @@ def render_for(spec):
             emit_rows()
         if out_level == "dom":
             carries: dict = {}
+            hint["v"] = stream
             body = col_head("c0")
             inner = set(have)
             emit((out,), inner, body, True, carries)
             body += store_lines(out)
+            hint["v"] = ""
             for s in steps:
                 if s.name in carries:
                     init = "0.0" if s.op == "cumsum" else "1.0"
                     loop.append(f"{carries[s.name]} = tl.full([ROWS, 1], {init}, tl.float32)")
-            loop.append("for c0 in range(0, n_cols, BLOCK):")
+            if p.get("last_pass") == "reverse" and reds and not carries:
+                # the chunks the reduction pass read last first: the ones still in L2 (a scan
+                # carries its sum forward and keeps the order)
+                loop.append("for cj in range(0, n_cols, BLOCK):")
+                loop.append("    c0 = (tl.cdiv(n_cols, BLOCK) - 1) * BLOCK - cj")
+            else:
+                loop.append("for c0 in range(0, n_cols, BLOCK):")
             loop += ["    " + x for x in body]
         else:
+            hint["v"] = ""
             emit_rows()
             if out not in have:
                 emit((out,), have, loop, False, None)
@@ -2275,9 +2306,18 @@ def render_for(spec):
                     f'    """Tile [ROWS, BLOCK]: ROWS whole rows, or (pointwise) one column block of them; '
                     f'every input read once."""\n'
                     + "\n".join("    " + x for x in one) + "\n")
+        persist = p.get("grid") == "persistent" and inner_d is None and bool(reds)
+        if persist:
+            # PROGS_PER_SM programs an SM, each taking row blocks pid, pid + P, ...: the rows in
+            # flight (and their lines in L2 between the passes) are bounded by the grid, not by
+            # how many programs the SMs hold
+            nf = len(flips)
+            assert loop[nf] == "pid = tl.program_id(0)", loop[nf]
+            loop = (loop[:nf] + ["for pid in range(tl.program_id(0), tl.cdiv(n_rows, ROWS), tl.num_programs(0)):"]
+                    + ["    " + x for x in loop[nf + 1:]])
         kern_loop = (f"@triton.jit\ndef _region_looped({args_sig}):\n"
                      f'    """Tile [ROWS, BLOCK] sliding along the row: a pass per reduction, a '
-                     f'last pass writing the output."""\n'
+                     f'last pass writing the output{"; row blocks pid, pid + P, ... (P programs)" if persist else ""}."""\n'
                      + "\n".join("    " + x for x in loop) + "\n")
         uses_mul = any(s.op in ("prod", "cumprod") for s in steps if s.name in used)
         helper = '''@triton.jit
@@ -2286,8 +2326,10 @@ def _mul(a, b):
 
 
 ''' if uses_mul else ""
+        looped_rows = "loop_rows" in p and inner_d is None
         launcher = _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2, inner=inner_d,
-                             slices=split_ok, flat=run_d if flat_able else None)
+                             slices=split_ok, flat=run_d if flat_able else None,
+                             looped_rows=looped_rows, persist=persist)
         doc = f'''"""Region candidate: {spec["name"]} (generated from its ops; no hand-written code).
 
 Domain {spec["rank"]}-D{", split " + str(spec["split"]) if split else ""}; {"reduced dims " + str(spec["red"]) if spec["red"] else "pointwise"}; rows are the kept dims, cols {cols_d}.
@@ -2302,11 +2344,10 @@ BLOCK_LOOP = {p["block"]}       # chunk of the looped kernel
 ROWS_CAP = {p["rows_cap"]}          # rows per program, at most
 MAX_TILE = {p["max_tile"]}      # elements of one [ROWS, BLOCK] tile
 NUM_WARPS = {p["num_warps"]}
-{f"SPLIT_PROGS = {p['split_progs']}      # programs to aim for when rows are few (0: never split)" + chr(10) if split_ok else ""}
-
+{f"SPLIT_PROGS = {p['split_progs']}      # programs to aim for when rows are few (0: never split)" + chr(10) if split_ok else ""}{f"LOOP_ROWS = {p['loop_rows']}          # rows per program of the looped kernel" + chr(10) if looped_rows else ""}{f"PROGS_PER_SM = {p['progs_per_sm']}       # the looped kernel's persistent grid" + chr(10) if persist else ""}
 '''
         return C.tidy(doc + helper + (_FLAT_SRC if flat_able else "") + kern_one + "\n\n" + kern_loop
-                      + kern_split + "\n\n" + launcher)
+                      + kern_split + (C.NUM_SMS_SRC if persist else "") + "\n\n" + launcher)
     return render
 
 
@@ -2817,7 +2858,7 @@ _FLAT_SRC = '''def _flat_cols(sizes, tensors):
 
 
 def _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2, conv_dot=False, inner=None,
-              slices=False, channels=False, flat=None):
+              slices=False, channels=False, flat=None, looped_rows=False, persist=False):
     split = spec.get("split")
     nin = len(spec["inputs"])
     rank = spec["rank"]
@@ -2971,9 +3012,15 @@ def _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2, conv_dot=Fal
             "        kernel, block = _region_one_pass, MAX_BLOCK",
             "    else:",
             "        kernel, block = _region_looped, min(BLOCK_LOOP, width)",
-            "    rows = min(ROWS_CAP, max(1, MAX_TILE // block), _pow2(n_rows))",
+            # a looped program already has a whole row's work (LOOP_ROWS: 16 rows of 65,535
+            # a program left 2,048 programs for a 32,768-row L2 norm, 56 for a group norm's 896)
+            "    rows = min(" + ("LOOP_ROWS if kernel is _region_looped else ROWS_CAP" if looped_rows
+                                 else "ROWS_CAP") + ", max(1, MAX_TILE // block), _pow2(n_rows))",
             "    grid = (_cdiv(n_rows, rows) * (_cdiv(n_cols, block) if kernel is _region_one_pass else 1),)",
         ]
+        if persist:
+            lines += ["    if kernel is _region_looped:",
+                      "        grid = (min(grid[0], PROGS_PER_SM * _num_sms(out.device)),)"]
     lines += flat_line
     if slices and inner is None:
         # few rows of looped reductions: each row's columns in n_split slices of whole chunks

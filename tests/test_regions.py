@@ -1119,7 +1119,7 @@ def test_a_norms_columns_are_indexed_without_a_division_an_element_where_strides
     _, f = _found(_GroupAndInstance(), torch.randn(2, 4, 8, 16))
     r = next(r for r in f.regions if r.name.startswith(name))
     fam = kernels.get("region", r.spec)
-    src = fam.render({"variant": "looped", "block": 64})
+    src = fam.render({"variant": "looped", "block": 64, "loop_rows": 8})
     assert "if FLAT:" in src and "def _flat_cols(" in src
     mod = load_candidate(src, tmp_path)
     flags = []
@@ -1279,3 +1279,36 @@ def test_a_cat_that_is_no_exclusive_scan_stays_a_cat():
         _, f = _found(Flipped(fn), torch.rand(4, 9))
         assert [r.name for r in f.regions] == ["cumsum"]
         assert "aten.cat.default" in [str(l.node.target) for l in f.left]
+
+
+class _RowL2Norm(nn.Module):      # KernelBench level 1's 39_L2Norm: x / ||x||_2 over dim 1
+    def forward(self, x):
+        return x / torch.norm(x, p=2, dim=1, keepdim=True)
+
+
+def test_a_long_rows_looped_kernel_takes_a_row_a_program_and_its_l2_points_pass(tmp_path):
+    """A row wider than max_block is looped: a pass for the norm, a pass for the output. Its
+    default takes one row a program (16 rows a program left a 32,768-row L2 norm 2,048 programs),
+    the norm pass's loads evict_last and the output pass's evict_first, walking the chunks
+    from the end; the persistent grid loops over row blocks. Each point passes the five stages."""
+    _, f = _found(_RowL2Norm(), torch.randn(6, 1100))
+    (r,) = f.regions
+    fam = kernels.get("region", r.spec)
+    assert fam.default["loop_rows"] == 1 and "loop_rows" in fam.space
+    src = fam.render(dict(fam.default, variant="looped", block=256))
+    assert "LOOP_ROWS if kernel is _region_looped" in src
+    norm_pass, out_pass = src.split("def _region_looped(")[1].split("c0 = (tl.cdiv(n_cols, BLOCK) - 1) * BLOCK - cj")
+    assert 'eviction_policy="evict_last"' in norm_pass and "evict_first" not in norm_pass
+    assert 'eviction_policy="evict_first"' in out_pass.split("def kernel_fn")[0]
+    persistent = fam.render(dict(fam.default, variant="looped", block=256, grid="persistent",
+                                 progs_per_sm=1, loop_rows=2))
+    assert "for pid in range(tl.program_id(0), tl.cdiv(n_rows, ROWS), tl.num_programs(0)):" in persistent
+    plain = fam.render(dict(fam.default, variant="looped", block=256, cache_hints=False,
+                            last_pass="forward"))
+    assert "eviction_policy" not in plain and "cj" not in plain
+    for source in (src, persistent):
+        for st in _five_stages(fam, r.shape, source=source, tmp=tmp_path):
+            assert st.status == "passed", (st.stage, st.failed_case, st.detail)
+    # a pointwise region has no looped-reduction point
+    _, f = _found(Chain(), torch.randn(4, 8), torch.randn(8))
+    assert "loop_rows" not in kernels.get("region", f.regions[0].spec).space
