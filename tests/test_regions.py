@@ -1288,14 +1288,14 @@ class _RowL2Norm(nn.Module):      # KernelBench level 1's 39_L2Norm: x / ||x||_2
 
 def test_a_long_rows_looped_kernel_takes_a_row_a_program_and_its_l2_points_pass(tmp_path):
     """A row wider than max_block is looped: a pass for the norm, a pass for the output. Its
-    default takes one row a program (16 rows a program left a 32,768-row L2 norm 2,048 programs),
-    the norm pass's loads evict_last and the output pass's evict_first, walking the chunks
-    from the end; the persistent grid loops over row blocks. Each point passes the five stages."""
+    default takes one row a program (16 rows a program left a 32,768-row L2 norm 2,048 programs)
+    and walks the output pass's chunks from the end; with cache hints the norm pass's loads
+    evict_last and the output pass's evict_first; the persistent grid loops over row blocks. Each point passes the five stages."""
     _, f = _found(_RowL2Norm(), torch.randn(6, 1100))
     (r,) = f.regions
     fam = kernels.get("region", r.spec)
     assert fam.default["loop_rows"] == 1 and "loop_rows" in fam.space
-    src = fam.render(dict(fam.default, variant="looped", block=256))
+    src = fam.render(dict(fam.default, variant="looped", block=256, cache_hints=True))
     assert "LOOP_ROWS if kernel is _region_looped" in src
     norm_pass, out_pass = src.split("def _region_looped(")[1].split("c0 = (tl.cdiv(n_cols, BLOCK) - 1) * BLOCK - cj")
     assert 'eviction_policy="evict_last"' in norm_pass and "evict_first" not in norm_pass
