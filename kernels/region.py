@@ -1752,13 +1752,13 @@ GEMM_FP32_FIRST = {"fp32_dot": "tf32x3", "k_major": True, "block_k": 64, "num_st
 # chunks from the end, the ones the pass before it read last (still in L2) first; "grid"
 # "persistent": progs_per_sm programs an SM looping over row blocks, so the rows in flight
 # between two passes (their bytes in L2) are bounded by the grid
-LOOP_SPACE = {"loop_rows": [1, 2, 4, 8, 16], "cache_hints": [False, True],
+LOOP_SPACE = {"loop_rows": [1, 2, 4, 8, 16], "loop_warps": [1, 2, 4, 8, 16], "cache_hints": [False, True],
               "last_pass": ["forward", "reverse"], "grid": ["rows", "persistent"],
               "progs_per_sm": [1, 2, 4, 8]}
 # On the H200 (KernelBench level 1, fp32) one row a program ran 39_L2Norm's 32,768 x 65,535 in
 # 13.4 ms against 15.2 with 16; the cache hints were 3-5% slower there and in 35_GroupNorm, so
 # they start off (docs/benchmarks.md)
-LOOP_DEFAULT = {"loop_rows": 1, "cache_hints": False, "last_pass": "reverse", "grid": "rows",
+LOOP_DEFAULT = {"loop_rows": 1, "loop_warps": 4, "cache_hints": False, "last_pass": "reverse", "grid": "rows",
                 "progs_per_sm": 2}
 
 
@@ -2347,7 +2347,7 @@ BLOCK_LOOP = {p["block"]}       # chunk of the looped kernel
 ROWS_CAP = {p["rows_cap"]}          # rows per program, at most
 MAX_TILE = {p["max_tile"]}      # elements of one [ROWS, BLOCK] tile
 NUM_WARPS = {p["num_warps"]}
-{f"SPLIT_PROGS = {p['split_progs']}      # programs to aim for when rows are few (0: never split)" + chr(10) if split_ok else ""}{f"LOOP_ROWS = {p['loop_rows']}          # rows per program of the looped kernel" + chr(10) if looped_rows else ""}{f"PROGS_PER_SM = {p['progs_per_sm']}       # the looped kernel's persistent grid" + chr(10) if persist else ""}
+{f"SPLIT_PROGS = {p['split_progs']}      # programs to aim for when rows are few (0: never split)" + chr(10) if split_ok else ""}{f"LOOP_ROWS = {p['loop_rows']}          # rows per program of the looped kernel" + chr(10) + f"LOOP_WARPS = {p['loop_warps']}         # its warps" + chr(10) if looped_rows else ""}{f"PROGS_PER_SM = {p['progs_per_sm']}       # the looped kernel's persistent grid" + chr(10) if persist else ""}
 '''
         return C.tidy(doc + helper + (_FLAT_SRC if flat_able else "") + kern_one + "\n\n" + kern_loop
                       + kern_split + (C.NUM_SMS_SRC if persist else "") + "\n\n" + launcher)
@@ -3044,8 +3044,9 @@ def _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2, conv_dot=Fal
             f"                     ROWS=rows_f, BLOCK=block, SPLITS_P2=p2, num_warps=NUM_WARPS{kw})",
             "        return out",
         ]
+    warps = "LOOP_WARPS if kernel is _region_looped else NUM_WARPS" if looped_rows else "NUM_WARPS"
     lines += ["    kernel[grid](" + ", ".join(call) + ",",
-              f"                 ROWS=rows, BLOCK=block, num_warps=NUM_WARPS{kw})",
+              f"                 ROWS=rows, BLOCK=block, num_warps={warps}{kw})",
               "    return out"]
     return "\n".join(lines) + "\n"
 
