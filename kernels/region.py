@@ -1757,9 +1757,11 @@ LOOP_SPACE = {"loop_rows": [1, 2, 4, 8, 16], "loop_warps": [1, 2, 4, 8, 16], "ca
               "progs_per_sm": [1, 2, 4, 8]}
 # On the H200 (KernelBench level 1, fp32) one row a program ran 39_L2Norm's 32,768 x 65,535 in
 # 13.4 ms against 15.2 with 16; the cache hints were 3-5% slower there and in 35_GroupNorm, so
-# they start off (docs/benchmarks.md)
-LOOP_DEFAULT = {"loop_rows": 1, "loop_warps": 4, "cache_hints": False, "last_pass": "reverse", "grid": "rows",
-                "progs_per_sm": 2}
+# they start off; 1,024-wide chunks at 4 warps beat 512 in 35, 39 and 34_InstanceNorm (8.0 /
+# 12.6 / 7.2 ms against 9.2 / 13.5 / 7.3). The warps split: one warp a program ran 39 (rows
+# 65,535 apart: scalar loads) in 6.8 ms, 35 (aligned rows) in 15.6 (docs/benchmarks.md)
+LOOP_DEFAULT = {"block": 1024, "loop_rows": 1, "loop_warps": 4, "cache_hints": False,
+                "last_pass": "reverse", "grid": "rows", "progs_per_sm": 2}
 
 
 # A region with one reduction and a row-level output (a loss's mean over everything, a sum over
