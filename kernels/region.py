@@ -1752,9 +1752,9 @@ GEMM_FP32_FIRST = {"fp32_dot": "tf32x3", "k_major": True, "block_k": 64, "num_st
 # chunks from the end, the ones the pass before it read last (still in L2) first; "grid"
 # "persistent": progs_per_sm programs an SM looping over row blocks, so the rows in flight
 # between two passes (their bytes in L2) are bounded by the grid
-LOOP_SPACE = {"loop_rows": [1, 2, 4, 8, 16], "loop_warps": [1, 2, 4, 8, 16], "cache_hints": [False, True],
-              "last_pass": ["forward", "reverse"], "grid": ["rows", "persistent"],
-              "progs_per_sm": [1, 2, 4, 8]}
+LOOP_SPACE = {"loop_rows": [1, 2, 4, 8, 16], "loop_warps": [1, 2, 4, 8, 16],
+              "cache_hints": [False, True], "last_pass": ["forward", "reverse"],
+              "grid": ["rows", "persistent"], "progs_per_sm": [1, 2, 4, 8]}
 # On the H200 (KernelBench level 1, fp32) one row a program ran 39_L2Norm's 32,768 x 65,535 in
 # 13.4 ms against 15.2 with 16; the cache hints were 3-5% slower there and in 35_GroupNorm, so
 # they start off; 1,024-wide chunks at 4 warps beat 512 in 35, 39 and 34_InstanceNorm (8.0 /
@@ -1832,7 +1832,8 @@ def space_of(spec) -> tuple[dict, dict]:
                 {"conv_loop": "window" if wide else "dot",
                  "conv_layout": "channels" if wide else "model", **DEFAULT,
                  **{k: v for k, v in GEMM_DEFAULT.items() if k not in GEMM_ONLY}})
-    space, default = (SPACE, DEFAULT) if not spec["red"] else ({**SPACE, **LOOP_SPACE}, {**DEFAULT, **LOOP_DEFAULT})
+    space, default = ((SPACE, DEFAULT) if not spec["red"]
+                      else ({**SPACE, **LOOP_SPACE}, {**DEFAULT, **LOOP_DEFAULT}))
     if splittable(spec):
         return {**space, **SPLIT_SPACE}, {**default, **SPLIT_DEFAULT}
     return space, default
