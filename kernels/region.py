@@ -2312,19 +2312,18 @@ def render_for(spec):
                     f'    """Tile [ROWS, BLOCK]: ROWS whole rows, or (pointwise) one column block of them; '
                     f'every input read once."""\n'
                     + "\n".join("    " + x for x in one) + "\n")
+        # persistent: PROGS_PER_SM programs an SM, each taking row blocks pid, pid + P, ...: the
+        # rows in flight (and their lines in L2 between the passes) are bounded by the grid, not
+        # by how many programs the SMs hold. The flipped pointers move once, before the loop.
         persist = p.get("grid") == "persistent" and inner_d is None and bool(reds)
-        if persist:
-            # PROGS_PER_SM programs an SM, each taking row blocks pid, pid + P, ...: the rows in
-            # flight (and their lines in L2 between the passes) are bounded by the grid, not by
-            # how many programs the SMs hold
-            nf = len(flips)
-            assert loop[nf] == "pid = tl.program_id(0)", loop[nf]
-            loop = (loop[:nf] + ["for pid in range(tl.program_id(0), tl.cdiv(n_rows, ROWS), tl.num_programs(0)):"]
-                    + ["    " + x for x in loop[nf + 1:]])
-        kern_loop = (f"@triton.jit\ndef _region_looped({args_sig}):\n"
-                     f'    """Tile [ROWS, BLOCK] sliding along the row: a pass per reduction, a '
-                     f'last pass writing the output{"; row blocks pid, pid + P, ... (P programs)" if persist else ""}."""\n'
-                     + "\n".join("    " + x for x in loop) + "\n")
+        nf = len(flips)
+        assert loop[nf] == "pid = tl.program_id(0)", loop[nf]
+        kern_loop = C.tiled_kernel(
+            "_region_looped", args_sig,
+            '"""Tile [ROWS, BLOCK] sliding along the row: a pass per reduction, a last pass writing '
+            f'the output{"; row blocks pid, pid + P, ... (P programs)" if persist else ""}."""',
+            "\n".join(loop[:nf] + (["num_tiles = tl.cdiv(n_rows, ROWS)"] if persist else [])),
+            "\n".join(["pid = tile"] + loop[nf + 1:]), persist)
         uses_mul = any(s.op in ("prod", "cumprod") for s in steps if s.name in used)
         helper = '''@triton.jit
 def _mul(a, b):
@@ -2333,6 +2332,13 @@ def _mul(a, b):
 
 ''' if uses_mul else ""
         looped_rows = "loop_rows" in p and inner_d is None
+        consts = "".join(line + "\n" for line in (
+            ([f"SPLIT_PROGS = {p['split_progs']}      # programs to aim for when rows are few (0: never split)"]
+             if split_ok else [])
+            + ([f"LOOP_ROWS = {p['loop_rows']}          # rows per program of the looped kernel",
+                f"LOOP_WARPS = {p['loop_warps']}         # its warps"] if looped_rows else [])
+            + ([f"PROGS_PER_SM = {p['progs_per_sm']}       # the looped kernel's persistent grid"]
+               if persist else [])))
         launcher = _launcher(spec, rows_d, cols_d, in_dims, out_dims, out_map, r2, inner=inner_d,
                              slices=split_ok, flat=run_d if flat_able else None,
                              looped_rows=looped_rows, persist=persist)
@@ -2350,7 +2356,7 @@ BLOCK_LOOP = {p["block"]}       # chunk of the looped kernel
 ROWS_CAP = {p["rows_cap"]}          # rows per program, at most
 MAX_TILE = {p["max_tile"]}      # elements of one [ROWS, BLOCK] tile
 NUM_WARPS = {p["num_warps"]}
-{f"SPLIT_PROGS = {p['split_progs']}      # programs to aim for when rows are few (0: never split)" + chr(10) if split_ok else ""}{f"LOOP_ROWS = {p['loop_rows']}          # rows per program of the looped kernel" + chr(10) + f"LOOP_WARPS = {p['loop_warps']}         # its warps" + chr(10) if looped_rows else ""}{f"PROGS_PER_SM = {p['progs_per_sm']}       # the looped kernel's persistent grid" + chr(10) if persist else ""}
+{consts}
 '''
         return C.tidy(doc + helper + (_FLAT_SRC if flat_able else "") + kern_one + "\n\n" + kern_loop
                       + kern_split + (C.NUM_SMS_SRC if persist else "") + "\n\n" + launcher)

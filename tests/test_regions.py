@@ -1302,7 +1302,8 @@ def test_a_long_rows_looped_kernel_takes_a_row_a_program_and_its_l2_points_pass(
     assert 'eviction_policy="evict_first"' in out_pass.split("def kernel_fn")[0]
     persistent = fam.render(dict(fam.default, variant="looped", block=256, grid="persistent",
                                  progs_per_sm=1, loop_rows=2))
-    assert "for pid in range(tl.program_id(0), tl.cdiv(n_rows, ROWS), tl.num_programs(0)):" in persistent
+    assert "num_tiles = tl.cdiv(n_rows, ROWS)" in persistent
+    assert "for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):" in persistent
     plain = fam.render(dict(fam.default, variant="looped", block=256, cache_hints=False,
                             last_pass="forward"))
     assert "eviction_policy" not in plain and "cj" not in plain
