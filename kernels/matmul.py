@@ -40,13 +40,17 @@ Search space (``SPACE``), rendered by ``render`` into one self-contained candida
   moved by the tensor memory accelerator through host-side tensor descriptors (Hopper and newer
   NVIDIA GPUs; the interpreter runs them too). A descriptor zero-fills past the edges and clips
   the store, so nothing is masked; b stored K-major (W^T of a linear layer, q @ k^T's k^T) is
-  loaded as [BLOCK_N, BLOCK_K] tiles and transposed in registers. It applies to the "tiles" grid
-  without split-K, operands with a unit last stride and 16-byte aligned rows (K and N multiples
-  of 8 in 16-bit types) and a batch of one or a batch on both sides; anything else, and GPUs
-  without TMA (AMD, NVIDIA before sm_90), takes the pointer path. "tma_ws" is "tma" with the K
-  loop warp-specialized (tl.range(warp_specialize=True): producer warps load, consumer warps
-  multiply), where the installed Triton supports it on the GPU; a build that cannot compile it
-  fails the verifier's smoke test like any other broken candidate.
+  loaded as [BLOCK_N, BLOCK_K] tiles and transposed in registers. It applies without split-K,
+  to operands with a unit last stride and 16-byte aligned rows (K and N multiples of 8 in
+  16-bit types) and a batch of one or a batch on both sides; anything else, and GPUs without
+  TMA (AMD, NVIDIA before sm_90), takes the pointer path. On the persistent grid the TMA
+  kernel's programs walk every batch's tiles in one flattened loop, so Triton issues the next
+  tile's first loads under this tile's epilogue. "tma_ws" is "tma" warp-specialized
+  (tl.range(warp_specialize=True): producer warps load, consumer warps multiply) on the K loop,
+  or on the persistent tile loop, where the installed Triton supports it on the GPU; a build
+  that cannot compile it fails the verifier's smoke test like any other broken candidate.
+- subtile: the TMA kernel stores its tile as two [BLOCK_M, BLOCK_N / 2] halves (half the
+  epilogue's shared-memory staging, room for one more pipeline stage at 128 x 256).
 - fp32_dot (fp32 operands only): "ieee" (full fp32), "tf32x3" (three TF32 products a K step,
   the operands split in registers), "tf32x3_split" (the operands split once before the GEMM).
 - k_major: fp32 operands whose K is not their contiguous dim are copied K-contiguous first.
@@ -227,10 +231,11 @@ SPACE = {
     "loads": ["pointers", "tma", "tma_ws"],
     "fp32_dot": ["ieee", "tf32x3", "tf32x3_split"],
     "k_major": [False, True],
+    "subtile": [False, True],
 }
 DEFAULT = {"block_m": 128, "block_n": 128, "block_k": 32, "group_m": 8, "num_warps": 4,
            "num_stages": 3, "split_k": 1, "grid": "tiles", "progs_per_sm": 1, "loads": "pointers",
-           "fp32_dot": "ieee", "k_major": False}
+           "fp32_dot": "ieee", "k_major": False, "subtile": False}
 
 
 GEMM_HELPERS_SRC = '''
@@ -422,54 +427,90 @@ def _matmul(a, b, cfg):
 '''
 
 
-TMA_SRC = C.TMA_HELPERS_SRC + '''
-
-
-@triton.jit
-def _mm_tma(a_desc, b_desc, c_desc, M, N, K,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-            GROUP_M: tl.constexpr, BATCHED: tl.constexpr, B_KMAJOR: tl.constexpr,
-            IEEE: tl.constexpr, DOT_FP32: tl.constexpr):
-    """One output tile [BLOCK_M, BLOCK_N] of c[batch] = a[batch] @ b[batch], every operand tile
-    moved by TMA: descriptors over a [(Bt,) M, K], b [(Bt,) K, N] or, B_KMAJOR, its K-major
-    storage [(Bt,) N, K], and c [(Bt,) M, N]. Loads past the edges read zeros, the store is
-    clipped: no masks. fp32 accumulator, stored once in c's dtype."""
-    tile = tl.program_id(0)
-    batch = tl.program_id(1)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    num_pid_in_group = GROUP_M * num_pid_n
-''' + C.indent(GROUP_ORDER_SRC.strip("\n"), 4) + '''
-    off_m = pid_m * BLOCK_M
-    off_n = pid_n * BLOCK_N
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        off_k = k * BLOCK_K
-        if BATCHED:
-            a = a_desc.load([batch, off_m, off_k]).reshape(BLOCK_M, BLOCK_K)
-            if B_KMAJOR:
-                b = tl.trans(b_desc.load([batch, off_n, off_k]).reshape(BLOCK_N, BLOCK_K))
-            else:
-                b = b_desc.load([batch, off_k, off_n]).reshape(BLOCK_K, BLOCK_N)
+# The TMA kernel's tile: its K loop and its store, shared by the one-tile-a-program grid and the
+# persistent one. "Subtiled" stores the [BLOCK_M, BLOCK_N] result as two [BLOCK_M, BLOCK_N / 2]
+# halves: half the shared memory for the epilogue's staging buffer, which leaves a 128 x 256
+# tile its fourth pipeline stage.
+_TMA_TILE = """off_m = pid_m * BLOCK_M
+off_n = pid_n * BLOCK_N
+acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+for k in K_RANGE:
+    off_k = k * BLOCK_K
+    if BATCHED:
+        a = a_desc.load([batch, off_m, off_k]).reshape(BLOCK_M, BLOCK_K)
+        if B_KMAJOR:
+            b = tl.trans(b_desc.load([batch, off_n, off_k]).reshape(BLOCK_N, BLOCK_K))
         else:
-            a = a_desc.load([off_m, off_k])
-            if B_KMAJOR:
-                b = tl.trans(b_desc.load([off_n, off_k]))
-            else:
-                b = b_desc.load([off_k, off_n])
-        if DOT_FP32:                       # interpreter: its tl.dot cannot multiply bf16
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        if IEEE:                           # fp32 operands: full fp32, no TF32
-            acc = tl.dot(a, b, acc, input_precision="ieee")
+            b = b_desc.load([batch, off_k, off_n]).reshape(BLOCK_K, BLOCK_N)
+    else:
+        a = a_desc.load([off_m, off_k])
+        if B_KMAJOR:
+            b = tl.trans(b_desc.load([off_n, off_k]))
         else:
-            acc = tl.dot(a, b, acc)
+            b = b_desc.load([off_k, off_n])
+    if DOT_FP32:                       # interpreter: its tl.dot cannot multiply bf16
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    if IEEE:                           # fp32 operands: full fp32, no TF32
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc)
+if SUBTILE:                            # two [BLOCK_M, BLOCK_N / 2] halves
+    halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+    lo, hi = tl.split(halves)
+    lo = lo.to(c_desc.dtype)
+    hi = hi.to(c_desc.dtype)
+    if BATCHED:
+        c_desc.store([batch, off_m, off_n], lo.reshape(1, BLOCK_M, BLOCK_N // 2))
+        c_desc.store([batch, off_m, off_n + BLOCK_N // 2], hi.reshape(1, BLOCK_M, BLOCK_N // 2))
+    else:
+        c_desc.store([off_m, off_n], lo)
+        c_desc.store([off_m, off_n + BLOCK_N // 2], hi)
+else:
     out = acc.to(c_desc.dtype)
     if BATCHED:
         c_desc.store([batch, off_m, off_n], out.reshape(1, BLOCK_M, BLOCK_N))
     else:
-        c_desc.store([off_m, off_n], out)
+        c_desc.store([off_m, off_n], out)"""
 
+_TMA_ARGS = """a_desc, b_desc, c_desc, M, N, K, BATCH_N, NUM_PROGS,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+            GROUP_M: tl.constexpr, BATCHED: tl.constexpr, B_KMAJOR: tl.constexpr,
+            IEEE: tl.constexpr, DOT_FP32: tl.constexpr, SUBTILE: tl.constexpr"""
+_K_RANGE = "range(0, tl.cdiv(K, BLOCK_K))"
+_K_RANGE_WS = "tl.range(0, tl.cdiv(K, BLOCK_K), warp_specialize=True)"
+
+
+def tma_src(persistent: bool, ws: bool) -> str:
+    """Source of ``_mm_tma``, every operand tile moved by TMA. One output tile a program, or
+    (``persistent``) NUM_PROGS programs walking the tiles of every batch pid, pid + NUM_PROGS,
+    ... in one flattened loop (Triton pipelines the next tile's first loads under this tile's
+    epilogue). ``ws``: warp specialization (producer warps issue the loads, consumer warps the
+    MMAs) on the K loop, or on the tile loop of the persistent grid."""
+    doc = '''"""c[batch] = a[batch] @ b[batch] by output tiles [BLOCK_M, BLOCK_N], every operand tile
+moved by TMA: descriptors over a [(Bt,) M, K], b [(Bt,) K, N] or, B_KMAJOR, its K-major
+storage [(Bt,) N, K], and c [(Bt,) M, N]. Loads past the edges read zeros, the store is
+clipped: no masks. fp32 accumulator, stored once in c's dtype."""'''
+    head = ["num_pid_m = tl.cdiv(M, BLOCK_M)", "num_pid_n = tl.cdiv(N, BLOCK_N)",
+            "num_pid_in_group = GROUP_M * num_pid_n"]
+    k_range = _K_RANGE_WS if ws and not persistent else _K_RANGE
+    tile = GROUP_ORDER_SRC.strip("\n") + "\n" + _TMA_TILE.replace("K_RANGE", k_range)
+    if persistent:
+        loop = ("tl.range(tl.program_id(0), num_tiles, NUM_PROGS, flatten=True"
+                + (", warp_specialize=True)" if ws else ")"))
+        body = "\n".join(head + ["tiles_per_batch = num_pid_m * num_pid_n",
+                                  "num_tiles = tiles_per_batch * BATCH_N",
+                                  f"for t in {loop}:",
+                                  "    batch = t // tiles_per_batch",
+                                  "    tile = t % tiles_per_batch",
+                                  C.indent(tile, 4)])
+    else:
+        body = "\n".join(["tile = tl.program_id(0)", "batch = tl.program_id(1)"] + head + [tile])
+    return ("\n\n@triton.jit\ndef _mm_tma(" + _TMA_ARGS + "):\n" + C.indent(doc, 4) + "\n"
+            + C.indent(body, 4) + "\n")
+
+
+TMA_HOST_SRC = '''
 
 _TMA_PLANS = {}
 
@@ -496,17 +537,22 @@ def _tma_plan(a, b, cfg):
     bm, bn, bk, stages = _fit_gemm(bm, bn, bk, stages, warps, M, N, K, item,
                                    _smem_budget(a.device))
     b_shape, b_block = ([N, K], [bn, bk]) if b_kmajor else ([K, N], [bk, bn])
-    descs = (([M, K], sa, [bm, bk]), (b_shape, sb, b_block), ([M, N], [N, 1], [bm, bn]))
+    cn = bn // 2 if SUBTILE else bn            # the store's block: half a tile when subtiled
+    descs = (([M, K], sa, [bm, bk]), (b_shape, sb, b_block), ([M, N], [N, 1], [bm, cn]))
     if batch > 1:                      # a leading batch dimension, one matrix per block
         descs = (([batch, M, K], [a.stride(0)] + sa, [1, bm, bk]),
                  ([batch] + b_shape, [b.stride(0)] + sb, [1] + b_block),
-                 ([batch, M, N], [M * N, N, 1], [1, bm, bn]))
+                 ([batch, M, N], [M * N, N, 1], [1, bm, cn]))
     dot_fp32 = a.dtype == torch.bfloat16 and a.device.type == "cpu"
     meta = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, BATCHED=batch > 1,
                 B_KMAJOR=b_kmajor, IEEE=a.dtype == torch.float32 or dot_fp32,
-                DOT_FP32=dot_fp32, num_warps=warps, num_stages=stages)
-    grid = (_cdiv(M, bm) * _cdiv(N, bn), batch)
-    return list(a.shape[:-1]) + [N], descs, grid, meta
+                DOT_FP32=dot_fp32, SUBTILE=SUBTILE, num_warps=warps, num_stages=stages)
+    tiles = _cdiv(M, bm) * _cdiv(N, bn)
+    if TMA_PERSISTENT:                 # pps programs an SM walk every batch's tiles
+        grid = (min(tiles * batch, _num_sms(a.device) * pps),)
+    else:
+        grid = (tiles, batch)
+    return list(a.shape[:-1]) + [N], descs, grid, (M, N, K, batch, grid[0]), meta
 
 
 def _matmul_tma(a, b, cfg):
@@ -520,11 +566,11 @@ def _matmul_tma(a, b, cfg):
         plan = _TMA_PLANS[key] = _tma_plan(a, b, cfg)
     if plan is None or a.data_ptr() % 16 or b.data_ptr() % 16:
         return None
-    out_shape, (da, db, dc), grid, meta = plan
+    out_shape, (da, db, dc), grid, args, meta = plan
     c = torch.empty(out_shape, dtype=a.dtype, device=a.device)
     # each descriptor's base is the operand itself: only its address and dtype are read
     _mm_tma[grid](TensorDescriptor(a, *da), TensorDescriptor(b, *db), TensorDescriptor(c, *dc),
-                  a.shape[-2], b.shape[-1], a.shape[-1], **meta)
+                  *args, **meta)
     return c
 '''
 
@@ -596,11 +642,6 @@ def _split3(x, k_dim, lo_seg):
     return o.permute([perm.index(d) for d in range(nd)])
 '''
 
-# loads "tma_ws": the same kernel with its K loop warp-specialized (Triton's automatic warp
-# specialization: producer warps issue the TMA loads while consumer warps run the MMAs)
-_K_LOOP = "    for k in range(0, tl.cdiv(K, BLOCK_K)):\n"
-_K_LOOP_WS = "    for k in tl.range(0, tl.cdiv(K, BLOCK_K), warp_specialize=True):\n"
-
 
 # "k_major": a copy of each fp32 operand whose K is not its contiguous dim first (a row-major b
 # [K, N], a transposed a): fp32 tiles reach the tensor cores without the transpose through
@@ -656,7 +697,7 @@ def render(params) -> str:
     """Complete candidate source for one point of SPACE (missing params take DEFAULT values)."""
     p = C.resolve(NAME, SPACE, DEFAULT, params)
     persistent = p["grid"] == "persistent"
-    tma = p["loads"] in ("tma", "tma_ws") and not persistent and p["split_k"] == 1
+    tma = p["loads"] in ("tma", "tma_ws") and p["split_k"] == 1
     if p["split_k"] > 1:
         traffic = (f"with SPLIT_K = {p['split_k']} it also writes and re-reads an fp32 workspace of "
                    f"SPLIT_K*M*N*4 bytes per batch")
@@ -664,6 +705,8 @@ def render(params) -> str:
         traffic = "it writes c once"
     if tma:
         traffic += "; operand tiles move by TMA (tensor descriptors) where the GPU has it"
+        if p["subtile"]:
+            traffic += ", and c leaves in two halves of a tile"
     doc = f'''"""Matmul candidate ({p["block_m"]}x{p["block_n"]}x{p["block_k"]} tiles, {p["grid"]} grid, split_k={p["split_k"]}{", TMA loads" if tma else ""}{" (warp-specialized)" if tma and p["loads"] == "tma_ws" else ""}): c = a @ b.
 
 a [M, K] or [Bt, M, K], b [K, N] or [Bt, K, N], any strides; c contiguous in a's dtype. fp32
@@ -681,15 +724,18 @@ SPLIT_K = {p["split_k"]}           # K slices (fp32 partials summed in a fixed o
 NUM_WARPS = {p["num_warps"]}
 NUM_STAGES = {p["num_stages"]}        # software-pipelining depth of the K loop
 PROGS_PER_SM = {p["progs_per_sm"]}      # persistent grid only
+TMA_PERSISTENT = {persistent}   # the TMA kernel's programs walk the tiles (persistent grid)
+SUBTILE = {p["subtile"]}          # the TMA kernel stores a tile as two [BLOCK_M, BLOCK_N / 2] halves
 SUM_BLOCK = 1024       # elements per program of the split-K sum
 CONFIG = (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, NUM_WARPS, NUM_STAGES, PROGS_PER_SM)
 '''
     parts = [doc, GEMM_HELPERS_SRC]
-    if persistent:
+    if persistent or tma:              # the TMA plan names _num_sms on either grid
         parts.append(C.NUM_SMS_SRC)
     parts += ["\n", gemm_kernel(persistent), "\n", SPLITK_SUM_SRC, launcher_src(persistent)]
     if tma:
-        parts += ["\n\n", TMA_SRC if p["loads"] == "tma" else TMA_SRC.replace(_K_LOOP, _K_LOOP_WS)]
+        parts += ["\n\n", C.TMA_HELPERS_SRC, tma_src(persistent, p["loads"] == "tma_ws"),
+                  TMA_HOST_SRC]
     split = p["fp32_dot"] == "tf32x3_split"
     if split:
         parts.append(TF32_SPLIT_SRC)

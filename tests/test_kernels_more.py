@@ -294,13 +294,20 @@ def test_guarded_verifier_cases(name, cand_dir):
         v.check(fn, case)
 
 
-@pytest.mark.parametrize("loads", ["tma", "tma_ws"])
-def test_matmul_tma_loads_take_descriptors_where_they_can_and_pointers_elsewhere(cand_dir, loads):
-    """The "tma" points run their descriptor kernel (the interpreter emulates TMA; "tma_ws" has
-    its K loop warp-specialized) on aligned 2-D, K-major and batched operands, and the pointer
-    kernel on rows a descriptor cannot address."""
-    src = matmul.render(dict(matmul.DEFAULT, loads=loads, block_m=32, block_n=32, block_k=16))
+@pytest.mark.parametrize("loads,grid,subtile", [("tma", "tiles", False), ("tma_ws", "tiles", False),
+                                               ("tma", "persistent", True),
+                                               ("tma_ws", "persistent", False)])
+def test_matmul_tma_loads_take_descriptors_where_they_can_and_pointers_elsewhere(cand_dir, loads,
+                                                                                 grid, subtile):
+    """The "tma" points run their descriptor kernel (the interpreter emulates TMA; "tma_ws" is
+    warp-specialized; on the persistent grid the programs walk every batch's tiles, and a
+    subtiled tile is stored as two halves) on aligned 2-D, K-major and batched operands, and
+    the pointer kernel on rows a descriptor cannot address."""
+    src = matmul.render(dict(matmul.DEFAULT, loads=loads, block_m=32, block_n=32, block_k=16,
+                             grid=grid, subtile=subtile, progs_per_sm=1))
     assert ("warp_specialize=True" in src) == (loads == "tma_ws")
+    assert ("flatten=True" in src) == (grid == "persistent")
+    assert f"SUBTILE = {subtile}" in src
     fn = load_candidate(src, cand_dir)
     mod = sys.modules[fn.__module__]
     taken = []
