@@ -1047,7 +1047,8 @@ def test_matmul_openers_follow_the_targets_shape():
     # bf16 squares open with the Hopper tiles (TMA, 64-deep K) and start at the generic starter
     from kernels import matmul as mm
     assert fam.for_target([4096, 4096, 4096], "bfloat16").openers == mm.HALF_OPENERS
-    assert all(o["loads"] == "tma" and o["block_k"] == 64 for o in mm.HALF_OPENERS)
+    assert all(o["loads"] in ("tma", "tma_ws") and o["block_k"] == 64 for o in mm.HALF_OPENERS)
+    assert mm.HALF_OPENERS[0]["grid"] == "persistent" and mm.HALF_OPENERS[0]["subtile"]
     # a target's starter is its first opener: K split where the output has too few tiles
     # (KernelBench's matrix-vector product, 2048 x 1 out of K = 1M: 8 slices), fp32 on tensor
     # cores; a bf16 square starts at the generic starter
@@ -1056,8 +1057,10 @@ def test_matmul_openers_follow_the_targets_shape():
     assert (mv.default["split_k"], mv.default["fp32_dot"], mv.default["block_m"]) == (8, "tf32x3", 64)
     assert "SPLIT_K = 8 " in mv.starter()
     assert fam.for_target([4096, 4096, 4096], "bfloat16").default == fam.default
-    assert fam.for_target([16, 4096, 4096], "bfloat16").default["split_k"] == 4
-    assert fam.for_target([16, 4096, 4096], "bfloat16").openers[0]["split_k"] == 4
+    # decode-sized rows in bf16: 16-row TMA tiles unsplit first, then K split in 4
+    dec = fam.for_target([16, 4096, 4096], "bfloat16")
+    assert dec.default == dict(fam.default, **mm.HALF_DECODE)
+    assert dec.openers[0] == mm.HALF_DECODE and dec.openers[1]["split_k"] == 4
     assert fam.for_target(None, "float32") is fam
     hist = [{"params": dict(fam.default), "source_hash": verify.source_hash(fam.starter()),
              "state": "kept"}]
@@ -1191,3 +1194,20 @@ def test_reduce_splits_few_long_rows_over_programs(tmp_path):
                 inf = ref.isinf()
                 assert torch.equal(y.isnan(), ref.isnan()) and torch.equal(y[inf], ref[inf].float())
                 assert ((y.double() - ref).abs()[fin] <= bound[fin] + 1e-6).all(), (params, shape, kind)
+
+
+@pytest.mark.parametrize("opener", ["HALF_PERSISTENT", "HALF_DECODE"])
+def test_matmul_half_openers_pass_the_five_verifier_stages(opener, cand_dir):
+    """The bf16 openers (the persistent, warp-specialized TMA kernel with its subtiled store;
+    the 16-row decode tile) through every verifier stage: the interpreter runs the TMA
+    descriptors, the flattened tile loop and the two-half store."""
+    from kernels import matmul as mm
+    fam = FAMILIES["matmul"]
+    src = fam.render(dict(fam.default, **getattr(mm, opener)))
+    fn = load_candidate(src, cand_dir)
+    verify.install_launch_counter()
+    v = verify.Verifier(fam, {"dtype": "bfloat16", "shapes": [{"shape": [40, 32, 48], "count": 1}],
+                              "seed": 5}, DEVICE, interpret=DEVICE == "cpu")
+    for stage in verify.STAGES:
+        r = v.run_stage(fn, stage)
+        assert r.status == "passed", (stage, r.detail)
