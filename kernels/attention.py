@@ -341,6 +341,24 @@ FP32_DOT_NOTE = {
 FP32_START = {"fp32_dot": "tf32x3", "block_m": 128, "block_n": 64, "num_warps": 8}
 
 
+# bf16/fp16 targets' first moves: the fastest points of an exploratory sweep on an H100 (Triton
+# 3.6, triton.testing.do_bench medians, L2 flushed; docs/sweeps, docs/benchmarks.md) at
+# 4 x 32 x 4096 causal, GQA 4: 64 x 64 blocks through TMA, 3 stages, exp2, heaviest query
+# blocks first, the causal loop split at the diagonal ran head dim 128 in 1,206-1,209 us
+# (0.80-0.82x SDPA; the default point 1,762 us, 0.56x); 128 x 64, 8 warps, 4 stages ran head
+# dim 64 in 728 us (0.92x) and, on 16 heads, 256 in 1,145 (0.82-0.84x).
+HALF_OPENERS = ({"block_m": 64, "block_n": 64, "num_stages": 3, "use_exp2": True, "loads": "tma",
+                 "m_order": "reverse", "causal_blocks": "split"},
+                {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 4, "use_exp2": True,
+                 "loads": "tma", "causal_blocks": "split"})
+
+
+def openers_for(shape, dtype: str) -> tuple:
+    """The first moves for a target: HALF_OPENERS for bf16/fp16 (fp32 starts on the tensor
+    cores at FP32_START, default_for)."""
+    return () if str(dtype).removeprefix("torch.") == "float32" else HALF_OPENERS
+
+
 def default_for(shape, dtype: str) -> dict:
     """The starter of a target: fp32 on the tensor cores (tf32x3, accurate to about fp32, at
     FP32_START's tile); the IEEE dot stays in the space (fp32_dot "ieee"). Other dtypes: the
@@ -776,6 +794,7 @@ FAMILY = Family(
     size=size,
     from_profile=from_profile,
     default_for=default_for,
+    openers_for=openers_for,
 )
 
 

@@ -1211,3 +1211,22 @@ def test_matmul_half_openers_pass_the_five_verifier_stages(opener, cand_dir):
     for stage in verify.STAGES:
         r = v.run_stage(fn, stage)
         assert r.status == "passed", (stage, r.detail)
+
+
+@pytest.mark.parametrize("i", [0, 1])
+def test_attention_half_openers_pass_the_five_verifier_stages(i, cand_dir):
+    """A bf16 attention target opens with the sweep's fastest points (TMA tiles, exp2, the
+    causal loop split at the diagonal); each passes every verifier stage under the interpreter,
+    and an fp32 target keeps its tensor-core starter without them."""
+    from kernels import attention as at
+    fam = FAMILIES["attention"].for_target([2, 4, 40, 16, 2, 1], "bfloat16")
+    assert fam.openers == at.HALF_OPENERS
+    assert FAMILIES["attention"].for_target([2, 4, 40, 16, 2, 1], "float32").openers == ()
+    fn = load_candidate(fam.render(dict(fam.default, **at.HALF_OPENERS[i])), cand_dir)
+    verify.install_launch_counter()
+    v = verify.Verifier(fam, {"dtype": "bfloat16", "shapes": [{"shape": [2, 4, 40, 16, 2, 1],
+                                                               "count": 1}], "seed": 5},
+                        DEVICE, interpret=DEVICE == "cpu")
+    for stage in verify.STAGES:
+        r = v.run_stage(fn, stage)
+        assert r.status == "passed", (stage, r.detail)
