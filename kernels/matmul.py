@@ -44,11 +44,12 @@ Search space (``SPACE``), rendered by ``render`` into one self-contained candida
   to operands with a unit last stride and 16-byte aligned rows (K and N multiples of 8 in
   16-bit types) and a batch of one or a batch on both sides; anything else, and GPUs without
   TMA (AMD, NVIDIA before sm_90), takes the pointer path. On the persistent grid the TMA
-  kernel's programs walk every batch's tiles in one flattened loop, so Triton issues the next
-  tile's first loads under this tile's epilogue. "tma_ws" is "tma" warp-specialized
-  (tl.range(warp_specialize=True): producer warps load, consumer warps multiply) on the K loop,
-  or on the persistent tile loop, where the installed Triton supports it on the GPU; a build
-  that cannot compile it fails the verifier's smoke test like any other broken candidate.
+  kernel's programs walk every batch's tiles in one flattened loop, which lets Triton's
+  pipeliner start the next tile's loads during this tile's epilogue. "tma_ws" is "tma"
+  warp-specialized (tl.range(warp_specialize=True): producer warps load, consumer warps
+  multiply) on the K loop, or on the persistent tile loop, where the installed Triton supports
+  it on the GPU; a build that cannot compile it fails the verifier's smoke test like any other
+  broken candidate.
 - subtile: the TMA kernel stores its tile as two [BLOCK_M, BLOCK_N / 2] halves (half the
   epilogue's shared-memory staging, room for one more pipeline stage at 128 x 256).
 - fp32_dot (fp32 operands only): "ieee" (full fp32), "tf32x3" (three TF32 products a K step,
@@ -484,9 +485,9 @@ _K_RANGE_WS = "tl.range(0, tl.cdiv(K, BLOCK_K), warp_specialize=True)"
 def tma_src(persistent: bool, ws: bool) -> str:
     """Source of ``_mm_tma``, every operand tile moved by TMA. One output tile a program, or
     (``persistent``) NUM_PROGS programs walking the tiles of every batch pid, pid + NUM_PROGS,
-    ... in one flattened loop (Triton pipelines the next tile's first loads under this tile's
-    epilogue). ``ws``: warp specialization (producer warps issue the loads, consumer warps the
-    MMAs) on the K loop, or on the tile loop of the persistent grid."""
+    ... in one flattened loop (Triton's pipeliner may start the next tile's loads during this
+    tile's epilogue). ``ws``: warp specialization (producer warps issue the loads, consumer
+    warps the MMAs) on the K loop, or on the tile loop of the persistent grid."""
     doc = '''"""c[batch] = a[batch] @ b[batch] by output tiles [BLOCK_M, BLOCK_N], every operand tile
 moved by TMA: descriptors over a [(Bt,) M, K], b [(Bt,) K, N] or, B_KMAJOR, its K-major
 storage [(Bt,) N, K], and c [(Bt,) M, N]. Loads past the edges read zeros, the store is
