@@ -5,8 +5,9 @@ A spec is one string, the same in ``--model`` and in the dashboard:
 - a built-in zoo name (``llama-tiny``, ``gpt2``, ... see engine/models.py);
 - ``hf:NAME``: a Hugging Face transformers model built from a small config with random weights
   (``hf:llama``, ``hf:mistral``, ``hf:qwen2``, ``hf:gpt2``, ``hf:bert``; ``hf:llama-large`` at
-  LLaMA-7B widths; ``hf:llama-1b``, ``hf:mistral-1b``, ``hf:qwen2-1b``, ``hf:gpt2-1b``,
-  ``hf:bert-1b`` at ~1B-parameter widths, 4 layers unless --n-layer says otherwise). Nothing is
+  LLaMA-7B widths; ``hf:llama3-8b`` at LLaMA-3-8B's, two layers; ``hf:llama-1b``,
+  ``hf:mistral-1b``, ``hf:qwen2-1b``, ``hf:gpt2-1b``, ``hf:bert-1b`` at ~1B-parameter widths, 4
+  layers unless --n-layer says otherwise). Nothing is
   downloaded: the config is written here and the weights are random. Needs
   ``pip install transformers``;
 - ``path/to/file.py:Name``: Name is an nn.Module class (constructed with the arguments of the
@@ -57,6 +58,13 @@ HF_PRESETS = {
     "llama-large": ("LlamaConfig", "LlamaForCausalLM", dict(
         hidden_size=4096, intermediate_size=14336, num_hidden_layers=2, num_attention_heads=32,
         num_key_value_heads=8, vocab_size=32000, max_position_embeddings=4096)),
+    # LLaMA-3-8B's shape (hidden 4096, FFN 14336, 32 heads over 8 KV heads, a 128,256-token
+    # vocabulary, RoPE base 500,000), two layers unless --n-layer says otherwise: the
+    # end-to-end target against torch.compile, at 8x2048 by default (1x2048 with --input-shape)
+    "llama3-8b": ("LlamaConfig", "LlamaForCausalLM", dict(
+        hidden_size=4096, intermediate_size=14336, num_hidden_layers=2, num_attention_heads=32,
+        num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192,
+        rope_theta=500000.0)),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, vocab_size=256, max_position_embeddings=256)),
@@ -85,7 +93,7 @@ HF_PRESETS = {
         hidden_size=1024, intermediate_size=4096, num_hidden_layers=4, num_attention_heads=16,
         vocab_size=30522, max_position_embeddings=512)),
 }
-HF_DEFAULT_SHAPE = {"llama-large": (1, 2048), "llama-1b": (4, 2048), "mistral-1b": (4, 2048),
+HF_DEFAULT_SHAPE = {"llama-large": (1, 2048), "llama3-8b": (8, 2048), "llama-1b": (4, 2048), "mistral-1b": (4, 2048),
                     "qwen2-1b": (4, 2048), "gpt2-1b": (4, 2048), "bert-1b": (8, 512)}   # others: (2, 16)
 # --n-layer and friends, named as the zoo names them, mapped to each config's own field.
 _HF_ALIASES = {"n_layer": ("num_hidden_layers", "n_layer")}

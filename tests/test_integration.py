@@ -68,6 +68,21 @@ def test_hf_preset_builds_from_config_without_download(monkeypatch):
     assert loaded.inputs[0].shape == (1, 8)
 
 
+@pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is not installed (requirements-dev.txt)")
+def test_the_llama3_8b_preset_has_its_shape_on_the_meta_device(monkeypatch):
+    """hf:llama3-8b, the end-to-end target's model, built on the meta device (no memory):
+    LLaMA-3-8B's widths, 8 KV heads, its vocabulary and RoPE base, 8 x 2048 tokens."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    loaded = sources.load("hf:llama3-8b", dtype=torch.bfloat16, device="meta", check=False)
+    m, cfg = loaded.model, loaded.model.config
+    assert loaded.inputs[0].shape == (8, 2048) and len(m.model.layers) == 2
+    assert m.model.layers[0].self_attn.k_proj.weight.shape == (1024, 4096)
+    assert m.model.layers[0].mlp.gate_proj.weight.shape == (14336, 4096)
+    assert m.lm_head.weight.shape == (128256, 4096)
+    theta = getattr(cfg, "rope_parameters", None) or {"rope_theta": cfg.rope_theta}
+    assert theta["rope_theta"] == 500000.0
+
+
 def test_transformers_builds_its_models_beside_our_kernels_package():
     """Hugging Face's own package named ``kernels`` (a dependency of transformers >= 5.25) is
     shadowed by ours in the engine's process: transformers is told its hub kernels are
