@@ -30,6 +30,10 @@ Search space (``SPACE``), rendered by ``render`` into one self-contained candida
   each, its shared memory holds one x tile and two weight tiles per stage).
 - down_split_k: split-K of the down projection (K = F is the long dimension: decode-sized N
   has few output tiles), with the deterministic fixed-order sum of matmul's split-K.
+- gemm_loads "tma": the plain GEMMs (g, u and the down projection; the fused variant's down
+  projection) run the matmul family's persistent TMA kernel, warp-specialized and subtiled (its
+  bf16 opener, 0.94-1.04x cuBLAS on an H100 at LLM shapes), where the device and the operands
+  allow descriptors, else its pointer kernel; a split down projection stays on the pointers.
 """
 from __future__ import annotations
 
@@ -173,9 +177,11 @@ SPACE = {
     "num_stages": [1, 2, 3, 4],
     "down_split_k": [1, 2, 4],
     "act_block": [512, 1024, 2048, 4096],
+    "gemm_loads": ["pointers", "tma"],
 }
 DEFAULT = {"variant": "fused", "block_m": 64, "block_n": 128, "block_k": 32, "group_m": 8,
-           "num_warps": 4, "num_stages": 3, "down_split_k": 1, "act_block": 1024}
+           "num_warps": 4, "num_stages": 3, "down_split_k": 1, "act_block": 1024,
+           "gemm_loads": "pointers"}
 
 _UP_ARGS = ("a_ptr, bg_ptr, bu_ptr, h_ptr, M, N, K,\n"
             "            stride_am, stride_ak, stride_gk, stride_gn, stride_uk, stride_un,\n"
@@ -238,8 +244,8 @@ def _launcher(p) -> str:
                   DOT_FP32=dot_fp32, num_warps=NUM_WARPS, num_stages=stages)'''
     else:
         up = '''cfg = (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, 1, NUM_WARPS, NUM_STAGES, 1)
-    g = _matmul(x2.unsqueeze(0), w_gate.t().unsqueeze(0), cfg)[0]   # [N, F] in x's dtype
-    u = _matmul(x2.unsqueeze(0), w_up.t().unsqueeze(0), cfg)[0]
+    g = _gemm(x2, w_gate.t(), cfg)                                 # [N, F] in x's dtype
+    u = _gemm(x2, w_up.t(), cfg)
     h = torch.empty((N, Fd), dtype=x.dtype, device=x.device)
     _swiglu[(_cdiv(N * Fd, ACT_BLOCK),)](g, u, h, N * Fd, BLOCK=ACT_BLOCK, num_warps=4)'''
     return f'''
@@ -263,14 +269,35 @@ def kernel_fn(x, w_gate, w_up, w_down):
     ieee = x.dtype == torch.float32 or dot_fp32
     {up}
     down = (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, DOWN_SPLIT_K, NUM_WARPS, NUM_STAGES, 1)
-    y = _matmul(h.unsqueeze(0), w_down.t().unsqueeze(0), down)     # [1, N, D]
-    return y[0].reshape(out_shape)
+    y = _gemm(h, w_down.t(), down)                                 # [N, D]
+    return y.reshape(out_shape)
+
+''' + (_GEMM_TMA_SRC if p["gemm_loads"] == "tma" else _GEMM_SRC)
+
+
+_GEMM_SRC = '''
+
+def _gemm(a, b, cfg):
+    # a [M, K] @ b [K, N] in a's dtype: the pointer kernel
+    return _matmul(a.unsqueeze(0), b.unsqueeze(0), cfg)[0]
+'''
+_GEMM_TMA_SRC = '''
+
+def _gemm(a, b, cfg):
+    # a [M, K] @ b [K, N] in a's dtype: the TMA kernel where the device and the operands allow
+    # it (unsplit), else the pointer kernel
+    if cfg[4] == 1:
+        c = _matmul_tma(a, b, cfg)
+        if c is not None:
+            return c
+    return _matmul(a.unsqueeze(0), b.unsqueeze(0), cfg)[0]
 '''
 
 
 def render(params) -> str:
     """Complete candidate source for one point of SPACE (missing params take DEFAULT values)."""
     p = C.resolve(NAME, SPACE, DEFAULT, params)
+    tma = p["gemm_loads"] == "tma"
     if p["variant"] == "fused":
         how = ("one GEMM kernel for g and u with the SwiGLU in its epilogue (writes h once:\n"
                "N*F*itemsize), then the down GEMM")
@@ -294,14 +321,33 @@ NUM_STAGES = {p["num_stages"]}        # software-pipelining depth of the K loops
 DOWN_SPLIT_K = {p["down_split_k"]}      # K slices of the down projection
 ACT_BLOCK = {p["act_block"]}       # elements per program of the SwiGLU kernel ("separate")
 SUM_BLOCK = 1024       # elements per program of the split-K sum
+TMA_PERSISTENT = True  # gemm_loads "tma": the TMA kernel's programs walk the tiles
+SUBTILE = True         # and store each tile as two halves
 '''
-    parts = [doc, MM.GEMM_HELPERS_SRC, "\n", MM.gemm_kernel(False), "\n", MM.SPLITK_SUM_SRC]
+    parts = [doc, MM.GEMM_HELPERS_SRC, C.NUM_SMS_SRC, "\n", MM.gemm_kernel(False), "\n",
+             MM.SPLITK_SUM_SRC]
     if p["variant"] == "fused":
         parts += ["\n", _up_kernel()]
     else:
         parts += ["\n", _ACT_KERNEL]
-    parts += [MM.launcher_src(False), _launcher(p)]
+    parts += [MM.launcher_src(False)]
+    if tma:
+        parts += ["\n\n", C.TMA_HELPERS_SRC, MM.tma_src(True, True), MM.TMA_HOST_SRC]
+    parts += [_launcher(p)]
     return C.tidy("\n".join(parts))
+
+
+# bf16/fp16 targets' first move: the separate variant with its three GEMMs on the matmul
+# family's bf16 opener (persistent TMA, warp-specialized, subtiled, 128 x 256 x 64, 3 stages,
+# 8 warps), the point that ran those GEMM shapes at 0.94-1.04x cuBLAS on an H100; eager runs
+# the same three GEMMs on cuBLAS plus two elementwise kernels where this runs one. Chosen from
+# the matmul sweep; not yet timed as an MLP.
+HALF_OPENERS = ({"variant": "separate", "gemm_loads": "tma", "block_m": 128, "block_n": 256,
+                 "block_k": 64, "num_warps": 8, "num_stages": 3},)
+
+
+def openers_for(shape, dtype: str) -> tuple:
+    return () if str(dtype).removeprefix("torch.") == "float32" else HALF_OPENERS
 
 
 FAMILY = Family(
@@ -325,6 +371,7 @@ FAMILY = Family(
     error_bound=error_bound,
     bound_tol=BOUND_TOL,
     from_profile=from_profile,
+    openers_for=openers_for,
 )
 
 
