@@ -30,10 +30,11 @@ Search space (``SPACE``), rendered by ``render`` into one self-contained candida
   each, its shared memory holds one x tile and two weight tiles per stage).
 - down_split_k: split-K of the down projection (K = F is the long dimension: decode-sized N
   has few output tiles), with the deterministic fixed-order sum of matmul's split-K.
-- gemm_loads "tma": the plain GEMMs (g, u and the down projection; the fused variant's down
-  projection) run the matmul family's persistent TMA kernel, warp-specialized and subtiled (its
-  bf16 opener, 0.94-1.04x cuBLAS on an H100 at LLM shapes), where the device and the operands
-  allow descriptors, else its pointer kernel; a split down projection stays on the pointers.
+- gemm_loads "tma": every GEMM moves its tiles by TMA where the device and the operands allow
+  descriptors (else the pointer kernels run): the plain ones (g, u, the down projection) on
+  the matmul family's persistent kernel, warp-specialized and subtiled (its bf16 opener,
+  0.94-1.04x cuBLAS on an H100 at LLM shapes); the fused variant's gate/up kernel as a
+  persistent TMA kernel of its own. A split down projection stays on the pointers.
 """
 from __future__ import annotations
 
@@ -217,6 +218,82 @@ def _mlp_up({_UP_ARGS}):
     """h = silu(a @ bg) * (a @ bu) for one tile [BLOCK_M, BLOCK_N] of h [M, N]: two fp32
     accumulators share every loaded tile of a; h is written once, in its dtype."""
 {C.indent(body, 4)}
+
+
+def _up_pointers(x2, w_gate, w_up, h, ieee, dot_fp32):
+    # the up projection into h through pointers (any strides)
+    N, D = x2.shape
+    Fd = w_gate.shape[0]
+    bm, bn, bk, stages = _fit_gemm(BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, NUM_WARPS, N, Fd, D,
+                                   x2.element_size(), _smem_budget(x2.device), operands=3)
+    wg, wu = w_gate.t(), w_up.t()                                  # [D, F] views
+    grid = (_cdiv(N, bm) * _cdiv(Fd, bn),)
+    _mlp_up[grid](x2, wg, wu, h, N, Fd, D, x2.stride(0), x2.stride(1), wg.stride(0),
+                  wg.stride(1), wu.stride(0), wu.stride(1), BLOCK_M=bm, BLOCK_N=bn,
+                  BLOCK_K=bk, GROUP_M=GROUP_M, EVEN_K=D % bk == 0, IEEE=ieee,
+                  DOT_FP32=dot_fp32, num_warps=NUM_WARPS, num_stages=stages)
+'''
+
+
+# gemm_loads "tma", variant "fused": the up projection's two GEMMs and the SwiGLU as one
+# persistent kernel, every tile by TMA: x [N, D] and the weights in their nn.Linear storage
+# [F, D] (K-major tiles, transposed in registers), two fp32 accumulators sharing each x tile,
+# h stored through a descriptor (clipped at the edges). Programs walk the tiles in one flattened
+# loop, as matmul's persistent TMA kernel does.
+_UP_TMA_KERNEL = f'''@triton.jit
+def _mlp_up_tma(a_desc, g_desc, u_desc, h_desc, M, N, K, NUM_PROGS,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                GROUP_M: tl.constexpr, IEEE: tl.constexpr, DOT_FP32: tl.constexpr):
+    """h = silu(a @ g^T) * (a @ u^T), tiles [BLOCK_M, BLOCK_N] of h [M, N]; g, u stored [N, K]."""
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, NUM_PROGS, flatten=True):
+{C.indent(MM.GROUP_ORDER_SRC.strip(chr(10)), 8)}
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            a = a_desc.load([off_m, k * BLOCK_K])
+            bg = tl.trans(g_desc.load([off_n, k * BLOCK_K]))       # [BLOCK_K, BLOCK_N]
+            bu = tl.trans(u_desc.load([off_n, k * BLOCK_K]))
+            if DOT_FP32:                   # interpreter: its tl.dot cannot multiply bf16
+                a = a.to(tl.float32)
+                bg = bg.to(tl.float32)
+                bu = bu.to(tl.float32)
+            if IEEE:                       # fp32 operands: full fp32, no TF32
+                acc_g = tl.dot(a, bg, acc_g, input_precision="ieee")
+                acc_u = tl.dot(a, bu, acc_u, input_precision="ieee")
+            else:
+                acc_g = tl.dot(a, bg, acc_g)
+                acc_u = tl.dot(a, bu, acc_u)
+        h = {_silu_mul("acc_g", "acc_u")}                 # SwiGLU epilogue, fp32
+        h_desc.store([off_m, off_n], h.to(h_desc.dtype))
+
+
+def _up_tma(x2, w_gate, w_up, h, ieee, dot_fp32):
+    # the TMA up projection into h, or False where the device or the layouts rule it out
+    # (rows 16-byte aligned, unit last strides)
+    item = x2.element_size()
+    ts = (x2, w_gate, w_up, h)
+    if (not _has_tma(x2.device) or any(t.stride(-1) != 1 or t.data_ptr() % 16
+                                       or (t.stride(0) * item) % 16 for t in ts)):
+        return False
+    N, D = x2.shape
+    Fd = w_gate.shape[0]
+    bm, bn, bk, stages = _fit_gemm(BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, NUM_WARPS, N, Fd, D,
+                                   item, _smem_budget(x2.device), operands=3)
+    tiles = _cdiv(N, bm) * _cdiv(Fd, bn)
+    progs = min(tiles, _num_sms(x2.device))
+    _mlp_up_tma[(progs,)](
+        TensorDescriptor(x2, [N, D], [x2.stride(0), 1], [bm, bk]),
+        TensorDescriptor(w_gate, [Fd, D], [w_gate.stride(0), 1], [bn, bk]),
+        TensorDescriptor(w_up, [Fd, D], [w_up.stride(0), 1], [bn, bk]),
+        TensorDescriptor(h, [N, Fd], [Fd, 1], [bm, bn]), N, Fd, D, progs,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M, IEEE=ieee, DOT_FP32=dot_fp32,
+        num_warps=NUM_WARPS, num_stages=stages)
+    return True
 '''
 
 
@@ -234,14 +311,8 @@ def _swiglu(g_ptr, u_ptr, h_ptr, total, BLOCK: tl.constexpr):
 def _launcher(p) -> str:
     if p["variant"] == "fused":
         up = '''h = torch.empty((N, Fd), dtype=x.dtype, device=x.device)
-    bm, bn, bk, stages = _fit_gemm(BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, NUM_WARPS, N, Fd, D,
-                                   x.element_size(), _smem_budget(x.device), operands=3)
-    wg, wu = w_gate.t(), w_up.t()                                  # [D, F] views
-    grid = (_cdiv(N, bm) * _cdiv(Fd, bn),)
-    _mlp_up[grid](x2, wg, wu, h, N, Fd, D, x2.stride(0), x2.stride(1), wg.stride(0),
-                  wg.stride(1), wu.stride(0), wu.stride(1), BLOCK_M=bm, BLOCK_N=bn,
-                  BLOCK_K=bk, GROUP_M=GROUP_M, EVEN_K=D % bk == 0, IEEE=ieee,
-                  DOT_FP32=dot_fp32, num_warps=NUM_WARPS, num_stages=stages)'''
+    if not (GEMM_TMA and _up_tma(x2, w_gate, w_up, h, ieee, dot_fp32)):
+        _up_pointers(x2, w_gate, w_up, h, ieee, dot_fp32)'''
     else:
         up = '''cfg = (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, 1, NUM_WARPS, NUM_STAGES, 1)
     g = _gemm(x2, w_gate.t(), cfg)                                 # [N, F] in x's dtype
@@ -321,8 +392,9 @@ NUM_STAGES = {p["num_stages"]}        # software-pipelining depth of the K loops
 DOWN_SPLIT_K = {p["down_split_k"]}      # K slices of the down projection
 ACT_BLOCK = {p["act_block"]}       # elements per program of the SwiGLU kernel ("separate")
 SUM_BLOCK = 1024       # elements per program of the split-K sum
-TMA_PERSISTENT = True  # gemm_loads "tma": the TMA kernel's programs walk the tiles
-SUBTILE = True         # and store each tile as two halves
+GEMM_TMA = {tma}        # gemm_loads "tma": GEMMs through TMA where descriptors apply
+TMA_PERSISTENT = True  # (the TMA kernels' programs walk the tiles
+SUBTILE = True         # and matmul's stores each tile as two halves)
 '''
     parts = [doc, MM.GEMM_HELPERS_SRC, C.NUM_SMS_SRC, "\n", MM.gemm_kernel(False), "\n",
              MM.SPLITK_SUM_SRC]
@@ -333,17 +405,24 @@ SUBTILE = True         # and store each tile as two halves
     parts += [MM.launcher_src(False)]
     if tma:
         parts += ["\n\n", C.TMA_HELPERS_SRC, MM.tma_src(True, True), MM.TMA_HOST_SRC]
+        if p["variant"] == "fused":
+            parts += ["\n\n", _UP_TMA_KERNEL]
+    else:                              # (the fused variant's launcher names _up_tma)
+        parts += ["\n\n", "def _up_tma(*args):\n    return False\n"]
     parts += [_launcher(p)]
     return C.tidy("\n".join(parts))
 
 
-# bf16/fp16 targets' first move: the separate variant with its three GEMMs on the matmul
-# family's bf16 opener (persistent TMA, warp-specialized, subtiled, 128 x 256 x 64, 3 stages,
-# 8 warps), the point that ran those GEMM shapes at 0.94-1.04x cuBLAS on an H100; eager runs
-# the same three GEMMs on cuBLAS plus two elementwise kernels where this runs one. Chosen from
-# the matmul sweep; not yet timed as an MLP.
-HALF_OPENERS = ({"variant": "separate", "gemm_loads": "tma", "block_m": 128, "block_n": 256,
-                 "block_k": 64, "num_warps": 8, "num_stages": 3},)
+# bf16/fp16 targets' first moves, both on TMA: the fused variant (gate and up as one persistent
+# kernel with two accumulators and the SwiGLU in its epilogue, 128 x 128 x 64 tiles, 8 warps, 3
+# stages: g and u never reach memory, the fusion eager and torch.compile do not make), then the
+# separate variant with its three GEMMs on the matmul family's bf16 opener (128 x 256 x 64: the
+# point that ran those GEMM shapes at 0.94-1.04x cuBLAS on an H100). Chosen from the matmul
+# sweep; not yet timed as an MLP.
+HALF_OPENERS = ({"variant": "fused", "gemm_loads": "tma", "block_m": 128, "block_n": 128,
+                 "block_k": 64, "num_warps": 8, "num_stages": 3},
+                {"variant": "separate", "gemm_loads": "tma", "block_m": 128, "block_n": 256,
+                 "block_k": 64, "num_warps": 8, "num_stages": 3})
 
 
 def openers_for(shape, dtype: str) -> tuple:

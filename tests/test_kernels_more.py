@@ -1232,16 +1232,19 @@ def test_attention_half_openers_pass_the_five_verifier_stages(i, cand_dir):
         assert r.status == "passed", (stage, r.detail)
 
 
-def test_fused_mlp_tma_gemms_pass_the_five_verifier_stages(cand_dir):
-    """The fused MLP's "separate" variant with its GEMMs on the persistent TMA kernel (its bf16
-    opener) through every verifier stage under the interpreter; an fp32 target has no opener."""
+@pytest.mark.parametrize("i", [0, 1])
+def test_fused_mlp_tma_gemms_pass_the_five_verifier_stages(i, cand_dir):
+    """The fused MLP's bf16 openers, its GEMMs by TMA (the fused variant's gate/up kernel with
+    two accumulators and the SwiGLU epilogue; the separate variant on matmul's persistent
+    kernel), through every verifier stage under the interpreter; fp32 targets have none."""
     from kernels import fused_mlp as fmlp
     fam = FAMILIES["fused_mlp"].for_target([2, 20, 48, 64], "bfloat16")
     assert fam.openers == fmlp.HALF_OPENERS
     assert FAMILIES["fused_mlp"].for_target([2, 20, 48, 64], "float32").openers == ()
-    src = fam.render(dict(fam.default, **dict(fmlp.HALF_OPENERS[0], block_m=32, block_n=32,
+    src = fam.render(dict(fam.default, **dict(fmlp.HALF_OPENERS[i], block_m=32, block_n=32,
                                               block_k=16)))
-    assert "_matmul_tma(a, b, cfg)" in src and "flatten=True" in src
+    assert "flatten=True" in src
+    assert ("def _mlp_up_tma(" in src) == (i == 0) and ("_matmul_tma(a, b, cfg)" in src)
     fn = load_candidate(src, cand_dir)
     verify.install_launch_counter()
     v = verify.Verifier(fam, {"dtype": "bfloat16", "shapes": [{"shape": [2, 20, 48, 64],
