@@ -49,8 +49,12 @@ AUDIT_MAX_CALLS = 20_000
 # more than this (or three times the noise): else the first timing is not believed.
 FRESH_AGREEMENT = 0.25
 SOL_SLACK = 1.15
-# After a case whose output is at least this large, the judge hands its cached GPU blocks
-# back (the runners on the same GPU need them).
+# After a case whose inputs or output are at least this large, the judge hands its cached GPU
+# blocks back (the runners on the same GPU need them). A case whose inputs are this large and
+# whose expected output is not judged in rows has that expected output computed after the
+# runner's reply, not beside it: its float64 copies and temporaries take several times the
+# inputs (KernelBench's HuberLoss, two 4 GiB inputs and a scalar output: on an 80 GB H100 the
+# runner, computing beside it, ran out of memory in every candidate's smoke test).
 BIG_CASE_BYTES = 1 << 28
 
 
@@ -112,7 +116,10 @@ def judge_case(worker, fam, case: verify.Case, device: str, deadline: float,
     # a large case is judged in chunks of rows once its output is in (less memory); a small
     # one's reference is computed while the runner runs
     sliced = verify.case_slicer(fam, inputs, native) if native.numel() > verify.CHUNK_ELEMS else None
-    exp = verify.expect(fam, case, device, inputs, native) if sliced is None else None
+    in_bytes = sum(v.numel() * v.element_size() for v in inputs.values()
+                   if hasattr(v, "element_size"))
+    after = sliced is None and in_bytes >= BIG_CASE_BYTES
+    exp = verify.expect(fam, case, device, inputs, native) if sliced is None and not after else None
     reply, payloads = worker.receive(deadline)
     if "ok" not in reply:
         raise JudgeError(f"the worker rejected the request: {reply.get('error')}")
@@ -135,12 +142,14 @@ def judge_case(worker, fam, case: verify.Case, device: str, deadline: float,
         first = _decode(metas[0], first_buf, device)
     except (ValueError, TypeError, KeyError, RuntimeError, OSError) as e:
         raise Rejected(worker.stage or "smoke", f"unreadable outputs: {e}", True) from None
+    if after:                          # the runner is done: its memory and ours not at once
+        exp = verify.expect(fam, case, device, inputs, native)
     worst = (verify.judge_outputs(exp, [first]) if exp is not None
              else verify.judge_in_rows(fam, case, sliced[1], native, first, sliced[0]))
     del inputs, sliced
     # determinism: the runner compared its repeats with the first bitwise (verify.run_case)
     # and sent the first; anything after it is not read
-    big = first.numel() * first.element_size() >= BIG_CASE_BYTES
+    big = max(first.numel() * first.element_size(), in_bytes) >= BIG_CASE_BYTES
     del first, first_buf, exp
     if big and device.startswith("cuda"):
         import torch

@@ -365,3 +365,33 @@ def test_a_large_region_case_whose_first_input_is_a_weight_is_judged_in_slices(w
     wrong = head + "\n    if out.numel() == 1200:\n        out.view(-1)[1000] = 0.5\n    return out\n" + tail
     res = run(wrong)
     assert res["failed_stage"] == "smoke" and "wrong result in rows" in res["error"], res["error"]
+
+
+def test_a_case_with_large_inputs_is_judged_after_the_runner_not_beside_it(worker, monkeypatch):
+    """Inputs of BIG_CASE_BYTES or more (0 here: every case): the judge computes the float64
+    expected output once the runner has replied, so the two processes' memory on one GPU is not
+    needed at once; the verdicts are unchanged (the starter passes, an unmasked tail fails)."""
+    from engine import judge
+    monkeypatch.setattr(judge, "BIG_CASE_BYTES", 0)
+    order = []
+    expect, receive, send = verify.expect, type(worker).receive, type(worker).send
+
+    def expect_(*a, **k):
+        order.append("expect")
+        return expect(*a, **k)
+
+    def receive_(self, *a, **k):
+        order.append("receive")
+        return receive(self, *a, **k)
+
+    def send_(self, msg, *a, **k):
+        order.append(msg.get("op") if isinstance(msg, dict) else None)
+        return send(self, msg, *a, **k)
+    monkeypatch.setattr(verify, "expect", expect_)
+    monkeypatch.setattr(type(worker), "receive", receive_)
+    monkeypatch.setattr(type(worker), "send", send_)
+    r = evaluate(worker, kernels.get("softmax").starter())
+    assert r["failed_stage"] is None, r["error"]
+    calls = [i for i, x in enumerate(order) if x == "call"]
+    assert calls and all(order[i + 1:i + 3] == ["receive", "expect"] for i in calls), order
+    assert evaluate(worker, "softmax_unmasked.py")["failed_stage"] == "smoke"
