@@ -7,9 +7,8 @@ A spec is one string, the same in ``--model`` and in the dashboard:
   (``hf:llama``, ``hf:mistral``, ``hf:qwen2``, ``hf:gpt2``, ``hf:bert``; ``hf:llama-large`` at
   LLaMA-7B widths; ``hf:llama3-8b`` at LLaMA-3-8B's, two layers; ``hf:llama-1b``,
   ``hf:mistral-1b``, ``hf:qwen2-1b``, ``hf:gpt2-1b``, ``hf:bert-1b`` at ~1B-parameter widths, 4
-  layers unless --n-layer says otherwise). Nothing is
-  downloaded: the config is written here and the weights are random. Needs
-  ``pip install transformers``;
+  layers unless --n-layer says otherwise). Nothing is downloaded: the config is written here
+  and the weights are random. Needs ``pip install transformers``;
 - ``path/to/file.py:Name``: Name is an nn.Module class (constructed with the arguments of the
   file's ``get_init_inputs()`` if it has one, else none) or a zero-argument function returning a
   module. Inputs come from the file's ``get_inputs()``, or, with ``--input-shape``, are one random
@@ -93,8 +92,9 @@ HF_PRESETS = {
         hidden_size=1024, intermediate_size=4096, num_hidden_layers=4, num_attention_heads=16,
         vocab_size=30522, max_position_embeddings=512)),
 }
-HF_DEFAULT_SHAPE = {"llama-large": (1, 2048), "llama3-8b": (8, 2048), "llama-1b": (4, 2048), "mistral-1b": (4, 2048),
-                    "qwen2-1b": (4, 2048), "gpt2-1b": (4, 2048), "bert-1b": (8, 512)}   # others: (2, 16)
+HF_DEFAULT_SHAPE = {"llama-large": (1, 2048), "llama3-8b": (8, 2048), "llama-1b": (4, 2048),
+                    "mistral-1b": (4, 2048), "qwen2-1b": (4, 2048), "gpt2-1b": (4, 2048),
+                    "bert-1b": (8, 512)}   # others: (2, 16)
 # --n-layer and friends, named as the zoo names them, mapped to each config's own field.
 _HF_ALIASES = {"n_layer": ("num_hidden_layers", "n_layer")}
 

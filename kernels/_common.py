@@ -173,12 +173,17 @@ def _fit_stages(stages, tile_bytes):
 '''
 
 NUM_SMS_SRC = '''
+_SMS = {}
+
 
 def _num_sms(device):
-    """Streaming multiprocessors (CUs on ROCm) of the device; any fixed count is correct elsewhere."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 8
+    """Streaming multiprocessors (CUs on ROCm) of the device; any fixed count is correct
+    elsewhere. Read once per device: persistent launchers ask on every call."""
+    if device.type != "cuda":
+        return 8
+    if device.index not in _SMS:
+        _SMS[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _SMS[device.index]
 '''
 
 # The shared-memory budget of one program, for candidates that size tiles and pipelines by it.

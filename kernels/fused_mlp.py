@@ -310,9 +310,11 @@ def _swiglu(g_ptr, u_ptr, h_ptr, total, BLOCK: tl.constexpr):
 
 def _launcher(p) -> str:
     if p["variant"] == "fused":
-        up = '''h = torch.empty((N, Fd), dtype=x.dtype, device=x.device)
-    if not (GEMM_TMA and _up_tma(x2, w_gate, w_up, h, ieee, dot_fp32)):
-        _up_pointers(x2, w_gate, w_up, h, ieee, dot_fp32)'''
+        call = "_up_pointers(x2, w_gate, w_up, h, ieee, dot_fp32)"
+        if p["gemm_loads"] == "tma":               # the pointers where descriptors are ruled out
+            call = f"if not _up_tma(x2, w_gate, w_up, h, ieee, dot_fp32):\n        {call}"
+        up = f'''h = torch.empty((N, Fd), dtype=x.dtype, device=x.device)
+    {call}'''
     else:
         up = '''cfg = (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, 1, NUM_WARPS, NUM_STAGES, 1)
     g = _gemm(x2, w_gate.t(), cfg)                                 # [N, F] in x's dtype
@@ -392,23 +394,22 @@ NUM_STAGES = {p["num_stages"]}        # software-pipelining depth of the K loops
 DOWN_SPLIT_K = {p["down_split_k"]}      # K slices of the down projection
 ACT_BLOCK = {p["act_block"]}       # elements per program of the SwiGLU kernel ("separate")
 SUM_BLOCK = 1024       # elements per program of the split-K sum
-GEMM_TMA = {tma}        # gemm_loads "tma": GEMMs through TMA where descriptors apply
-TMA_PERSISTENT = True  # (the TMA kernels' programs walk the tiles
-SUBTILE = True         # and matmul's stores each tile as two halves)
 '''
-    parts = [doc, MM.GEMM_HELPERS_SRC, C.NUM_SMS_SRC, "\n", MM.gemm_kernel(False), "\n",
-             MM.SPLITK_SUM_SRC]
+    if tma:                            # matmul's TMA plan reads these
+        doc += '''TMA_PERSISTENT = True  # gemm_loads "tma": the TMA kernels' programs walk the tiles
+SUBTILE = True         # and matmul's stores each tile as two halves
+'''
+    parts = [doc, MM.GEMM_HELPERS_SRC, "\n", MM.gemm_kernel(False), "\n", MM.SPLITK_SUM_SRC]
     if p["variant"] == "fused":
         parts += ["\n", _up_kernel()]
     else:
         parts += ["\n", _ACT_KERNEL]
     parts += [MM.launcher_src(False)]
     if tma:
-        parts += ["\n\n", C.TMA_HELPERS_SRC, MM.tma_src(True, True), MM.TMA_HOST_SRC]
+        parts += [C.NUM_SMS_SRC, "\n\n", C.TMA_HELPERS_SRC, MM.tma_src(True, True),
+                  MM.TMA_HOST_SRC]
         if p["variant"] == "fused":
             parts += ["\n\n", _UP_TMA_KERNEL]
-    else:                              # (the fused variant's launcher names _up_tma)
-        parts += ["\n\n", "def _up_tma(*args):\n    return False\n"]
     parts += [_launcher(p)]
     return C.tidy("\n".join(parts))
 

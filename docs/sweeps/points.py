@@ -7,7 +7,9 @@ Each point is rendered from its name, loaded, checked against torch's result and
 triton.testing.do_bench (median, L2 flushed by do_bench, 50/25 warm-up and 300/200 ms of
 repetitions) beside torch.matmul (cuBLAS) or F.scaled_dot_product_attention at the same shapes,
 bf16. This is not the judge's timing (no verifier, no rounds, no rotated inputs): it chooses
-which points become a family's openers; the loop then times them properly. Writes
+which points become a family's openers; the loop then times them properly. It is the script
+that produced docs/sweeps/h100_*.json; `python -m engine.probe` asks the same question one shape
+at a time with the loop's own timing (events, rotated inputs) and is the tool for new sweeps. Writes
 $OUT/<what>_sweep.json (one row per shape and point: us, TFLOP/s, ratio to the vendor kernel,
 max error).
 
@@ -18,15 +20,16 @@ A GEMM point's name: grid ("tiles", "pers" or "splitkN", pointers), loads ("tma"
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
+import tempfile
 import time
 
 import torch
 
 sys.path.insert(0, os.getcwd())
+from engine.verify import load_candidate    # noqa: E402
 from kernels import attention as at          # noqa: E402
 from kernels import matmul as mm             # noqa: E402
 
@@ -76,16 +79,6 @@ def attn_point(name: str) -> dict:
     return p
 
 
-def load(src: str, name: str):
-    path = f"/tmp/points_{name}.py"
-    with open(path, "w") as f:
-        f.write(src)
-    spec = importlib.util.spec_from_file_location(name, path)
-    m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)
-    return m
-
-
 def main() -> None:
     import triton
     import torch.nn.functional as F
@@ -93,8 +86,9 @@ def main() -> None:
     budget = float(sys.argv[2]) if len(sys.argv) > 2 and not sys.argv[2].startswith("-") else 500
     chosen = sys.argv[sys.argv.index("--points") + 1] if "--points" in sys.argv else None
     rows, t0 = [], time.time()
+    workdir = tempfile.mkdtemp(prefix="points-")
 
-    def bench(fn, ref, fl, shp, name, base_ms, i):
+    def bench(fn, ref, fl, shp, name, base_ms):
         try:
             out = fn()
             torch.cuda.synchronize()
@@ -117,11 +111,11 @@ def main() -> None:
             rows.append(dict(shape=shp, point="cuBLAS (torch.matmul)", us=base * 1e3,
                              tflops=fl / base / 1e9, vs_vendor=1.0))
             names = chosen or (DECODE_POINTS if M <= mm.DECODE_M else GEMM_POINTS)
-            for i, name in enumerate(names.split(";")):
+            for name in names.split(";"):
                 if time.time() - t0 > budget:
                     break
-                m = load(mm.render(gemm_point(name)), f"g{i}")
-                bench(lambda: m.kernel_fn(a, b), ref, fl, shp, name, base, i)
+                fn = load_candidate(mm.render(gemm_point(name)), workdir)
+                bench(lambda: fn(a, b), ref, fl, shp, name, base)
     else:
         for (B, H, S, D, Hkv) in ATTN_SHAPES:
             g = torch.Generator(device="cuda").manual_seed(0)
@@ -135,11 +129,11 @@ def main() -> None:
             fl, shp = 2 * B * H * S * S * D, f"{B}x{H}x{S}x{D} gqa{H // Hkv} causal"
             rows.append(dict(shape=shp, point="SDPA", us=base * 1e3, tflops=fl / base / 1e9,
                              vs_vendor=1.0))
-            for i, name in enumerate((chosen or ATTN_POINTS).split(";")):
+            for name in (chosen or ATTN_POINTS).split(";"):
                 if time.time() - t0 > budget:
                     break
-                m = load(at.render(attn_point(name)), f"a{i}")
-                bench(lambda: m.kernel_fn(q, k, v, True, None), ref, fl, shp, name, base, i)
+                fn = load_candidate(at.render(attn_point(name)), workdir)
+                bench(lambda: fn(q, k, v, True, None), ref, fl, shp, name, base)
     with open(os.path.join(os.environ.get("OUT", "/tmp"), f"{what}_sweep.json"), "w") as f:
         json.dump(rows, f, indent=1)
 
