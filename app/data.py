@@ -991,10 +991,10 @@ def filter_runs(runs: pd.DataFrame, text: str = "", statuses=(), devices=(), mod
 
 
 def recorded_db_paths() -> list[str]:
-    """Every database of recorded runs shipped in data/ (recorded_h200*.db), the first one first,
+    """Every database of recorded runs shipped in data/ (recorded_*.db), the first one first,
     as paths relative to the repository root."""
     first = ROOT / RECORDED_DB
-    found = sorted(ROOT.glob("data/recorded_h200*.db"))
+    found = sorted(ROOT.glob("data/recorded_*.db"))
     ordered = ([first] if first.exists() else []) + [p for p in found if p != first]
     return [str(p.relative_to(ROOT)) for p in ordered]
 
