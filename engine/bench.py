@@ -109,6 +109,18 @@ def summarize(round_samples: list[list[float]]) -> dict:
     return {"us": med, "noise": noise, "samples": len(every)}
 
 
+def total_noise(rows: list[dict]) -> float:
+    """The relative noise of a target's total time, sum(count * us) over its shapes, from each
+    shape's own: sum(count * us * noise) / total, the spread the total has when every shape's
+    timing moves the same way (the worst case; independent shapes would spread less). Not the
+    largest shape's noise: a 190 us shape whose rounds spread 10% says little about a 27 ms total
+    of which a 23.5 ms shape spread 2% (the LLaMA-3-8B-shaped matmul target, H100)."""
+    total = sum(r["count"] * r["us"] for r in rows)
+    if total <= 0:
+        return max((r["noise"] for r in rows), default=0.0)
+    return sum(r["count"] * r["us"] * r["noise"] for r in rows) / total
+
+
 def time_call(fn, input_sets: list[dict], gpu: bool, rounds: int = 3,
               target_ms: float = 60.0, max_reps: int = 200) -> dict:
     """Time ``fn(**inputs)`` rotating through ``input_sets``, all in this process (our own

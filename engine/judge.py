@@ -193,7 +193,7 @@ def time_shapes(worker, fam, req: dict, deadline: float, prep: dict | None = Non
     the input sets stay in the runner (for ``audit``; ``drop_sets`` frees them)."""
     mode = _timing_mode(worker)
     gpu = mode == "gpu"
-    rows, total, noise = [], 0.0, 0.0
+    rows, total = [], 0.0
     for i, s in enumerate(req["shapes"]):
         key = f"s{i}"
         msg = {"op": "prep", "key": key, "shape": s["shape"], "dtype": req["dtype"],
@@ -233,7 +233,7 @@ def time_shapes(worker, fam, req: dict, deadline: float, prep: dict | None = Non
                      "sol_us": sol, "floor_us": floor,
                      "pct_sol": (100.0 * sol / t["us"]) if sol else None})
         total += s["count"] * t["us"]
-        noise = max(noise, t["noise"])
+    noise = bench.total_noise(rows)
     sol_total = sum(r["count"] * r["sol_us"] for r in rows) if gpu and worker.ceilings else None
     return {"latency_us": total, "noise": noise, "shape_times": rows, "sol_us": sol_total,
             "timing_mode": mode}

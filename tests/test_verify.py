@@ -395,3 +395,20 @@ def test_a_case_with_large_inputs_is_judged_after_the_runner_not_beside_it(worke
     calls = [i for i, x in enumerate(order) if x == "call"]
     assert calls and all(order[i + 1:i + 3] == ["receive", "expect"] for i in calls), order
     assert evaluate(worker, "softmax_unmasked.py")["failed_stage"] == "smoke"
+
+
+def test_a_targets_noise_is_its_shapes_noise_weighted_by_their_share_of_the_total():
+    """A small noisy shape does not decide the noise of a total another shape dominates: the
+    rows of the LLaMA-3-8B-shaped matmul target's opener as an H100 timed them (us, noise)."""
+    from engine import bench
+    rows = [dict(shape=[16384, 4096, 128256], count=1, us=23498.0, noise=0.020),
+            dict(shape=[16384, 4096, 4096], count=4, us=855.0, noise=0.049),
+            dict(shape=[16384, 4096, 1024], count=4, us=218.0, noise=0.104)]
+    total = 23498.0 + 4 * 855.0 + 4 * 218.0
+    want = (23498.0 * 0.020 + 4 * 855.0 * 0.049 + 4 * 218.0 * 0.104) / total
+    assert bench.total_noise(rows) == pytest.approx(want)
+    assert 0.025 < bench.total_noise(rows) < 0.027          # the largest shape's 10.4% before
+    # never above the largest, never below the smallest, and one shape is its own noise
+    assert min(r["noise"] for r in rows) <= bench.total_noise(rows) <= max(r["noise"] for r in rows)
+    assert bench.total_noise(rows[:1]) == pytest.approx(0.020)
+    assert bench.total_noise([dict(count=1, us=0.0, noise=0.3)]) == 0.3
