@@ -59,6 +59,14 @@ Search space (``SPACE``), rendered by ``render`` into one self-contained candida
   and only the blocks crossing the diagonal or the sequence end pay for a mask: the others run
   a mask-free loop). Without causal, "split" still saves the mask on all but the last block.
 - use_exp2: exp2 with log2(e) folded into the score scale (one multiply less per score).
+- fold_scale: False (the scores are scaled in a pass of their own, s = s * qk_scale, before the
+  row max and the exponent) or True (the row max of the raw scores is scaled, once a row, and
+  each score's scale rides in its exponent's argument, s * qk_scale - m, one fused multiply-add:
+  one floating-point operation less per score, where the softmax's arithmetic, not the tensor
+  cores, bounds a Hopper flash kernel). Valid for a positive scale only (max(c * s) = c * max(s)
+  needs c > 0): the kernel takes it through a constexpr FOLD, False for any other scale, and
+  not with a runtime mask or a soft cap (both act on scaled scores; those render the unfolded
+  step).
 - m_order: "forward" or "reverse" (causal programs with the most key blocks start first: the
   last query blocks, which do the most work, do not trail the grid).
 - num_warps, num_stages (software pipelining of the key loop).
@@ -306,10 +314,11 @@ SPACE = {
     "m_order": ["forward", "reverse"],
     "loads": ["pointers", "tma"],
     "fp32_dot": ["ieee", "tf32x3"],
+    "fold_scale": [False, True],
 }
 DEFAULT = {"block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 2,
            "causal_blocks": "skip", "use_exp2": False, "m_order": "forward", "loads": "pointers",
-           "fp32_dot": "ieee"}
+           "fp32_dot": "ieee", "fold_scale": False}
 
 
 # What the rendered source says its fp32 dots compute (docstring), and the comment on its fp32
@@ -412,8 +421,8 @@ _ARGS = ("q_ptr, k_ptr, v_ptr, o_ptr, qk_scale, H, GROUP, SQ, SK, D,\n"
 _MASK_ARGS = ("m_ptr, fill, stride_mb, stride_mh, stride_mm, stride_mn,\n          ")
 
 
-def _args(mask, tma: bool) -> str:
-    base = _TMA_ARGS if tma else _ARGS
+def _args(mask, tma: bool, fold: bool = False) -> str:
+    base = (_TMA_ARGS if tma else _ARGS) + (", FOLD: tl.constexpr" if fold else "")
     if not mask:
         return base
     cut = base.index("BLOCK_M")
@@ -492,8 +501,30 @@ s = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
 if IEEE:                           # {note}
     s = tl.dot(qd, kt, s, input_precision="{dot}")
 else:
-    s = tl.dot(qd, kt, s)
-s = s * qk_scale''']
+    s = tl.dot(qd, kt, s)''']
+    if folds(p, mask, cap):
+        # FOLD (qk_scale > 0): the raw scores' row max scaled once a row, each score scaled in
+        # its exponent's argument (one FMA); otherwise the scaled scores, as below
+        vis = ('''
+    visible = (kn < SK)[None, :]
+    if CAUSAL:
+        visible = visible & (offs_m[:, None] >= kn[None, :])
+    s = tl.where(visible, s, float("-inf"))''' if masked else "")
+        lines.append(f'''
+if FOLD:{vis}
+    m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
+    # rows that saw only masked keys so far subtract 0: exp(-inf - 0) = 0, not exp(-inf + inf) = NaN
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    pr = {exp("s * qk_scale - m_ref[:, None]")}
+else:
+    s = s * qk_scale{vis}
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    pr = {exp("s - m_ref[:, None]")}
+alpha = {exp("m_i - m_ref")}''')
+        lines.append(_update_src(p, exp, dot, note))
+        return "\n".join(x.strip("\n") for x in lines)
+    lines.append("s = s * qk_scale")
     if cap is not None:
         lines.append(_cap_src(cap * (1.4426950408889634 if e2 else 1.0)))
     if mask:
@@ -509,7 +540,20 @@ m_new = tl.maximum(m_i, tl.max(s, axis=1))
 # rows that saw only masked keys so far subtract 0: exp(-inf - 0) = 0, not exp(-inf + inf) = NaN
 m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
 alpha = {exp("m_i - m_ref")}
-pr = {exp("s - m_ref[:, None]")}
+pr = {exp("s - m_ref[:, None]")}''')
+    lines.append(_update_src(p, exp, dot, note))
+    return "\n".join(x.strip("\n") for x in lines)
+
+
+def folds(p, mask=None, cap=None) -> bool:
+    """Whether the point's key step folds the scale into the exponent (fold_scale; not with a
+    runtime mask or a soft cap, which act on the scaled scores)."""
+    return bool(p.get("fold_scale")) and not mask and cap is None
+
+
+def _update_src(p, exp, dot: str, note: str) -> str:
+    """The online-softmax update after pr and alpha: the running sum, p @ v, the running max."""
+    return f'''
 l_i = l_i * alpha + tl.sum(pr, axis=1)
 pv = pr.to(vt.dtype)                                               # p rounded to v's dtype
 if DOT_FP32:
@@ -520,8 +564,7 @@ if IEEE:                           # {note}
     acc = tl.dot(pv, vt, acc, input_precision="{dot}")
 else:
     acc = tl.dot(pv, vt, acc)
-m_i = m_new''')
-    return "\n".join(x.strip("\n") for x in lines)
+m_i = m_new'''
 
 
 def _kernel(p, tma: bool = False, mask=None, cap=None) -> str:
@@ -565,7 +608,7 @@ for start_n in range(0, hi, BLOCK_N):
     else:
         finish = "o = acc / l_i[:, None]"
     if tma:
-        name, args = "_attn_fwd_tma", _args(mask, True)
+        name, args = "_attn_fwd_tma", _args(mask, True, folds(p, mask, cap))
         index = '''b = bh // H
     h = bh % H
     hk = h // GROUP                                                # the key/value head (GQA)'''
@@ -573,7 +616,7 @@ for start_n in range(0, hi, BLOCK_N):
         store = '''o_desc.store([b, h, pid_m * BLOCK_M, 0],
                  o.to(o_desc.dtype).reshape(1, 1, BLOCK_M, BLOCK_D))  # clipped at Sq and D'''
     else:
-        name, args = "_attn_fwd", _args(mask, False)
+        name, args = "_attn_fwd", _args(mask, False, folds(p, mask, cap))
         index = '''b = (bh // H).to(tl.int64)
     h = bh % H
     hk = (h // GROUP).to(tl.int64)                                 # the key/value head (GQA)'''
@@ -650,17 +693,19 @@ _MASK_LAUNCH = ("mk, fill, mk.stride(0), mk.stride(1), mk.stride(2), mk.stride(3
                 "                    ")
 
 
-def _launcher(p, mask=None) -> str:
+def _launcher(p, mask=None, fold: bool = False) -> str:
     scale = "scale * 1.4426950408889634   # log2(e): exp2 of base-2 scores" if p["use_exp2"] else "scale"
     tma = p["loads"] == "tma"
     margs = _MASK_LAUNCH if mask else ""
+    # the scale folds into the exponent only where it is positive (max(c * s) = c * max(s))
+    fold_arg = " FOLD=qk_scale > 0," if fold else ""
     if tma:
         launch = f'''if tma:
         q_blk, kv_blk = [1, 1, bm, bd], [1, 1, bn, bd]
         descs = [TensorDescriptor.from_tensor(t, blk)
                  for t, blk in ((q, q_blk), (k, kv_blk), (v, kv_blk), (o, q_blk))]
         _attn_fwd_tma[grid](*descs, qk_scale, H, H // Hkv, SQ, SK, {margs}BLOCK_M=bm, BLOCK_N=bn,
-                            BLOCK_D=bd, CAUSAL=bool(causal), IEEE=ieee, DOT_FP32=dot_fp32,
+                            BLOCK_D=bd, CAUSAL=bool(causal), IEEE=ieee, DOT_FP32=dot_fp32,{fold_arg}
                             num_warps=NUM_WARPS, num_stages=stages)
         return o
     # no TMA on this GPU, or rows a descriptor cannot address: the pointer path
@@ -727,7 +772,7 @@ def kernel_fn({sig}):
                     k.stride(0), k.stride(1), k.stride(2), k.stride(3),
                     v.stride(0), v.stride(1), v.stride(2), v.stride(3),
                     {margs}BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, CAUSAL=bool(causal), IEEE=ieee,
-                    DOT_FP32=dot_fp32, num_warps=NUM_WARPS, num_stages=stages)
+                    DOT_FP32=dot_fp32,{fold_arg} num_warps=NUM_WARPS, num_stages=stages)
     return o
 '''
 
@@ -768,7 +813,7 @@ NUM_STAGES = {p["num_stages"]}        # software-pipelining depth of the key loo
     parts = [doc, _HELPERS_SRC, "\n", _kernel(p, mask=mask, cap=cap)]
     if p["loads"] == "tma":      # tiles through tensor descriptors where the GPU has TMA
         parts += ["\n", C.TMA_HELPERS_SRC, _ROWS_OK_SRC, "\n", _kernel(p, tma=True, mask=mask, cap=cap)]
-    return C.tidy("\n".join(parts + [_launcher(p, mask)]))
+    return C.tidy("\n".join(parts + [_launcher(p, mask, folds(p, mask, cap))]))
 
 
 FAMILY = Family(

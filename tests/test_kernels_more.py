@@ -1253,3 +1253,40 @@ def test_fused_mlp_tma_gemms_pass_the_five_verifier_stages(i, cand_dir):
     for stage in verify.STAGES:
         r = v.run_stage(fn, stage)
         assert r.status == "passed", (stage, r.detail)
+
+
+@pytest.mark.parametrize("loads,causal,scale", [("tma", 1, None), ("pointers", 0, None),
+                                                ("tma", 1, -0.3)])
+def test_attention_folded_scale_passes_the_five_verifier_stages(loads, causal, scale, cand_dir):
+    """fold_scale: the raw scores' row max scaled once a row and each score's scale in its
+    exponent's FMA. It renders a FOLD constexpr the launcher sets only for a positive scale
+    (a negative one takes the unfolded step: max(c * s) = c * max(s) needs c > 0), and neither
+    a runtime mask nor a soft cap folds. Every stage under the interpreter, causal and not; the
+    negative scale against the float64 formula directly."""
+    from kernels import attention as at
+    shape = [2, 4, 40, 16, 2, causal]
+    fam = FAMILIES["attention"].for_target(shape, "bfloat16")
+    point = dict(fam.default, **dict(at.HALF_OPENERS[0], fold_scale=True, loads=loads))
+    src = fam.render(point)
+    assert "FOLD: tl.constexpr" in src and "FOLD=qk_scale > 0" in src
+    assert "s * qk_scale - m_ref[:, None]" in src
+    assert "FOLD" not in at.render(point, mask={"kind": "bias", "fill": None, "safe": False})
+    assert "FOLD" not in at.render(point, cap=30.0)
+    fn = load_candidate(src, cand_dir)
+    if scale is not None:
+        g = torch.Generator().manual_seed(3)
+        q, k, v = (torch.randn(2, h, 40, 16, generator=g).to(torch.bfloat16) for h in (4, 2, 2))
+        out = fn(q, k, v, True, scale).float()
+        # the float64 formula (SDPA's causal path gives NaN at a negative scale)
+        kr, vr = (t.double().repeat_interleave(2, dim=1) for t in (k, v))
+        sc = scale * q.double() @ kr.transpose(-1, -2)
+        sc = sc.masked_fill(torch.ones(40, 40, dtype=torch.bool).triu(1), float("-inf"))
+        ref = (sc.softmax(-1) @ vr).float()
+        assert (out - ref).abs().max().item() < 2e-2
+        return
+    verify.install_launch_counter()
+    v = verify.Verifier(fam, {"dtype": "bfloat16", "shapes": [{"shape": shape, "count": 1}],
+                              "seed": 5}, DEVICE, interpret=DEVICE == "cpu")
+    for stage in verify.STAGES:
+        r = v.run_stage(fn, stage)
+        assert r.status == "passed", (stage, r.detail)
