@@ -774,6 +774,29 @@ def test_end_to_end_timing_skips_compile_modes_the_budget_cannot_hold():
     assert all(f"{m} skipped" in rows["note"] for m in modes[1:]), rows["note"]
 
 
+def test_the_optimized_model_is_compiled_whenever_the_original_was(monkeypatch):
+    """With kernels placed and compile timed, compile_optimized's first mode runs whatever the
+    budget has left (the comparison the kernels are judged by); without a compile figure it
+    keeps to the budget. The real time_variants, _best_compiled recorded."""
+    calls = []
+
+    def fake(variant, *a, first_always=False, **kw):
+        calls.append((variant, first_always))
+        us = 1.0 if (variant == "compile" and compile_ok) else None
+        return dict(variant=variant, latency_us=us, noise=0.0, timing_mode="interpreter",
+                    note="" if us else "skipped")
+    monkeypatch.setattr(integrate, "_best_compiled", fake)
+    model = nn.Sequential(nn.Linear(8, 8)).eval()
+    # the optimized row: the model itself (this test is about the compile rows)
+    monkeypatch.setattr(integrate.Road, "apply",
+                        lambda self, ks, compile_mode=None: integrate._Applied(model, {}))
+    for compile_ok in (True, False):
+        calls.clear()
+        integrate.time_variants(model, (torch.randn(2, 8),), [object()], "interpreter",
+                                do_compile=True, reps=2, deadline=time.monotonic() - 1.0)
+        assert calls == [("compile", False), ("compile_optimized", compile_ok)], calls
+
+
 def test_a_model_with_nothing_to_optimize_ends_at_its_profile(tmp_path):
     # a concatenation: no family and no region holds it (a pointwise op would be a region)
     f = tmp_path / "cat.py"
