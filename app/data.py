@@ -557,6 +557,7 @@ E2E_GOOD = ("passed", "partial")  # checks whose outputs matched: their timings 
 # Why a kept kernel was not in the model a check timed (family_flags' values)
 LEFT_OUT = {"responsible": "its outputs did not match the original model's",
             "slower": "the model ran slower with it",
+            "slower_eager": "the eager model ran slower with it (in the compiled one, which ships)",
             "unused": "the model never called it at a shape and dtype it was verified for",
             "unknown": "the integration failed"}
 

@@ -135,6 +135,10 @@ def _end_to_end(store: Store, run_id: str, projected: float, interp: bool) -> li
     slower = [f for f, v in (c["family_flags"] or {}).items() if v == "slower"]
     if slower:
         out.append(f"Left out of the optimized model (it ran slower with them): {', '.join(slower)}.")
+    eager_only = [f for f, v in (c["family_flags"] or {}).items() if v == "slower_eager"]
+    if eager_only:
+        out.append(f"Left out of the eager optimized model (it ran slower there), in the compiled "
+                   f"one that ships: {', '.join(eager_only)}.")
     base = [f for f, v in (c["family_flags"] or {}).items() if v == "slower_than_baseline"]
     if base:
         out.append(f"Never placed (slower than their baseline, the faster of eager and "

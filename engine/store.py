@@ -227,7 +227,8 @@ MIGRATIONS: list[tuple[str, str]] = [
     # The run's kept kernels in the whole model (engine/integrate.py). e2e_checks: the optimized
     # model's outputs against the original's on fresh inputs; family_flags names a kernel found
     # responsible for a mismatch, or (flag "slower", since 2026-12) one the model ran slower with
-    # on a GPU; either is left out of the optimized model and of exports.
+    # on a GPU; either is left out of the optimized model and of exports ("slower_eager": the
+    # eager model ran slower with it, the compiled one that ships has it: placed).
     # e2e_timings: the model timed side by side, eager / optimized / torch.compile / both.
     ("0004_end_to_end", """
     CREATE TABLE e2e_checks (

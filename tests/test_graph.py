@@ -815,6 +815,16 @@ def test_a_long_forward_that_waits_on_the_host_is_tried_as_a_cuda_graph():
     assert "CUDA graph not used: failed" in row["note"]          # short: always tried
 
 
+def test_a_kernel_left_out_of_the_eager_model_stays_in_the_compiled_one_that_ships():
+    """drop_slower judges the eager model; when the compiled optimized model ships, a kernel
+    it left out is in it: flagged slower_eager, which placement (and so exports) keeps."""
+    flags = {"attention": "slower", "cross_entropy": "slower", "matmul": "slower_than_baseline"}
+    assert integrate.compiled_in(dict(flags), ["attention", "cross_entropy"], "compile") == flags
+    got = integrate.compiled_in(dict(flags), ["attention"], "compile_optimized")
+    assert got == {"attention": "slower_eager", "cross_entropy": "slower",
+                   "matmul": "slower_than_baseline"}
+
+
 def test_a_model_with_nothing_to_optimize_ends_at_its_profile(tmp_path):
     # a concatenation: no family and no region holds it (a pointwise op would be a region)
     f = tmp_path / "cat.py"
