@@ -505,23 +505,16 @@ else:
     if folds(p, mask, cap):
         # FOLD (qk_scale > 0): the raw scores' row max scaled once a row, each score scaled in
         # its exponent's argument (one FMA); otherwise the scaled scores, as below
-        vis = ('''
-    visible = (kn < SK)[None, :]
-    if CAUSAL:
-        visible = visible & (offs_m[:, None] >= kn[None, :])
-    s = tl.where(visible, s, float("-inf"))''' if masked else "")
+        vis = ("\n" + C.indent(_VISIBLE_SRC, 4)) if masked else ""
         lines.append(f'''
 if FOLD:{vis}
     m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
-    # rows that saw only masked keys so far subtract 0: exp(-inf - 0) = 0, not exp(-inf + inf) = NaN
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = {exp("m_i - m_ref")}
     pr = {exp("s * qk_scale - m_ref[:, None]")}
 else:
     s = s * qk_scale{vis}
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-    pr = {exp("s - m_ref[:, None]")}
-alpha = {exp("m_i - m_ref")}''')
+{C.indent(_online_src(exp), 4)}''')
         lines.append(_update_src(p, exp, dot, note))
         return "\n".join(x.strip("\n") for x in lines)
     lines.append("s = s * qk_scale")
@@ -530,19 +523,27 @@ alpha = {exp("m_i - m_ref")}''')
     if mask:
         lines.append(_mask_src(p, mask))
     if masked:
-        lines.append('''
-visible = (kn < SK)[None, :]
+        lines.append(_VISIBLE_SRC)
+    lines.append(_online_src(exp))
+    lines.append(_update_src(p, exp, dot, note))
+    return "\n".join(x.strip("\n") for x in lines)
+
+
+# the causal and tail mask of a block's scores s [BLOCK_M, BLOCK_N]
+_VISIBLE_SRC = '''visible = (kn < SK)[None, :]
 if CAUSAL:
     visible = visible & (offs_m[:, None] >= kn[None, :])
-s = tl.where(visible, s, float("-inf"))''')
-    lines.append(f'''
-m_new = tl.maximum(m_i, tl.max(s, axis=1))
+s = tl.where(visible, s, float("-inf"))'''
+
+
+def _online_src(exp) -> str:
+    """The online softmax's new max, the rescale of what came before and this block's p, from
+    scaled scores s."""
+    return f'''m_new = tl.maximum(m_i, tl.max(s, axis=1))
 # rows that saw only masked keys so far subtract 0: exp(-inf - 0) = 0, not exp(-inf + inf) = NaN
 m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
 alpha = {exp("m_i - m_ref")}
-pr = {exp("s - m_ref[:, None]")}''')
-    lines.append(_update_src(p, exp, dot, note))
-    return "\n".join(x.strip("\n") for x in lines)
+pr = {exp("s - m_ref[:, None]")}'''
 
 
 def folds(p, mask=None, cap=None) -> bool:
