@@ -1244,7 +1244,7 @@ def test_fused_mlp_tma_gemms_pass_the_five_verifier_stages(i, cand_dir):
     src = fam.render(dict(fam.default, **dict(fmlp.HALF_OPENERS[i], block_m=32, block_n=32,
                                               block_k=16)))
     assert "flatten=True" in src
-    assert ("def _mlp_up_tma(" in src) == (i == 0) and ("_matmul_tma(a, b, cfg)" in src)
+    assert ("def _mlp_up_tma(" in src) == (i == 1) and ("_matmul_tma(a, b, cfg)" in src)
     fn = load_candidate(src, cand_dir)
     verify.install_launch_counter()
     v = verify.Verifier(fam, {"dtype": "bfloat16", "shapes": [{"shape": [2, 20, 48, 64],
