@@ -825,6 +825,59 @@ def test_a_kernel_left_out_of_the_eager_model_stays_in_the_compiled_one_that_shi
                    "matmul": "slower_than_baseline"}
 
 
+def test_the_optimized_models_device_time_is_the_profiles_less_what_its_kernels_save():
+    from types import SimpleNamespace as NS
+    rec = [integrate.KernelRecord("attention", 1, 9, "", "h", "bfloat16", [], (0, 0), "cuda",
+                                  latency_us=323.5, ref_latency_us=2972.4),
+           integrate.KernelRecord("cross_entropy", 2, 43, "", "h", "bfloat16", [], (0, 0), "cuda",
+                                  latency_us=93.8, ref_latency_us=721.6),
+           integrate.KernelRecord("matmul", 3, 3, "", "h", "bfloat16", [], (0, 0), "cuda",
+                                  latency_us=2140.8, ref_latency_us=2166.8)]
+    ks = [NS(name="attention#9"), NS(name="cross_entropy#43")]
+    saved = integrate.saved_us(rec, ks)
+    assert saved == pytest.approx((2972.4 - 323.5) + (721.6 - 93.8))
+    assert integrate.expected_gpu_us(4777.0, saved) == pytest.approx(4777.0 - saved)
+    assert integrate.expected_gpu_us(4777.0, 10 * saved) == pytest.approx(477.7)   # a tenth at least
+    assert integrate.expected_gpu_us(None, saved) is None
+
+
+def test_a_launch_bound_optimized_model_is_judged_by_cuda_graph_replays(monkeypatch):
+    """BERT-base 8x512 (H200): 5.46 ms with its kernels, 5.18 without, eagerly; the kernels took
+    ~3.3 ms of its 4.8 ms of GPU work, so the optimized forward waits on the host. drop_slower
+    then times both sides as CUDA graph replays (here: a recorded fake) and keeps the kernels;
+    without the expected device time, or where no graph can be made, the eager timings decide."""
+    model = nn.Linear(4, 4)
+    optimized = nn.Linear(4, 4)
+
+    class FakeGraphed:
+        def __init__(self, module, inputs):
+            if fail[0]:
+                raise RuntimeError("capture failed")
+            self.inner = module
+    plain = {id(model): 5180.0, id(optimized): 5460.0}
+    replay = {id(model): 4900.0, id(optimized): 2300.0}
+
+    def fake_time(fn, inputs, device, warmup, reps, *a, **k):
+        return ((replay[id(fn.inner)] if isinstance(fn, FakeGraphed) else plain[id(fn)]), 0.01)
+    monkeypatch.setattr(integrate, "_device", lambda m, i: torch.device("cuda"))
+    monkeypatch.setattr(integrate, "_median_time", fake_time)
+    monkeypatch.setattr(integrate, "_free", lambda: None)
+    monkeypatch.setattr(integrate.rt, "Graphed", FakeGraphed)
+    monkeypatch.setattr(integrate.Road, "apply",
+                        lambda self, ks, compile_mode=None: integrate._Applied(
+                            optimized if ks else model, {}, lambda: None))
+    road = integrate.Road(model)
+    ks = ["attention#9"]
+    fail = [False]
+    kept, dropped = integrate.drop_slower(model, (torch.randn(2, 4),), ks, road=road, gpu_us=1476.0)
+    assert kept == ks and dropped == []
+    kept, dropped = integrate.drop_slower(model, (torch.randn(2, 4),), ks, road=road)
+    assert kept == [] and "5.46 ms with it" in dropped[0][1]
+    fail = [True]
+    kept, dropped = integrate.drop_slower(model, (torch.randn(2, 4),), ks, road=road, gpu_us=1476.0)
+    assert kept == [] and "CUDA graphs" not in dropped[0][1]
+
+
 def test_a_model_with_nothing_to_optimize_ends_at_its_profile(tmp_path):
     # a concatenation: no family and no region holds it (a pointwise op would be a region)
     f = tmp_path / "cat.py"
