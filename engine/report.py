@@ -157,6 +157,9 @@ def _end_to_end(store: Store, run_id: str, projected: float, interp: bool) -> li
         by = {t["variant"]: t["latency_us"] for t in timings if t["latency_us"]}
         if not interp and by.get("compile") and by.get("compile_optimized"):
             ratio = by["compile"] / by["compile_optimized"]
+            proj = plan.projected_compiled(store.targets(run_id), by["compile"])
             out += ["", f"Under torch.compile the kernels give {ratio:.3g}x" + (
-                "" if ratio >= 1 else ": for this input, compile the original model") + "."]
+                "" if ratio >= 1 else ": for this input, compile the original model")
+                + (f" (Amdahl over compile's forward, from the compiled ops' times: {proj:.3g}x)"
+                   if proj else "") + "."]
     return out

@@ -582,3 +582,24 @@ def test_the_reference_runner_releases_its_compiled_baselines():
     state = {"compiled": torch.compile(lambda x: x + 1, backend="eager"), "tainted": False}
     worker._OPS["release_reference"]({"op": "release_reference"}, state, calls.append, None)
     assert calls == [{"ok": True}] and "compiled" not in state
+
+
+def test_the_compiled_projection_matches_the_recorded_gpt2_run_within_ten_percent():
+    """The recorded GPT-2 small run (H200): compile of the optimized model measured 1.426x
+    torch.compile; Amdahl over compile's forward from the compiled ops' times agrees within
+    10% (the eager-share projection, 1.087x, does not), and the report prints both."""
+    db = Path(__file__).resolve().parent.parent / "data" / "recorded_h200_gpt2_bert.db"
+    store = Store(db, readonly=True)
+    try:
+        run_id = "20261205-171950-baaacc"
+        targets = store.targets(run_id)
+        check = [c for c in store.e2e_checks(run_id) if c["kind"] == "check"][0]
+        by = {t["variant"]: t["latency_us"] for t in store.e2e_timings(check["id"])}
+        measured = by["compile"] / by["compile_optimized"]
+        proj = plan.projected_compiled(targets, by["compile"])
+        assert abs(proj / measured - 1) < 0.10, (proj, measured)
+        assert abs(plan.projected(targets) / measured - 1) > 0.2
+        assert plan.projected_compiled(targets, None) is None
+        assert f"{proj:.3g}x" in run_markdown(store, run_id)
+    finally:
+        store.close()
