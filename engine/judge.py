@@ -347,7 +347,8 @@ def evaluate(worker, req: dict, deadline: float) -> dict:
         return result
 
     worker.stage = "benchmark"
-    try:
+
+    def timed() -> dict:
         timing = time_shapes(worker, fam, req, deadline, keep=True)
         for row in timing["shape_times"]:
             # Faster than bytes / measured copy rate, or flops / the machine's fastest matmul
@@ -359,13 +360,29 @@ def evaluate(worker, req: dict, deadline: float) -> dict:
                 raise Rejected("benchmark", f"faster than the speed of light at shape "
                                             f"{row['shape']}: {row['us']:.2f} us < "
                                             f"{floor:.2f} us minimum")
+        return timing
+
+    def not_faster(timing, own_noise=True):
+        return gate and verify.not_faster(timing["latency_us"],
+                                          timing["noise"] if own_noise else 0.0,
+                                          gate["best_us"], gate["best_noise"], gate["min_margin"])
+    try:
+        timing = timed()
+        # a median that beats the best, kept out only by its own rounds' spread (one round
+        # off: a GPT-2 attention candidate on the H200 ran 678 us against the best's 763 with
+        # rounds 89% apart) is timed once more, and the repeat stands, whatever it says
+        if not_faster(timing) and not not_faster(timing, own_noise=False):
+            first = timing
+            drop_sets(worker, req, deadline)
+            timing = timed()
+            timing["repeated"] = (f"timed again: the first timing's rounds spread "
+                                  f"{first['noise']:.0%} (median {first['latency_us']:.1f} us)")
     except Rejected as e:
         if gate:
             _skip_rest(stages)
         return fail(e.stage, str(e), e.restart)
     result["timing"] = timing
-    slower = gate and verify.not_faster(timing["latency_us"], timing["noise"], gate["best_us"],
-                                        gate["best_noise"], gate["min_margin"])
+    slower = not_faster(timing)
     try:
         if not slower:         # a would-be best: its timing is audited on the judge's clock
             audit(worker, timing, deadline)

@@ -982,6 +982,9 @@ class _Dispatch:
         timing = r.get("timing")
         if timing:
             self._set_timing(exp, timing)
+            if timing.get("repeated"):
+                self.store.event(self.run_id, f"{exp['family']}: {timing['repeated']}; the "
+                                              f"repeat, {timing['latency_us']:.1f} us, stands")
         if r.get("gated"):
             # slower than the best when the job was sent; the best has only got faster since
             exp.update(state="reverted", error=r["gated"])

@@ -412,3 +412,36 @@ def test_a_targets_noise_is_its_shapes_noise_weighted_by_their_share_of_the_tota
     assert min(r["noise"] for r in rows) <= bench.total_noise(rows) <= max(r["noise"] for r in rows)
     assert bench.total_noise(rows[:1]) == pytest.approx(0.020)
     assert bench.total_noise([dict(count=1, us=0.0, noise=0.3)]) == 0.3
+
+
+@pytest.mark.parametrize("noisy", [True, False])
+def test_a_winning_median_kept_out_by_its_own_spread_is_timed_once_more(worker, monkeypatch,
+                                                                         noisy):
+    """Bench-first: a candidate whose median beats the best, blocked only by its own rounds'
+    spread (one round off), is timed again and the repeat stands; a candidate slower by its
+    median is not. The real judge and runner; the first timing's spread set by a wrapper (and the
+    best placed at twice its median). The candidate (softmax without the max subtraction) then
+    goes on to the stage that catches it, as any winner does."""
+    from engine import judge
+    real, calls = judge.time_shapes, []
+
+    def spread_first(worker_, fam, req, deadline, prep=None, keep=False):
+        t = real(worker_, fam, req, deadline, prep, keep)
+        calls.append(t["latency_us"])
+        if len(calls) == 1:
+            req["gate"]["best_us"] = t["latency_us"] * (2.0 if noisy else 0.5)
+            t["noise"] = 0.9 if noisy else 0.0
+        else:
+            t["noise"] = 0.01
+        return t
+    monkeypatch.setattr(judge, "time_shapes", spread_first)
+    src = (CAND / "softmax_no_max.py").read_text()
+    r = worker.request({"op": "evaluate", "family": "softmax", "source": src, "dtype": "float32",
+                        "shapes": SHAPES, "seed": 3, "gate": {"best_us": 1.0, "best_noise": 0.0,
+                                                             "min_margin": 0.01}}, timeout_s=180)
+    if noisy:
+        assert len(calls) == 2 and "gated" not in r
+        assert r["timing"]["repeated"].startswith("timed again: the first timing's rounds spread 90%")
+        assert r["failed_stage"] == "stability"
+    else:
+        assert len(calls) == 1 and r["gated"].startswith("not verified further: ")
