@@ -222,6 +222,17 @@ def _has_tma(device):
 
 '''
 
+# Whether a tensor can back a TMA descriptor: the host check of the TMA launchers that take
+# arbitrary operands (attention's q, k, v, o; the fused MLP's x, weights and h)
+ROWS_OK_SRC = '''
+
+def _rows_ok(t):
+    """Unit last stride, 16-byte aligned base and leading strides: what a descriptor needs."""
+    item = t.element_size()
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+            and all((s * item) % 16 == 0 for s in t.stride()[:-1]))
+'''
+
 # Host-side helpers every rendered source carries: triton.cdiv and triton.next_power_of_2 are
 # Triton constexpr functions, whose wrapper costs ~3 us a call in host code (Triton 3.9, measured
 # on the CPU); a launcher calls them up to nine times, and a launch-bound model pays it per op.

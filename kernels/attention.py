@@ -651,14 +651,6 @@ def {name}({args}):
 '''
 
 
-_ROWS_OK_SRC = '''
-
-def _rows_ok(t):
-    """Unit last stride, 16-byte aligned base and leading strides: what a descriptor needs."""
-    item = t.element_size()
-    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
-            and all((s * item) % 16 == 0 for s in t.stride()[:-1]))
-'''
 
 
 def _mask_prep(p, mask) -> str:
@@ -813,7 +805,7 @@ NUM_STAGES = {p["num_stages"]}        # software-pipelining depth of the key loo
         doc = doc.replace("q k^T", f"{cap:g} * tanh(q k^T * scale / {cap:g})", 1)
     parts = [doc, _HELPERS_SRC, "\n", _kernel(p, mask=mask, cap=cap)]
     if p["loads"] == "tma":      # tiles through tensor descriptors where the GPU has TMA
-        parts += ["\n", C.TMA_HELPERS_SRC, _ROWS_OK_SRC, "\n", _kernel(p, tma=True, mask=mask, cap=cap)]
+        parts += ["\n", C.TMA_HELPERS_SRC, C.ROWS_OK_SRC, "\n", _kernel(p, tma=True, mask=mask, cap=cap)]
     return C.tidy("\n".join(parts + [_launcher(p, mask, folds(p, mask, cap))]))
 
 

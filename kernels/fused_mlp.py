@@ -274,12 +274,9 @@ def _mlp_up_tma(a_desc, g_desc, u_desc, h_desc, M, N, K, NUM_PROGS,
 
 def _up_tma(x2, w_gate, w_up, h, ieee, dot_fp32):
     # the TMA up projection into h, or False where the device or the layouts rule it out
-    # (rows 16-byte aligned, unit last strides)
-    item = x2.element_size()
-    ts = (x2, w_gate, w_up, h)
-    if (not _has_tma(x2.device) or any(t.stride(-1) != 1 or t.data_ptr() % 16
-                                       or (t.stride(0) * item) % 16 for t in ts)):
+    if not _has_tma(x2.device) or not all(_rows_ok(t) for t in (x2, w_gate, w_up, h)):
         return False
+    item = x2.element_size()
     N, D = x2.shape
     Fd = w_gate.shape[0]
     bm, bn, bk, stages = _fit_gemm(BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, NUM_WARPS, N, Fd, D,
@@ -409,7 +406,7 @@ SUBTILE = True         # and matmul's stores each tile as two halves
         parts += [C.NUM_SMS_SRC, "\n\n", C.TMA_HELPERS_SRC, MM.tma_src(True, True),
                   MM.TMA_HOST_SRC]
         if p["variant"] == "fused":
-            parts += ["\n\n", _UP_TMA_KERNEL]
+            parts += [C.ROWS_OK_SRC, "\n\n", _UP_TMA_KERNEL]
     parts += [_launcher(p)]
     return C.tidy("\n".join(parts))
 

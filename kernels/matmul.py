@@ -792,7 +792,7 @@ def _split_point(shape) -> dict:
 # bf16/fp16 targets whose K is not split open with the fastest points measured: first the
 # persistent TMA kernel, warp-specialized, 128 x 256 x 64 tiles, 3 stages, 8 warps, 16-row
 # groups, its tile stored in two halves. On an H100 (Triton 3.6, triton.testing.do_bench
-# medians, L2 flushed; .gpu sweep in docs/benchmarks.md) it ran 4096 x 4096 x 4096 in 190.6 us
+# medians, L2 flushed; docs/sweeps/points.py, docs/benchmarks.md) it ran 4096 x 4096 x 4096 in 190.6 us
 # (0.94x cuBLAS), 4096 x 11008 x 4096 (M x K x N) in 521.2 (0.99x), 4096 x 4096 x 11008 in
 # 531.9 (1.04x) and 8192 x 4096 x 14336 in 1,407.7 (1.01x), where one tile a program through
 # TMA ran 0.76-0.88x. Then the H200 probe's points (docs/benchmarks.md, "The Hopper points,
