@@ -588,10 +588,10 @@ def drop_slower(model, inputs, kernels: list, reps: int = 20, road: Road | None 
     the same way). Returns (kernels kept, [(kernel, note)] left out)."""
     device = _device(model, inputs)
     road = road or Road(model)
-    graphs = [False]
+    graphed = False                    # timings from CUDA graph replays (host_bound below)
 
     def run_time(module) -> tuple[float, float]:
-        if graphs[0]:
+        if graphed:
             g = rt.Graphed(module, inputs)
             try:
                 return _median_time(g, inputs, device, 3, reps)
@@ -615,12 +615,12 @@ def drop_slower(model, inputs, kernels: list, reps: int = 20, road: Road | None 
     how = ""
     if (kept and device.type == "cuda" and cur > eager * (1.01 + max(noise_e, noise_c))
             and host_bound(cur, gpu_us)):
-        graphs[0] = True
+        graphed = True
         try:
             (eager, noise_e), (cur, noise_c) = timed([]), timed(kept)
             how = ", both replayed from CUDA graphs"
         except Exception:              # no graph for this model: its plain timings decide
-            graphs[0] = False
+            graphed = False
     while kept and cur > eager * (1.01 + max(noise_e, noise_c)):
         if deadline is not None and time.monotonic() > deadline:
             for k in kept:
@@ -630,10 +630,10 @@ def drop_slower(model, inputs, kernels: list, reps: int = 20, road: Road | None 
         try:
             trials = [(timed([k for k in kept if k is not leave]), leave) for leave in kept]
         except Exception:
-            if not graphs[0]:
+            if not graphed:
                 raise
             # a subset that cannot be captured: every side timed plainly from here on
-            graphs[0], how = False, ""
+            graphed, how = False, ""
             (eager, noise_e), (cur, noise_c) = timed([]), timed(kept)
             continue
         (best, noise_c), leave = min(trials, key=lambda t: t[0][0])
