@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from app import fmt
-from engine import plan
+from engine import hw, plan
 from engine.store import STAGES, Store, StoreError  # noqa: F401  (StoreError: for the pages)
 from engine.store import effective_status
 
@@ -552,7 +552,7 @@ def roofline_frame(family: str, dtype: str, points: list[tuple[str, list, float]
 # ---- end-to-end checks (engine/integrate.py; absent in older databases) -------------------------
 E2E_COLUMNS = ["check_id", "seq", "created_at", "status", "speedup", "compile_speedup",
                "vs_compile", "eager_us", "optimized_us", "compile_us", "compile_optimized_us",
-               "timing_mode", "in_model", "left_out", "label"]
+               "timing_mode", "in_model", "left_out", "elsewhere", "label"]
 E2E_GOOD = ("passed", "partial")  # checks whose outputs matched: their timings can be claimed
 # Why a kept kernel was not in the model a check timed (family_flags' values)
 LEFT_OUT = {"responsible": "its outputs did not match the original model's",
@@ -566,17 +566,22 @@ def e2e_checks_frame(store: Store, run_id: str) -> pd.DataFrame:
     """Every end-to-end check of a run, oldest first, with what it measured: one row per check
     with its status, the families whose kernel was in the optimized model (``in_model``: flag
     "ok") and those left out with why (``left_out``: family -> reason), and its timings per
-    forward pass: eager, optimized, compile, compile_optimized (µs; None where not timed).
+    forward pass: eager, optimized, compile, compile_optimized (µs; None where not timed);
+    ``elsewhere``: a check timed on another GPU than the run's, which (hw.timed_elsewhere), or "".
 
     Empty for a database without the e2e tables (an older schema) or a run without checks."""
     cols = ["check_id", "created_at", "status", "detail", "in_model", "left_out", "eager",
-            "optimized", "compile", "compile_optimized", "timing_mode"]
+            "optimized", "compile", "compile_optimized", "timing_mode", "elsewhere"]
     try:
         if not {"e2e_checks", "e2e_timings"} <= set(store.db.table_names()):
             return pd.DataFrame(columns=cols)
+        # e2e_checks.device since schema 0008: an older file's checks were timed where the run was
+        has_device = "device" in store.db["e2e_checks"].columns_dict
         checks = list(store.db.query(
-            "SELECT id, created_at, status, detail, family_flags FROM e2e_checks "
+            "SELECT id, created_at, status, detail, family_flags"
+            + (", device" if has_device else "") + " FROM e2e_checks "
             "WHERE run_id = ? AND kind = 'check' ORDER BY id", [run_id]))
+        run = store.get_run(run_id) or {}
         timings = list(store.db.query(
             "SELECT check_id, variant, latency_us, timing_mode FROM e2e_timings "
             "WHERE run_id = ? ORDER BY id", [run_id]))
@@ -597,6 +602,7 @@ def e2e_checks_frame(store: Store, run_id: str) -> pd.DataFrame:
             in_model=[f for f, v in flags.items() if v == "ok"],
             left_out={f: LEFT_OUT.get(v, v) for f, v in flags.items() if v != "ok"},
             timing_mode=lat.get("timing_mode"),
+            elsewhere=hw.timed_elsewhere(as_dict(run.get("device")), as_dict(c.get("device"))),
             **{v: lat.get(v) for v in ("eager", "optimized", "compile", "compile_optimized")}))
     return pd.DataFrame(rows, columns=cols)
 
@@ -626,13 +632,14 @@ def e2e_frame(store: Store, run_id: str, checks: pd.DataFrame | None = None) -> 
         fastest = min(v for v in (c["optimized"], c["compile_optimized"]) if v)
         vs_compile = c["compile"] / fastest if c["compile"] else None
         label = (f"check {c['status']}, kernels in the model: {', '.join(c['in_model'])}"
-                 + (f"; with torch.compile on both sides {fmt.ratio(comp)}" if comp else ""))
+                 + (f"; with torch.compile on both sides {fmt.ratio(comp)}" if comp else "")
+                 + (f"; {c['elsewhere']}" if c.get("elsewhere") else ""))
         out.append(dict(check_id=c["check_id"], created_at=c["created_at"], status=c["status"],
                         speedup=c["eager"] / c["optimized"], compile_speedup=comp,
                         vs_compile=vs_compile, eager_us=c["eager"], optimized_us=c["optimized"],
                         compile_us=c["compile"], compile_optimized_us=c["compile_optimized"],
                         timing_mode=c["timing_mode"], in_model=c["in_model"],
-                        left_out=c["left_out"], label=label))
+                        left_out=c["left_out"], elsewhere=c.get("elsewhere") or "", label=label))
     if not out:
         return empty
     df = pd.DataFrame(out, columns=[c for c in E2E_COLUMNS if c != "seq"])
@@ -849,7 +856,8 @@ def headline(rep: dict) -> dict:
                     label="Measured end-to-end speedup over eager" + tag,
                     note=f"the whole model with {', '.join(last['in_model'])} swapped in: "
                          f"{fmt.us(last['eager_us'])} → {fmt.us(last['optimized_us'])} per "
-                         f"forward pass{comp}; Amdahl projected {proj}")
+                         f"forward pass{comp}; Amdahl projected {proj}"
+                         + (f" ({last['elsewhere']})" if last.get("elsewhere") else ""))
     why = not_measured_why(rep.get("checks", pd.DataFrame()))
     if why:
         return dict(kind="not_measured", value=None, text="not measured",

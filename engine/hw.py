@@ -148,3 +148,17 @@ def sol_us(nbytes: float, flops: float, dtype, ceilings: dict, tf32: bool = Fals
     rate = matmul_rate(ceilings, dtype, tf32)
     t_flop = flops / (rate * 1e6) if rate else 0.0
     return max(t_mem, t_flop)
+
+
+def timed_elsewhere(run_device: dict | None, check_device: dict | None) -> str:
+    """A line for an end-to-end check timed on another machine than its run (``engine e2e`` again
+    elsewhere), naming both GPUs: its figures belong to the machine that timed them, the
+    kernels were tuned on the run's. Empty when both are the same GPU or either is unknown."""
+    if not run_device or not check_device:
+        return ""
+    name, ran = check_device.get("name"), run_device.get("name")
+    if not name or not ran or name == ran:
+        return ""
+    versions = ", ".join(f"{k} {check_device[k]}" for k in ("torch", "triton") if check_device.get(k))
+    return (f"timed on {name}" + (f" ({versions})" if versions else "")
+            + f"; the run's kernels were found and tuned on {ran}")

@@ -57,7 +57,7 @@ import torch
 
 import kernels as families
 from engine import kernel_runtime as rt
-from engine import plan, sources
+from engine import hw, plan, sources
 
 # Scale-relative error an optimized model may show against the original. Each kernel is within
 # a few ulps of the float64 reference, the original within a few ulps of it the other way, and
@@ -1186,7 +1186,7 @@ def finish_run(store, run_id: str, log=print, do_compile: bool | None = None,
     except Exception as e:
         msg = f"{type(e).__name__}: {' '.join(str(e).split())[:500]}"
         store.add_e2e_check(run_id, "check", "error", None, None, f"integration failed: {msg}",
-                            [], {r.family: "unknown" for r in records})
+                            [], {r.family: "unknown" for r in records}, device=hw.detect())
         log(f"end-to-end: could not integrate the kept kernels: {msg}")
         return CheckResult("error", None, 0.0, msg)
     ids = {r.name: r.experiment_id for r in records}
@@ -1197,7 +1197,8 @@ def finish_run(store, run_id: str, log=print, do_compile: bool | None = None,
         result.detail += f"; ships: {ship}"
     compiled_in(result.family_flags, [_flag_key(k.family, k.spec) for k in checked], ship)
     store.add_e2e_check(run_id, "check", result.status, result.max_error, result.tolerance,
-                        result.detail, result.kernels_used, result.family_flags, timings)
+                        result.detail, result.kernels_used, result.family_flags, timings,
+                        device=hw.detect())
     skipped = "; ".join(f"{t['variant']}: {', '.join(t['skipped'])}" for t in timings
                         if t.get("skipped"))
     if skipped:

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 import kernels
-from engine import integrate
+from engine import hw, integrate
 
 PS = (1.0, 1.5, 2.0)
 KB_TOL = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 1e-2}
@@ -365,7 +365,7 @@ def score_problem(path: Path, cfg_kw: dict, trials: int, log,
         store.add_e2e_check(res.run_id, "kernelbench", status,
                             check.max_error if check else 0.0, KB_TOL.get(dtype, 1e-4), res.detail,
                             check.kernels_used if check else [], check.family_flags if check else {},
-                            timings)
+                            timings, device=hw.detect())
     except Exception as e:
         res.status, res.detail = "error", f"scoring failed: {type(e).__name__}: {e}"[:500]
     finally:

@@ -8,7 +8,7 @@ import datetime as _dt
 import json
 from collections import Counter
 
-from engine import plan, verify
+from engine import hw, plan, verify
 from engine.store import Store
 
 
@@ -129,6 +129,9 @@ def _end_to_end(store: Store, run_id: str, projected: float, interp: bool) -> li
     err = (f", max error {c['max_error']:.3g} (tolerance {c['tolerance']:g})"
            if c["max_error"] is not None and c["tolerance"] is not None else "")
     out = ["", f"End to end ({c['kind']}): **{c['status']}**{err}. {c['detail']}"]
+    elsewhere = hw.timed_elsewhere(store.get_run(run_id).get("device"), c.get("device"))
+    if elsewhere:
+        out.append(f"This check was {elsewhere}.")
     flagged = [f for f, v in (c["family_flags"] or {}).items() if v == "responsible"]
     if flagged:
         out.append(f"Left out of the optimized model (responsible for a mismatch): {', '.join(flagged)}.")
@@ -150,6 +153,7 @@ def _end_to_end(store: Store, run_id: str, projected: float, interp: bool) -> li
         measured = f"{eager / opt:.3g}x" if eager and opt else "n/a"
         out += ["", f"Measured end to end: optimized {measured} eager, against the Amdahl projection "
                 f"of {projected:.3f}x" + (" (**interpreter timings**: not GPU performance)" if interp else "")
+                + (" (the projection is from the run's GPU)" if elsewhere else "")
                 + ".", "", "| variant | time per forward (us) | vs eager | note |", "|---|---|---|---|"]
         for t in timings:
             vs = f"{eager / t['latency_us']:.3g}x" if eager and t["latency_us"] else "-"
@@ -157,7 +161,8 @@ def _end_to_end(store: Store, run_id: str, projected: float, interp: bool) -> li
         by = {t["variant"]: t["latency_us"] for t in timings if t["latency_us"]}
         if not interp and by.get("compile") and by.get("compile_optimized"):
             ratio = by["compile"] / by["compile_optimized"]
-            proj = plan.projected_compiled(store.targets(run_id), by["compile"])
+            # the compiled ops' times are the run's GPU's: no projection for a check timed elsewhere
+            proj = None if elsewhere else plan.projected_compiled(store.targets(run_id), by["compile"])
             out += ["", f"Under torch.compile the kernels give {ratio:.3g}x" + (
                 "" if ratio >= 1 else ": for this input, compile the original model")
                 + (f" (Amdahl over compile's forward, from the compiled ops' times: {proj:.3g}x)"

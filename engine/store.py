@@ -340,6 +340,12 @@ MIGRATIONS: list[tuple[str, str]] = [
     DROP TABLE targets;
     ALTER TABLE targets_v7 RENAME TO targets
     """),
+    # e2e_checks.device: the machine that timed the check (JSON like runs.device: name, torch,
+    # triton, ...). `engine e2e` may time a run again on another GPU than the one its kernels were
+    # found on; its figures belong to that GPU. NULL: the run's own machine (older rows).
+    ("0008_e2e_device", """
+    ALTER TABLE e2e_checks ADD COLUMN device TEXT
+    """),
 ]
 KNOWN_MIGRATIONS = {name for name, _ in MIGRATIONS}
 
@@ -611,14 +617,16 @@ class Store:
     # ---- end to end -----------------------------------------------------------------------------
     def add_e2e_check(self, run_id: str, kind: str, status: str, max_error: float | None,
                       tolerance: float | None, detail: str, kernels_used: list,
-                      family_flags: dict, timings: list[dict] = ()) -> int:
+                      family_flags: dict, timings: list[dict] = (),
+                      device: dict | None = None) -> int:
         """One end-to-end check with its timings (dicts: variant, latency_us, noise, timing_mode,
-        note), in one transaction."""
+        note), in one transaction. ``device``: the machine that timed it (hw.detect())."""
         with self.db.conn:
             check_id = self.db["e2e_checks"].insert(dict(
                 run_id=run_id, created_at=_now(), kind=kind, status=status, max_error=max_error,
                 tolerance=tolerance, detail=detail, kernels_used=json.dumps(kernels_used),
-                family_flags=json.dumps(family_flags))).last_pk
+                family_flags=json.dumps(family_flags),
+                device=json.dumps(device) if device else None)).last_pk
             for t in timings:
                 self.db["e2e_timings"].insert(dict(
                     run_id=run_id, check_id=check_id, created_at=_now(), variant=t["variant"],
@@ -635,7 +643,7 @@ class Store:
         """The run's end-to-end checks, newest first."""
         if not self._has_table("e2e_checks"):
             return []
-        return [_decode(r, ("kernels_used", "family_flags")) for r in self.db.query(
+        return [_decode(r, ("kernels_used", "family_flags", "device")) for r in self.db.query(
             "SELECT * FROM e2e_checks WHERE run_id = ? ORDER BY id DESC", [run_id])]
 
     def e2e_timings(self, check_id: int) -> list[dict]:
