@@ -7,7 +7,8 @@ A spec is one string, the same in ``--model`` and in the dashboard:
   (``hf:llama``, ``hf:mistral``, ``hf:qwen2``, ``hf:gpt2``, ``hf:bert``; ``hf:llama-large`` at
   LLaMA-7B widths; ``hf:llama3-8b`` at LLaMA-3-8B's, two layers; ``hf:llama-1b``,
   ``hf:mistral-1b``, ``hf:qwen2-1b``, ``hf:gpt2-1b``, ``hf:bert-1b`` at ~1B-parameter widths, 4
-  layers unless --n-layer says otherwise). Nothing is downloaded: the config is written here
+  layers unless --n-layer says otherwise; ``hf:gpt2-small`` and ``hf:bert-base`` at the
+  published models' widths and depths). Nothing is downloaded: the config is written here
   and the weights are random. Needs ``pip install transformers``;
 - ``path/to/file.py:Name``: Name is an nn.Module class (constructed with the arguments of the
   file's ``get_init_inputs()`` if it has one, else none) or a zero-argument function returning a
@@ -91,10 +92,18 @@ HF_PRESETS = {
     "bert-1b": ("BertConfig", "BertForMaskedLM", dict(
         hidden_size=1024, intermediate_size=4096, num_hidden_layers=4, num_attention_heads=16,
         vocab_size=30522, max_position_embeddings=512)),
+    # the published small models at full depth, as transformers writes them (its default
+    # attention, SDPA): GPT-2 small (124M) and BERT-base (110M), the end-to-end targets against
+    # torch.compile at 8x1024 and 8x512
+    "gpt2-small": ("GPT2Config", "GPT2LMHeadModel", dict(
+        n_embd=768, n_layer=12, n_head=12, vocab_size=50257, n_positions=1024)),
+    "bert-base": ("BertConfig", "BertForMaskedLM", dict(
+        hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+        vocab_size=30522, max_position_embeddings=512)),
 }
 HF_DEFAULT_SHAPE = {"llama-large": (1, 2048), "llama3-8b": (8, 2048), "llama-1b": (4, 2048),
                     "mistral-1b": (4, 2048), "qwen2-1b": (4, 2048), "gpt2-1b": (4, 2048),
-                    "bert-1b": (8, 512)}   # others: (2, 16)
+                    "bert-1b": (8, 512), "gpt2-small": (8, 1024), "bert-base": (8, 512)}   # others: (2, 16)
 # --n-layer and friends, named as the zoo names them, mapped to each config's own field.
 _HF_ALIASES = {"n_layer": ("num_hidden_layers", "n_layer")}
 

@@ -83,6 +83,20 @@ def test_the_llama3_8b_preset_has_its_shape_on_the_meta_device(monkeypatch):
     assert theta["rope_theta"] == 500000.0
 
 
+@pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is not installed (requirements-dev.txt)")
+def test_gpt2_small_and_bert_base_presets_are_the_published_shapes(monkeypatch):
+    """hf:gpt2-small and hf:bert-base on the meta device: 12 layers of 768, the published
+    vocabularies, 8 x 1024 and 8 x 512 tokens by default."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    gpt2 = sources.load("hf:gpt2-small", dtype=torch.bfloat16, device="meta", check=False)
+    assert gpt2.inputs[0].shape == (8, 1024) and len(gpt2.model.transformer.h) == 12
+    assert gpt2.model.lm_head.weight.shape == (50257, 768)
+    assert sum(p.numel() for p in gpt2.model.parameters()) == 124_439_808
+    bert = sources.load("hf:bert-base", dtype=torch.bfloat16, device="meta", check=False)
+    assert bert.inputs[0].shape == (8, 512) and len(bert.model.bert.encoder.layer) == 12
+    assert bert.model.bert.encoder.layer[0].intermediate.dense.weight.shape == (3072, 768)
+
+
 def test_transformers_builds_its_models_beside_our_kernels_package():
     """Hugging Face's own package named ``kernels`` (a dependency of transformers >= 5.25) is
     shadowed by ours in the engine's process: transformers is told its hub kernels are
