@@ -55,6 +55,11 @@ Search space (``SPACE``), rendered by ``render`` into one self-contained candida
 - fp32_dot (fp32 operands only): "ieee" (full fp32), "tf32x3" (three TF32 products a K step,
   the operands split in registers), "tf32x3_split" (the operands split once before the GEMM).
 - k_major: fp32 operands whose K is not their contiguous dim are copied K-contiguous first.
+- fill: at launch, halve the output tile (columns first, then rows, not below 64) while the
+  output has fewer tiles than three quarters of the GPU's SMs. One point serves every shape of
+  a target, and the tile that suits the LM head starves a narrow projection: on an H100,
+  LLaMA-3-8B at 1 x 2048 ran its 2048 x 4096 x 1024 K/V projections with 128 x 256 tiles (64
+  tiles for 132 SMs) at 0.61x cuBLAS while the same point ran the 4096-wide ones at 1.07x.
 Out-of-range rows and columns of a partial tile re-read valid ones (index modulo M and N) and are
 never stored, so the loads need no M/N masks; the K tail is masked unless K is a multiple of
 BLOCK_K (EVEN_K, decided at launch).
@@ -233,10 +238,11 @@ SPACE = {
     "fp32_dot": ["ieee", "tf32x3", "tf32x3_split"],
     "k_major": [False, True],
     "subtile": [False, True],
+    "fill": [False, True],
 }
 DEFAULT = {"block_m": 128, "block_n": 128, "block_k": 32, "group_m": 8, "num_warps": 4,
            "num_stages": 3, "split_k": 1, "grid": "tiles", "progs_per_sm": 1, "loads": "pointers",
-           "fp32_dot": "ieee", "k_major": False, "subtile": False}
+           "fp32_dot": "ieee", "k_major": False, "subtile": False, "fill": False}
 
 
 GEMM_HELPERS_SRC = '''
@@ -360,6 +366,24 @@ if SPLIT_K == 1:
 else:
     tl.store(c_ptrs, acc, mask=c_mask)                             # fp32 partial'''
     return C.tiled_kernel("_mm", GEMM_ARGS, doc, tile_prologue(), body, persistent)
+
+
+FILL_SRC = '''
+
+def _fill_tiles(bm, bn, M, N, batch, sms):
+    """The output tile halved, columns first, then rows, not below 64, while [batch, M, N] has
+    fewer tiles than three quarters of the GPU's ``sms``: a narrow output keeps every SM busy
+    (2048 x 1024 at 128 x 256 is 64 tiles; at 128 x 128, 128). Smaller tiles need no more shared
+    memory or registers than the ones _fit_gemm passed."""
+    while batch * _cdiv(M, bm) * _cdiv(N, bn) * 4 < sms * 3:
+        if bn > 64 and bn >= bm:
+            bn //= 2
+        elif bm > 64:
+            bm //= 2
+        else:
+            break
+    return bm, bn
+'''
 
 
 SPLITK_SUM_SRC = '''@triton.jit
@@ -704,6 +728,8 @@ def render(params) -> str:
                    f"SPLIT_K*M*N*4 bytes per batch")
     else:
         traffic = "it writes c once"
+    fill_line = ("FILL = True             # launchers halve the tile for a narrow output (_fill_tiles)\n"
+                 if p["fill"] else "")
     if tma:
         traffic += "; operand tiles move by TMA (tensor descriptors) where the GPU has it"
         if p["subtile"]:
@@ -727,12 +753,14 @@ NUM_STAGES = {p["num_stages"]}        # software-pipelining depth of the K loop
 PROGS_PER_SM = {p["progs_per_sm"]}      # persistent grid only
 TMA_PERSISTENT = {persistent}   # the TMA kernel's programs walk the tiles (persistent grid)
 SUBTILE = {p["subtile"]}          # the TMA kernel stores a tile as two [BLOCK_M, BLOCK_N / 2] halves
-SUM_BLOCK = 1024       # elements per program of the split-K sum
+{fill_line}SUM_BLOCK = 1024       # elements per program of the split-K sum
 CONFIG = (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, NUM_WARPS, NUM_STAGES, PROGS_PER_SM)
 '''
     parts = [doc, GEMM_HELPERS_SRC]
-    if persistent or tma:              # the TMA plan names _num_sms on either grid
+    if persistent or tma or p["fill"]:   # the TMA plan and the fill name _num_sms on any grid
         parts.append(C.NUM_SMS_SRC)
+    if p["fill"]:
+        parts.append(FILL_SRC)
     parts += ["\n", gemm_kernel(persistent), "\n", SPLITK_SUM_SRC, launcher_src(persistent)]
     if tma:
         parts += ["\n\n", C.TMA_HELPERS_SRC, tma_src(persistent, p["loads"] == "tma_ws"),
@@ -744,6 +772,10 @@ CONFIG = (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, NUM_WARPS, NUM_STAGES, PR
         parts.append(K_MAJOR_SRC)
     parts.append(_kernel_fn(tma, split, p["k_major"]))
     src = C.tidy("\n".join(parts))
+    if p["fill"]:   # both launchers: the tile _fit_gemm passed, halved for a narrow output
+        fit = "_smem_budget(a.device))\n"
+        assert src.count(fit) == 1 + tma, "the launchers' _fit_gemm call moved"
+        src = src.replace(fit, fit + "    bm, bn = _fill_tiles(bm, bn, M, N, batch, _num_sms(a.device))\n")
     # the templates' fp32 dots say "ieee"; bf16/fp16 tiles never take that branch
     dot = "tf32" if split else p["fp32_dot"]
     return src.replace('input_precision="ieee"', f'input_precision="{dot}"')
@@ -800,8 +832,12 @@ def _split_point(shape) -> dict:
 # us, 0.91x cuBLAS), then 128x256x64 tiles, 4 stages, 8 warps (4096x11008x4096: 543 us,
 # 0.83x). Without openers a LLaMA-1B run (8192 x 2048 x {256, 2048, 32000}) spent its first
 # matmul experiments on split-K and fp32 points that cannot apply and reached TMA at its 6th.
+# With ``fill``: a no-op at those shapes (hundreds of tiles), the tile halved where a narrow
+# output has fewer tiles than SMs (the 1024-wide K/V projections of 2048 tokens: 0.61x cuBLAS
+# at 128 x 256 on the H100); that case is not yet measured with it.
 HALF_PERSISTENT = {"block_n": 256, "block_k": 64, "num_warps": 8, "num_stages": 3,
-                   "group_m": 16, "loads": "tma_ws", "grid": "persistent", "subtile": True}
+                   "group_m": 16, "loads": "tma_ws", "grid": "persistent", "subtile": True,
+                   "fill": True}
 HALF_OPENERS = (HALF_PERSISTENT, {"block_k": 64, "loads": "tma"},
                 {"block_n": 256, "block_k": 64, "num_warps": 8, "num_stages": 4, "loads": "tma"})
 # Decode-sized rows (M <= DECODE_M) in bf16/fp16 open with 16-row tiles through TMA, unsplit,

@@ -1213,6 +1213,47 @@ def test_matmul_half_openers_pass_the_five_verifier_stages(opener, cand_dir):
         assert r.status == "passed", (stage, r.detail)
 
 
+def test_matmul_fill_halves_the_tile_of_a_narrow_output_only():
+    """fill's rule: columns first, then rows, not below 64, until the output has three
+    quarters of the SMs' worth of tiles; LLaMA-3-8B's 1024-wide K/V projection of 2048 tokens
+    goes from 64 tiles of 128 x 256 to 128 of 128 x 128 on 132 SMs; the 4096-wide ones and any
+    16384-row one keep their tile. An unfilled point renders no rule."""
+    from kernels import matmul as mm
+    src = mm.render(dict(mm.DEFAULT, **mm.HALF_PERSISTENT))
+    assert src.count("bm, bn = _fill_tiles(bm, bn, M, N, batch, _num_sms(a.device))") == 2
+    assert "_fill_tiles" not in mm.render(dict(mm.DEFAULT, **dict(mm.HALF_PERSISTENT, fill=False)))
+    ns = {}
+    exec("import math\n_cdiv = lambda a, b: -(-a // b)\n" + mm.FILL_SRC, ns)
+    fill = ns["_fill_tiles"]
+    assert fill(128, 256, 2048, 1024, 1, 132) == (128, 128)
+    assert fill(128, 256, 2048, 4096, 1, 132) == (128, 256)
+    assert fill(128, 256, 16384, 1024, 1, 132) == (128, 256)
+    assert fill(128, 256, 256, 256, 1, 132) == (64, 64)          # never below 64
+    assert fill(128, 256, 2048, 1024, 2, 132) == (128, 256)      # a batch of two fills it
+    assert fill(64, 32, 64, 64, 1, 132) == (64, 32)              # a small tile is left alone
+
+
+@pytest.mark.parametrize("loads", ["tma", "pointers"])
+def test_matmul_filled_tiles_pass_the_five_verifier_stages(loads, cand_dir):
+    """A 128 x 256 point with fill on a 128 x 256 output (one tile for the interpreter's 8
+    "SMs": halved to 64 x 64, 8 tiles) through every stage, descriptors and pointers; the TMA
+    plan holds the halved blocks."""
+    fam = FAMILIES["matmul"]
+    point = dict(fam.default, block_m=128, block_n=256, block_k=32, loads=loads, fill=True,
+                 num_warps=8, num_stages=2)
+    fn = load_candidate(fam.render(point), cand_dir)
+    mod = sys.modules[fn.__module__]
+    verify.install_launch_counter()
+    v = verify.Verifier(fam, {"dtype": "bfloat16", "shapes": [{"shape": [128, 64, 256], "count": 1}],
+                              "seed": 5}, DEVICE, interpret=DEVICE == "cpu")
+    for stage in verify.STAGES:
+        r = v.run_stage(fn, stage)
+        assert r.status == "passed", (stage, r.detail)
+    if loads == "tma" and DEVICE == "cpu":
+        plans = [p for k, p in mod._TMA_PLANS.items() if p and k[0] == (128, 64) and k[2] == (64, 256)]
+        assert plans and all((p[-1]["BLOCK_M"], p[-1]["BLOCK_N"]) == (64, 64) for p in plans)
+
+
 @pytest.mark.parametrize("i", [0, 1])
 def test_attention_half_openers_pass_the_five_verifier_stages(i, cand_dir):
     """A bf16 attention target opens with the sweep's fastest points (TMA tiles, exp2, the
