@@ -344,3 +344,26 @@ def test_the_url_selects_the_run_and_follows_the_choice(tmp_path, monkeypatch):
     assert at.query_params["run"] in (new, [new])
     at.switch_page("app/kernel_page.py").run()
     assert "target" in at.query_params and "a" in at.query_params
+
+
+def test_every_recorded_run_reads_into_a_report_with_a_headline():
+    """Each run of every shipped database (data/recorded_*.db, the sidebar's list) reads into
+    the Report page's data with a headline that says what it is; a check timed on another GPU
+    than its run's says which in the headline's note (the GPT-2 run found on the H200 and
+    timed again on an H100)."""
+    seen, elsewhere = 0, []
+    for path in data.recorded_db_paths():
+        store = data.open_store(path)
+        try:
+            for run in data.list_runs(store):
+                rep = data.report_data(store, run["id"])
+                head = data.headline(rep)
+                assert head["kind"] in ("measured", "not_measured", "projected"), (path, run["id"])
+                assert head["label"] and head["text"], (path, run["id"])
+                if "timed on NVIDIA H100" in head["note"]:
+                    elsewhere.append(run["id"])
+                seen += 1
+        finally:
+            store.close()
+    assert seen >= 30
+    assert "20261205-171950-baaacc" in elsewhere
