@@ -261,6 +261,10 @@ def _render(run, owned, exps, targets, outcomes, events, measured, workers, db_p
             st.warning("Interpreter timing — not GPU performance. This run had no GPU: its "
                        "kernels ran under Triton's CPU interpreter, so its latencies and speedups "
                        "only compare candidates with each other.", icon="⚠️")
+        if not measured.empty and measured["elsewhere"].iloc[-1]:
+            # the measured speedup above is that machine's, not the one the badge names
+            st.info(f"The measured model speedup was {measured['elsewhere'].iloc[-1]}.",
+                    icon=":material/swap_horiz:")
         gone = _gone_note(run, busy_here)
         if gone:
             st.info(gone, icon=":material/power_off:")

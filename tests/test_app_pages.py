@@ -92,6 +92,19 @@ def test_every_page_renders_the_recorded_run_read_only(recorded):
             assert RECORDED_BADGE in _texts(at), path
 
 
+def test_live_page_says_when_the_measured_speedup_is_another_gpus(monkeypatch):
+    """data/recorded_h200_gpt2_bert.db: BERT's kernels were found on the H200 and its latest
+    end-to-end check timed on an H100; the Live page's measured figure says so in plain view."""
+    path = ROOT / "data" / "recorded_h200_gpt2_bert.db"
+    before = _sha(path)
+    monkeypatch.setenv("NIGHTSHIFT_DB", str(path))
+    at = _page("app/live.py", "20261205-172403-26b958")
+    assert not at.error, [e.value for e in at.error]
+    assert any(i.value.startswith("The measured model speedup was timed on NVIDIA H100 80GB HBM3")
+               and "found and tuned on NVIDIA H200" in i.value for i in at.info)
+    assert _sha(path) == before
+
+
 # ---- New run ----------------------------------------------------------------------------------
 def test_new_run_file_model_without_loader(db):
     from app import new_run
