@@ -120,7 +120,11 @@ def _parser() -> argparse.ArgumentParser:
     e2.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
                     help="time torch.compile too (auto: on a GPU, not under the interpreter; "
                          "the best of default, reduce-overhead and max-autotune with and without "
-                         "CUDA graphs, or the one mode NIGHTSHIFT_COMPILE_MODE names)")
+                         "CUDA graphs, or the one mode --compile-mode names)")
+    e2.add_argument("--compile-mode", default=None,
+                    choices=("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"),
+                    help="time torch.compile in this one mode only, on both sides (default: the "
+                         "best of all four; NIGHTSHIFT_COMPILE_MODE does the same for any command)")
 
     ex = sub.add_parser("export", help="a run's kept kernels as an importable package with "
                         "apply(model) (needs torch and triton only)")
@@ -173,6 +177,7 @@ def _shape(text: str) -> list[int]:
 def cmd_run(a) -> int:
     from engine.loop import ConfigError, RunConfig, execute
     from engine.store import StoreError, check_writable
+    compile_mode()
     budget = a.budget_experiments
     if budget is None and a.budget_minutes is None and not a.resume:
         budget = 40
@@ -288,11 +293,26 @@ def cmd_report(a) -> int:
     return 0
 
 
+def compile_mode(flag: str | None = None) -> None:
+    """The one torch.compile mode the end-to-end stage times (``--compile-mode``, else
+    NIGHTSHIFT_COMPILE_MODE), set for this process and the stage's own; a name torch.compile does
+    not know is a usage error here, not a failed compile in every timing row."""
+    from engine import integrate
+    mode = flag or os.environ.get("NIGHTSHIFT_COMPILE_MODE", "")
+    if mode and mode not in integrate.COMPILE_MODES:
+        raise UsageError(f"NIGHTSHIFT_COMPILE_MODE={mode!r} is not a torch.compile mode: use one "
+                         f"of {', '.join(integrate.COMPILE_MODES)}, or unset it for the best of all")
+    if flag:
+        os.environ["NIGHTSHIFT_COMPILE_MODE"] = flag     # the isolated stage reads it too
+    integrate.COMPILE_MODE = mode
+
+
 def cmd_e2e(a) -> int:
     """finish_run again on a stored run: a new check and timing row set, the older ones kept."""
     from engine import integrate
     from engine.report import end_to_end_markdown
     from engine.store import Store, StoreError
+    compile_mode(a.compile_mode)
     try:
         store = Store(a.db)
     except StoreError as e:

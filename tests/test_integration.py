@@ -184,6 +184,28 @@ def test_cli_bad_model_exit_2_and_no_run(tmp_path, capsys, name, existing):
         assert not db.exists() and not db.parent.exists()
 
 
+def test_an_unknown_compile_mode_is_one_usage_error_and_a_known_one_is_the_only_mode(
+        tmp_path, capsys, monkeypatch):
+    """NIGHTSHIFT_COMPILE_MODE misspelled: one line and exit 2 before anything is written (not
+    a failed torch.compile in every timing row at the end of a run); --compile-mode names the
+    one mode the end-to-end stage times, for its isolated process as well."""
+    from engine import cli
+    monkeypatch.setenv("NIGHTSHIFT_COMPILE_MODE", "max_autotune")
+    db = tmp_path / "runs.db"
+    rc = cli_main(["run", "--model", "llama-tiny", "--budget-experiments", "1", "--db", str(db)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "'max_autotune' is not a torch.compile mode" in err[0], err
+    assert not db.exists()
+    assert cli_main(["e2e", "latest", "--db", str(db)]) == 2 and not db.exists()
+    monkeypatch.delenv("NIGHTSHIFT_COMPILE_MODE")
+    monkeypatch.setattr(integrate, "COMPILE_MODE", "")
+    cli.compile_mode("reduce-overhead")
+    assert os.environ.pop("NIGHTSHIFT_COMPILE_MODE") == "reduce-overhead"
+    assert integrate.compile_modes(torch.device("cuda")) == ("reduce-overhead",)
+    cli.compile_mode()
+    assert integrate.compile_modes(torch.device("cuda")) == integrate.COMPILE_MODES
+
+
 # ---- the runtime: interception, fall-through, probes, torch.compile ---------------------------
 
 class Functional(nn.Module):
