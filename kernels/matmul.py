@@ -42,7 +42,8 @@ Search space (``SPACE``), rendered by ``render`` into one self-contained candida
   the store, so nothing is masked; b stored K-major (W^T of a linear layer, q @ k^T's k^T) is
   loaded as [BLOCK_N, BLOCK_K] tiles and transposed in registers. It applies without split-K,
   to operands with a unit last stride and 16-byte aligned rows (K and N multiples of 8 in
-  16-bit types) and a batch of one or a batch on both sides; anything else, and GPUs without
+  16-bit types; an N that is not, with b K-major, keeps the TMA loads and stores c through
+  masked pointers: an odd vocabulary's LM head) and a batch of one or a batch on both sides; anything else, and GPUs without
   TMA (AMD, NVIDIA before sm_90), takes the pointer path. On the persistent grid the TMA
   kernel's programs walk every batch's tiles in one flattened loop, which lets Triton's
   pipeliner start the next tile's loads during this tile's epilogue. "tma_ws" is "tma"
@@ -480,7 +481,13 @@ for k in K_RANGE:
         acc = tl.dot(a, b, acc, input_precision="ieee")
     else:
         acc = tl.dot(a, b, acc)
-if SUBTILE:                            # two [BLOCK_M, BLOCK_N / 2] halves
+if C_PTRS:                             # c's rows not 16-byte aligned: a masked store
+    rm = off_m + tl.arange(0, BLOCK_M)
+    rn = off_n + tl.arange(0, BLOCK_N)
+    c_ptrs = (c_desc + batch.to(tl.int64) * M * N + rm.to(tl.int64)[:, None] * N
+              + rn[None, :])
+    tl.store(c_ptrs, acc.to(c_desc.dtype.element_ty), mask=(rm < M)[:, None] & (rn < N)[None, :])
+elif SUBTILE:                          # two [BLOCK_M, BLOCK_N / 2] halves
     halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
     lo, hi = tl.split(halves)
     lo = lo.to(c_desc.dtype)
@@ -501,7 +508,8 @@ else:
 _TMA_ARGS = """a_desc, b_desc, c_desc, M, N, K, BATCH_N, NUM_PROGS,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
             GROUP_M: tl.constexpr, BATCHED: tl.constexpr, B_KMAJOR: tl.constexpr,
-            IEEE: tl.constexpr, DOT_FP32: tl.constexpr, SUBTILE: tl.constexpr"""
+            IEEE: tl.constexpr, DOT_FP32: tl.constexpr, SUBTILE: tl.constexpr,
+            C_PTRS: tl.constexpr"""
 _K_RANGE = "range(0, tl.cdiv(K, BLOCK_K))"
 _K_RANGE_WS = "tl.range(0, tl.cdiv(K, BLOCK_K), warp_specialize=True)"
 
@@ -515,7 +523,9 @@ def tma_src(persistent: bool, ws: bool) -> str:
     doc = '''"""c[batch] = a[batch] @ b[batch] by output tiles [BLOCK_M, BLOCK_N], every operand tile
 moved by TMA: descriptors over a [(Bt,) M, K], b [(Bt,) K, N] or, B_KMAJOR, its K-major
 storage [(Bt,) N, K], and c [(Bt,) M, N]. Loads past the edges read zeros, the store is
-clipped: no masks. fp32 accumulator, stored once in c's dtype."""'''
+clipped: no masks. fp32 accumulator, stored once in c's dtype. C_PTRS: c is a pointer to a
+contiguous [(Bt,) M, N] whose rows a descriptor cannot address (N * itemsize not a multiple of
+16: an odd vocabulary's LM head), stored through masked pointers; the loads stay on TMA."""'''
     head = ["num_pid_m = tl.cdiv(M, BLOCK_M)", "num_pid_n = tl.cdiv(N, BLOCK_N)",
             "num_pid_in_group = GROUP_M * num_pid_n"]
     k_range = _K_RANGE_WS if ws and not persistent else _K_RANGE
@@ -555,23 +565,28 @@ def _tma_plan(a, b, cfg):
     sa = [a.stride(-2), a.stride(-1)]
     sb = [b.stride(-1), b.stride(-2)] if b_kmajor else [b.stride(-2), b.stride(-1)]
     lead = [sa[0], sb[0]] + ([a.stride(0), b.stride(0)] if batch > 1 else [])
+    # c's rows unaligned (N * itemsize not a multiple of 16: GPT-2's 50,257-token LM head):
+    # stored through pointers, the operands still loaded by TMA where b is K-major
+    c_ptrs = (N * item) % 16 != 0
     if (M == 0 or N == 0 or K == 0 or (a.dim() == 3 and b.shape[0] != batch)
-            or not _has_tma(a.device) or (N * item) % 16 or sa[1] != 1 or sb[1] != 1
+            or not _has_tma(a.device) or (c_ptrs and not b_kmajor) or sa[1] != 1 or sb[1] != 1
             or any((s * item) % 16 for s in lead)):
         return None
     bm, bn, bk, stages = _fit_gemm(bm, bn, bk, stages, warps, M, N, K, item,
                                    _smem_budget(a.device))
     b_shape, b_block = ([N, K], [bn, bk]) if b_kmajor else ([K, N], [bk, bn])
     cn = bn // 2 if SUBTILE else bn            # the store's block: half a tile when subtiled
-    descs = (([M, K], sa, [bm, bk]), (b_shape, sb, b_block), ([M, N], [N, 1], [bm, cn]))
+    descs = (([M, K], sa, [bm, bk]), (b_shape, sb, b_block),
+             None if c_ptrs else ([M, N], [N, 1], [bm, cn]))
     if batch > 1:                      # a leading batch dimension, one matrix per block
         descs = (([batch, M, K], [a.stride(0)] + sa, [1, bm, bk]),
                  ([batch] + b_shape, [b.stride(0)] + sb, [1] + b_block),
-                 ([batch, M, N], [M * N, N, 1], [1, bm, cn]))
+                 None if c_ptrs else ([batch, M, N], [M * N, N, 1], [1, bm, cn]))
     dot_fp32 = a.dtype == torch.bfloat16 and a.device.type == "cpu"
     meta = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, BATCHED=batch > 1,
                 B_KMAJOR=b_kmajor, IEEE=a.dtype == torch.float32 or dot_fp32,
-                DOT_FP32=dot_fp32, SUBTILE=SUBTILE, num_warps=warps, num_stages=stages)
+                DOT_FP32=dot_fp32, SUBTILE=SUBTILE, C_PTRS=c_ptrs, num_warps=warps,
+                num_stages=stages)
     tiles = _cdiv(M, bm) * _cdiv(N, bn)
     if TMA_PERSISTENT:                 # pps programs an SM walk every batch's tiles
         grid = (min(tiles * batch, _num_sms(a.device) * pps),)
@@ -594,8 +609,8 @@ def _matmul_tma(a, b, cfg):
     out_shape, (da, db, dc), grid, args, meta = plan
     c = torch.empty(out_shape, dtype=a.dtype, device=a.device)
     # each descriptor's base is the operand itself: only its address and dtype are read
-    _mm_tma[grid](TensorDescriptor(a, *da), TensorDescriptor(b, *db), TensorDescriptor(c, *dc),
-                  *args, **meta)
+    _mm_tma[grid](TensorDescriptor(a, *da), TensorDescriptor(b, *db),
+                  TensorDescriptor(c, *dc) if dc else c, *args, **meta)
     return c
 '''
 

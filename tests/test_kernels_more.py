@@ -321,6 +321,11 @@ def test_matmul_tma_loads_take_descriptors_where_they_can_and_pointers_elsewhere
             (torch.randn(3, 40, 32, generator=g), torch.randn(3, 24, 32, generator=g).mT, True),
             (torch.randn(1, 40, 32, generator=g), torch.randn(1, 32, 24, generator=g), True),
             (torch.randn(33, 17, generator=g), torch.randn(17, 9, generator=g), False),    # 68-byte rows
+            # an odd N (an LM head's vocabulary) with b K-major: TMA loads, c through pointers;
+            # row-major b of that width has unaligned rows: pointers
+            (torch.randn(40, 32, generator=g), torch.randn(37, 32, generator=g).t(), True),
+            (torch.randn(2, 40, 32, generator=g), torch.randn(2, 37, 32, generator=g).mT, True),
+            (torch.randn(40, 32, generator=g), torch.randn(32, 37, generator=g), False),
             (torch.randn(3, 40, 32, generator=g), torch.randn(32, 24, generator=g), None),  # broadcast
         ]
         for dtype in (torch.float32, torch.bfloat16):
@@ -1231,6 +1236,25 @@ def test_matmul_fill_halves_the_tile_of_a_narrow_output_only():
     assert fill(128, 256, 256, 256, 1, 132) == (64, 64)          # never below 64
     assert fill(128, 256, 2048, 1024, 2, 132) == (128, 256)      # a batch of two fills it
     assert fill(64, 32, 64, 64, 1, 132) == (64, 32)              # a small tile is left alone
+
+
+def test_matmul_odd_vocabulary_keeps_tma_loads_and_passes_the_five_verifier_stages(cand_dir):
+    """An LM head with an odd vocabulary (GPT-2's 50,257: c's rows not 16-byte aligned) through
+    the first bf16 opener: the operands still move by TMA, c is stored through masked pointers
+    (C_PTRS), every verifier stage passes at N = 37."""
+    from kernels import matmul as mm
+    fam = FAMILIES["matmul"]
+    fn = load_candidate(fam.render(dict(fam.default, **mm.HALF_PERSISTENT)), cand_dir)
+    mod = sys.modules[fn.__module__]
+    verify.install_launch_counter()
+    v = verify.Verifier(fam, {"dtype": "bfloat16", "shapes": [{"shape": [40, 32, 37], "count": 1}],
+                              "seed": 5}, DEVICE, interpret=DEVICE == "cpu")
+    for stage in verify.STAGES:
+        r = v.run_stage(fn, stage)
+        assert r.status == "passed", (stage, r.detail)
+    if DEVICE == "cpu":
+        odd = [p for k, p in mod._TMA_PLANS.items() if p and k[2][-1] == 37]
+        assert odd and all(p[-1]["C_PTRS"] and p[1][2] is None for p in odd)
 
 
 @pytest.mark.parametrize("loads", ["tma", "pointers"])
