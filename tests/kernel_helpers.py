@@ -20,6 +20,18 @@ def load_candidate(src: str, tmp_dir):
     return _LOADED[key]
 
 
+def passes_every_stage(fam, fn, shape, dtype: str, seed: int = 5) -> verify.Verifier:
+    """Run ``fn`` through the five verifier stages at one target shape (under the interpreter on
+    a machine without a GPU), asserting each passes; the Verifier, for what a test reads after."""
+    verify.install_launch_counter()
+    v = verify.Verifier(fam, {"dtype": dtype, "shapes": [{"shape": list(shape), "count": 1}],
+                              "seed": seed}, DEVICE, interpret=DEVICE == "cpu")
+    for stage in verify.STAGES:
+        r = v.run_stage(fn, stage)
+        assert r.status == "passed", (stage, r.detail)
+    return v
+
+
 def gen(seed: int) -> torch.Generator:
     return torch.Generator(device="cpu").manual_seed(seed)
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import kernels
 from engine import integrate, place, verify
 from kernels import attention
-from tests.kernel_helpers import DEVICE, as_f64, gen, load_candidate
+from tests.kernel_helpers import DEVICE, as_f64, gen, load_candidate, passes_every_stage
 from tests.test_graph import Fn, families, found, one_attention_placed_and_agreeing, place_starters
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -208,14 +208,7 @@ def test_masked_launch_clamps_count_the_mask_tile(cand_dir):
 
 def starter_passes_the_five_stages(fam, shape, cand_dir) -> verify.Verifier:
     """The family's starter through every verifier stage at ``shape`` (fp32); the verifier."""
-    fn = load_candidate(fam.starter(), cand_dir)
-    verify.install_launch_counter()
-    v = verify.Verifier(fam, {"dtype": "float32", "shapes": [{"shape": list(shape), "count": 1}],
-                              "seed": 5}, DEVICE, interpret=DEVICE == "cpu")
-    for stage in verify.STAGES:
-        r = v.run_stage(fn, stage)
-        assert r.status == "passed", (stage, r.detail)
-    return v
+    return passes_every_stage(fam, load_candidate(fam.starter(), cand_dir), shape, "float32")
 
 
 @pytest.mark.parametrize("spec", [SDPA_BIAS, HAND_HIDE], ids=["sdpa_bias", "hand_hide_fill"])

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 import kernels
 from tests.kernel_helpers import (  # noqa: F401
-    DEVICE, as_f64, gen, inputs_for, load_candidate, point_id, sample_points)
+    DEVICE, as_f64, gen, inputs_for, load_candidate, passes_every_stage, point_id, sample_points)
 from engine import verify
 from kernels import attention, fused_mlp, matmul, reduce, rotary
 
@@ -785,13 +785,8 @@ def test_swiglu_activation_alone_passes_the_verifier_and_a_wrong_one_does_not(ca
     act = fused_mlp.ACTIVATION
     assert act.bench_shapes[0] == (4096, 14336)               # Mistral-7B's h at 4096 tokens
     assert act.cost((4096, 14336), torch.bfloat16)[0] == 3 * 4096 * 14336 * 2
-    verify.install_launch_counter()
-    spec = {"dtype": "float32", "shapes": [{"shape": [6, 200], "count": 1}], "seed": 4}
-    v = verify.Verifier(act, spec, DEVICE, interpret=DEVICE == "cpu")
     fn = load_candidate(act.starter(), cand_dir)
-    for stage in verify.STAGES:
-        r = v.run_stage(fn, stage)
-        assert r.status == "passed", (stage, r.detail)
+    v = passes_every_stage(act, fn, [6, 200], "float32", seed=4)
     assert {c.dtype for c in v.cases("shape_sweep")} == {"float32", "float16", "bfloat16"}
     src = act.render({"act_block": 512})
     bad = src.replace("g / (1.0 + tl.exp(-g)) * u", "g * u")
@@ -830,12 +825,7 @@ def test_attention_tma_loads_take_descriptors_where_they_can_and_pass_the_verifi
                 assert ratio(fam, out, inp) < 1, (shape, dtype)
     finally:
         mod._attn_fwd_tma = kernel
-    verify.install_launch_counter()
-    spec = {"dtype": "float32", "shapes": [{"shape": [1, 4, 40, 64, 2, 1], "count": 1}], "seed": 5}
-    v = verify.Verifier(fam, spec, DEVICE, interpret=DEVICE == "cpu")
-    for stage in verify.STAGES:
-        r = v.run_stage(fn, stage)
-        assert r.status == "passed", (stage, r.detail)
+    passes_every_stage(fam, fn, [1, 4, 40, 64, 2, 1], "float32", seed=5)
 
 
 def test_attention_fp32_target_starts_on_tensor_cores_and_the_space_keeps_ieee(cand_dir):
@@ -862,13 +852,8 @@ def test_attention_fp32_target_starts_on_tensor_cores_and_the_space_keeps_ieee(c
         assert fp32_dots(ieee) == ['"ieee")'] * 2 * kernels_ and "tf32x3" not in ieee
         assert "in full fp32" in ieee
     # the starter passes all five stages (fp32 and, in the shape sweep, fp16/bf16 cases)
-    verify.install_launch_counter()
-    spec = {"dtype": "float32", "shapes": [{"shape": list(shape), "count": 1}], "seed": 9}
-    v = verify.Verifier(fam, spec, DEVICE, interpret=DEVICE == "cpu")
     fn = load_candidate(fam.starter(), cand_dir)
-    for stage in verify.STAGES:
-        r = v.run_stage(fn, stage)
-        assert r.status == "passed", (stage, r.detail)
+    passes_every_stage(fam, fn, list(shape), "float32", seed=9)
     # the search starts there and reaches the IEEE dot by mutation
     hist = [{"params": dict(fam.default), "source_hash": verify.source_hash(fam.starter()),
              "state": "kept"}]
@@ -1165,13 +1150,8 @@ def test_summed_and_per_row_cross_entropy_pass_all_five_stages_and_a_mean_kernel
     summed = kernels.get("cross_entropy", {"reduction": reduction})
     src = summed.starter()
     assert says in src and "total / count" not in src
-    verify.install_launch_counter()
-    spec = {"dtype": "float32", "shapes": [{"shape": [33, 257], "count": 1}], "seed": 5}
-    v = verify.Verifier(summed, spec, DEVICE, interpret=DEVICE == "cpu")
     fn = load_candidate(src, tmp_path)
-    for stage in verify.STAGES:
-        r = v.run_stage(fn, stage)
-        assert r.status == "passed", (stage, r.detail)
+    v = passes_every_stage(summed, fn, [33, 257], "float32", seed=5)
     wrong = load_candidate(fam.starter(), tmp_path)
     assert v.run_stage(wrong, "smoke").status == "failed"
 
@@ -1210,12 +1190,7 @@ def test_matmul_half_openers_pass_the_five_verifier_stages(opener, cand_dir):
     fam = FAMILIES["matmul"]
     src = fam.render(dict(fam.default, **getattr(mm, opener)))
     fn = load_candidate(src, cand_dir)
-    verify.install_launch_counter()
-    v = verify.Verifier(fam, {"dtype": "bfloat16", "shapes": [{"shape": [40, 32, 48], "count": 1}],
-                              "seed": 5}, DEVICE, interpret=DEVICE == "cpu")
-    for stage in verify.STAGES:
-        r = v.run_stage(fn, stage)
-        assert r.status == "passed", (stage, r.detail)
+    passes_every_stage(fam, fn, [40, 32, 48], "bfloat16", seed=5)
 
 
 def test_matmul_fill_halves_the_tile_of_a_narrow_output_only():
@@ -1246,12 +1221,7 @@ def test_matmul_odd_vocabulary_keeps_tma_loads_and_passes_the_five_verifier_stag
     fam = FAMILIES["matmul"]
     fn = load_candidate(fam.render(dict(fam.default, **mm.HALF_PERSISTENT)), cand_dir)
     mod = sys.modules[fn.__module__]
-    verify.install_launch_counter()
-    v = verify.Verifier(fam, {"dtype": "bfloat16", "shapes": [{"shape": [40, 32, 37], "count": 1}],
-                              "seed": 5}, DEVICE, interpret=DEVICE == "cpu")
-    for stage in verify.STAGES:
-        r = v.run_stage(fn, stage)
-        assert r.status == "passed", (stage, r.detail)
+    passes_every_stage(fam, fn, [40, 32, 37], "bfloat16", seed=5)
     if DEVICE == "cpu":
         odd = [p for k, p in mod._TMA_PLANS.items() if p and k[2][-1] == 37]
         assert odd and all(p[-1]["C_PTRS"] and p[1][2] is None for p in odd)
@@ -1267,12 +1237,7 @@ def test_matmul_filled_tiles_pass_the_five_verifier_stages(loads, cand_dir):
                  num_warps=8, num_stages=2)
     fn = load_candidate(fam.render(point), cand_dir)
     mod = sys.modules[fn.__module__]
-    verify.install_launch_counter()
-    v = verify.Verifier(fam, {"dtype": "bfloat16", "shapes": [{"shape": [128, 64, 256], "count": 1}],
-                              "seed": 5}, DEVICE, interpret=DEVICE == "cpu")
-    for stage in verify.STAGES:
-        r = v.run_stage(fn, stage)
-        assert r.status == "passed", (stage, r.detail)
+    passes_every_stage(fam, fn, [128, 64, 256], "bfloat16", seed=5)
     if loads == "tma" and DEVICE == "cpu":
         plans = [p for k, p in mod._TMA_PLANS.items() if p and k[0] == (128, 64) and k[2] == (64, 256)]
         assert plans and all((p[-1]["BLOCK_M"], p[-1]["BLOCK_N"]) == (64, 64) for p in plans)
@@ -1288,13 +1253,7 @@ def test_attention_half_openers_pass_the_five_verifier_stages(i, cand_dir):
     assert fam.openers == at.HALF_OPENERS
     assert FAMILIES["attention"].for_target([2, 4, 40, 16, 2, 1], "float32").openers == ()
     fn = load_candidate(fam.render(dict(fam.default, **at.HALF_OPENERS[i])), cand_dir)
-    verify.install_launch_counter()
-    v = verify.Verifier(fam, {"dtype": "bfloat16", "shapes": [{"shape": [2, 4, 40, 16, 2, 1],
-                                                               "count": 1}], "seed": 5},
-                        DEVICE, interpret=DEVICE == "cpu")
-    for stage in verify.STAGES:
-        r = v.run_stage(fn, stage)
-        assert r.status == "passed", (stage, r.detail)
+    passes_every_stage(fam, fn, [2, 4, 40, 16, 2, 1], "bfloat16", seed=5)
 
 
 @pytest.mark.parametrize("i", [0, 1])
@@ -1311,13 +1270,7 @@ def test_fused_mlp_tma_gemms_pass_the_five_verifier_stages(i, cand_dir):
     assert "flatten=True" in src
     assert ("def _mlp_up_tma(" in src) == (i == 1) and ("_matmul_tma(a, b, cfg)" in src)
     fn = load_candidate(src, cand_dir)
-    verify.install_launch_counter()
-    v = verify.Verifier(fam, {"dtype": "bfloat16", "shapes": [{"shape": [2, 20, 48, 64],
-                                                               "count": 1}], "seed": 5},
-                        DEVICE, interpret=DEVICE == "cpu")
-    for stage in verify.STAGES:
-        r = v.run_stage(fn, stage)
-        assert r.status == "passed", (stage, r.detail)
+    passes_every_stage(fam, fn, [2, 20, 48, 64], "bfloat16", seed=5)
 
 
 @pytest.mark.parametrize("loads,causal,scale", [("tma", 1, None), ("pointers", 0, None),
@@ -1349,9 +1302,4 @@ def test_attention_folded_scale_passes_the_five_verifier_stages(loads, causal, s
         ref = (sc.softmax(-1) @ vr).float()
         assert (out - ref).abs().max().item() < 2e-2
         return
-    verify.install_launch_counter()
-    v = verify.Verifier(fam, {"dtype": "bfloat16", "shapes": [{"shape": shape, "count": 1}],
-                              "seed": 5}, DEVICE, interpret=DEVICE == "cpu")
-    for stage in verify.STAGES:
-        r = v.run_stage(fn, stage)
-        assert r.status == "passed", (stage, r.detail)
+    passes_every_stage(fam, fn, shape, "bfloat16", seed=5)
