@@ -394,6 +394,7 @@ SUM_BLOCK = 1024       # elements per program of the split-K sum
 '''
     if tma:                            # matmul's TMA plan reads these
         doc += '''TMA_PERSISTENT = True  # gemm_loads "tma": the TMA kernels' programs walk the tiles
+TMA_WS = True          # matmul's warp-specialized kernel
 SUBTILE = True         # and matmul's stores each tile as two halves
 '''
     parts = [doc, MM.GEMM_HELPERS_SRC, "\n", MM.gemm_kernel(False), "\n", MM.SPLITK_SUM_SRC]

@@ -43,7 +43,8 @@ Search space (``SPACE``), rendered by ``render`` into one self-contained candida
   loaded as [BLOCK_N, BLOCK_K] tiles and transposed in registers. It applies without split-K,
   to operands with a unit last stride and 16-byte aligned rows (K and N multiples of 8 in
   16-bit types; an N that is not, with b K-major, keeps the TMA loads and stores c through
-  masked pointers: an odd vocabulary's LM head) and a batch of one or a batch on both sides; anything else, and GPUs without
+  masked pointers, an odd vocabulary's LM head, except on the warp-specialized kernel) and a
+  batch of one or a batch on both sides; anything else, and GPUs without
   TMA (AMD, NVIDIA before sm_90), takes the pointer path. On the persistent grid the TMA
   kernel's programs walk every batch's tiles in one flattened loop, which lets Triton's
   pipeliner start the next tile's loads during this tile's epilogue. "tma_ws" is "tma"
@@ -567,9 +568,12 @@ def _tma_plan(a, b, cfg):
     lead = [sa[0], sb[0]] + ([a.stride(0), b.stride(0)] if batch > 1 else [])
     # c's rows unaligned (N * itemsize not a multiple of 16: GPT-2's 50,257-token LM head):
     # stored through pointers, the operands still loaded by TMA where b is K-major
+    # (not yet on the warp-specialized kernel: a pointer epilogue in its partitioned tile loop
+    # is untried on a GPU, and such a GEMM took the pointer kernel before)
     c_ptrs = (N * item) % 16 != 0
     if (M == 0 or N == 0 or K == 0 or (a.dim() == 3 and b.shape[0] != batch)
-            or not _has_tma(a.device) or (c_ptrs and not b_kmajor) or sa[1] != 1 or sb[1] != 1
+            or not _has_tma(a.device) or (c_ptrs and (TMA_WS or not b_kmajor))
+            or sa[1] != 1 or sb[1] != 1
             or any((s * item) % 16 for s in lead)):
         return None
     bm, bn, bk, stages = _fit_gemm(bm, bn, bk, stages, warps, M, N, K, item,
@@ -767,6 +771,7 @@ NUM_WARPS = {p["num_warps"]}
 NUM_STAGES = {p["num_stages"]}        # software-pipelining depth of the K loop
 PROGS_PER_SM = {p["progs_per_sm"]}      # persistent grid only
 TMA_PERSISTENT = {persistent}   # the TMA kernel's programs walk the tiles (persistent grid)
+TMA_WS = {tma and p["loads"] == "tma_ws"}          # the TMA kernel is warp-specialized
 SUBTILE = {p["subtile"]}          # the TMA kernel stores a tile as two [BLOCK_M, BLOCK_N / 2] halves
 {fill_line}SUM_BLOCK = 1024       # elements per program of the split-K sum
 CONFIG = (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, NUM_WARPS, NUM_STAGES, PROGS_PER_SM)

@@ -321,10 +321,11 @@ def test_matmul_tma_loads_take_descriptors_where_they_can_and_pointers_elsewhere
             (torch.randn(3, 40, 32, generator=g), torch.randn(3, 24, 32, generator=g).mT, True),
             (torch.randn(1, 40, 32, generator=g), torch.randn(1, 32, 24, generator=g), True),
             (torch.randn(33, 17, generator=g), torch.randn(17, 9, generator=g), False),    # 68-byte rows
-            # an odd N (an LM head's vocabulary) with b K-major: TMA loads, c through pointers;
-            # row-major b of that width has unaligned rows: pointers
-            (torch.randn(40, 32, generator=g), torch.randn(37, 32, generator=g).t(), True),
-            (torch.randn(2, 40, 32, generator=g), torch.randn(2, 37, 32, generator=g).mT, True),
+            # an odd N (an LM head's vocabulary) with b K-major: TMA loads, c through pointers
+            # (not on the warp-specialized kernel); row-major b of that width: pointers
+            (torch.randn(40, 32, generator=g), torch.randn(37, 32, generator=g).t(), loads == "tma"),
+            (torch.randn(2, 40, 32, generator=g), torch.randn(2, 37, 32, generator=g).mT,
+             loads == "tma"),
             (torch.randn(40, 32, generator=g), torch.randn(32, 37, generator=g), False),
             (torch.randn(3, 40, 32, generator=g), torch.randn(32, 24, generator=g), None),  # broadcast
         ]
@@ -1213,18 +1214,27 @@ def test_matmul_fill_halves_the_tile_of_a_narrow_output_only():
     assert fill(64, 32, 64, 64, 1, 132) == (64, 32)              # a small tile is left alone
 
 
-def test_matmul_odd_vocabulary_keeps_tma_loads_and_passes_the_five_verifier_stages(cand_dir):
+@pytest.mark.parametrize("opener", [0, 1])
+def test_matmul_odd_vocabulary_keeps_tma_loads_and_passes_the_five_verifier_stages(opener, cand_dir):
     """An LM head with an odd vocabulary (GPT-2's 50,257: c's rows not 16-byte aligned) through
-    the first bf16 opener: the operands still move by TMA, c is stored through masked pointers
-    (C_PTRS), every verifier stage passes at N = 37."""
+    the bf16 openers: the plain TMA kernel keeps its TMA loads and stores c through masked
+    pointers (C_PTRS); the warp-specialized one takes the pointer kernel, as before (untried
+    there on a GPU). Every verifier stage passes at N = 37."""
     from kernels import matmul as mm
     fam = FAMILIES["matmul"]
-    fn = load_candidate(fam.render(dict(fam.default, **mm.HALF_PERSISTENT)), cand_dir)
+    point = dict(fam.default, **mm.HALF_OPENERS[opener])
+    fn = load_candidate(fam.render(point), cand_dir)
     mod = sys.modules[fn.__module__]
+    assert mod.TMA_WS == (point["loads"] == "tma_ws")
     passes_every_stage(fam, fn, [40, 32, 37], "bfloat16", seed=5)
     if DEVICE == "cpu":
-        odd = [p for k, p in mod._TMA_PLANS.items() if p and k[2][-1] == 37]
-        assert odd and all(p[-1]["C_PTRS"] and p[1][2] is None for p in odd)
+        odd = [p for k, p in mod._TMA_PLANS.items() if k[2][-1] == 37]
+        if mod.TMA_WS:
+            assert odd and all(p is None for p in odd)
+        else:
+            # a row-major b of that width has unaligned rows itself: those layouts take pointers
+            taken = [p for p in odd if p]
+            assert taken and all(p[-1]["C_PTRS"] and p[1][2] is None for p in taken)
 
 
 @pytest.mark.parametrize("loads", ["tma", "pointers"])
