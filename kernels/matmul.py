@@ -57,8 +57,8 @@ Search space (``SPACE``), rendered by ``render`` into one self-contained candida
 - fp32_dot (fp32 operands only): "ieee" (full fp32), "tf32x3" (three TF32 products a K step,
   the operands split in registers), "tf32x3_split" (the operands split once before the GEMM).
 - k_major: fp32 operands whose K is not their contiguous dim are copied K-contiguous first.
-- fill: at launch, halve the output tile (columns first, then rows, not below 64) while the
-  output has fewer tiles than three quarters of the GPU's SMs. One point serves every shape of
+- fill: at launch, halve the output tile (columns first, then rows, not below 64) while twice
+  its tiles still fit the GPU's SMs in one wave. One point serves every shape of
   a target, and the tile that suits the LM head starves a narrow projection: on an H100,
   LLaMA-3-8B at 1 x 2048 ran its 2048 x 4096 x 1024 K/V projections with 128 x 256 tiles (64
   tiles for 132 SMs) at 0.61x cuBLAS while the same point ran the 4096-wide ones at 1.07x.
@@ -373,11 +373,12 @@ else:
 FILL_SRC = '''
 
 def _fill_tiles(bm, bn, M, N, batch, sms):
-    """The output tile halved, columns first, then rows, not below 64, while [batch, M, N] has
-    fewer tiles than three quarters of the GPU's ``sms``: a narrow output keeps every SM busy
-    (2048 x 1024 at 128 x 256 is 64 tiles; at 128 x 128, 128). Smaller tiles need no more shared
-    memory or registers than the ones _fit_gemm passed."""
-    while batch * _cdiv(M, bm) * _cdiv(N, bn) * 4 < sms * 3:
+    """The output tile halved, columns first, then rows, not below 64, while twice the tiles of
+    [batch, M, N] still fit the GPU's ``sms`` in one wave: a narrow output then finishes in half
+    the time (2048 x 1024 at 128 x 256 is 64 tiles for 132 SMs; at 128 x 128, 128). Between half
+    and one wave, halving would only trade one wave for two of half the work. Smaller tiles
+    need no more shared memory or registers than the ones _fit_gemm passed."""
+    while 2 * batch * _cdiv(M, bm) * _cdiv(N, bn) <= sms:
         if bn > 64 and bn >= bm:
             bn //= 2
         elif bm > 64:

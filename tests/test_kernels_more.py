@@ -1195,10 +1195,11 @@ def test_matmul_half_openers_pass_the_five_verifier_stages(opener, cand_dir):
 
 
 def test_matmul_fill_halves_the_tile_of_a_narrow_output_only():
-    """fill's rule: columns first, then rows, not below 64, until the output has three
-    quarters of the SMs' worth of tiles; LLaMA-3-8B's 1024-wide K/V projection of 2048 tokens
-    goes from 64 tiles of 128 x 256 to 128 of 128 x 128 on 132 SMs; the 4096-wide ones and any
-    16384-row one keep their tile. An unfilled point renders no rule."""
+    """fill's rule: columns first, then rows, not below 64, while twice the tiles fit one wave;
+    LLaMA-3-8B's 1024-wide K/V projection of 2048 tokens goes from 64 tiles of 128 x 256 to 128
+    of 128 x 128 on 132 SMs; the 4096-wide ones, any 16384-row one and BERT-base's 4096 x 768
+    output (96 tiles: halving would make two waves of half the work) keep their tile. An
+    unfilled point renders no rule."""
     from kernels import matmul as mm
     src = mm.render(dict(mm.DEFAULT, **mm.HALF_PERSISTENT))
     assert src.count("bm, bn = _fill_tiles(bm, bn, M, N, batch, _num_sms(a.device))") == 2
@@ -1212,6 +1213,10 @@ def test_matmul_fill_halves_the_tile_of_a_narrow_output_only():
     assert fill(128, 256, 256, 256, 1, 132) == (64, 64)          # never below 64
     assert fill(128, 256, 2048, 1024, 2, 132) == (128, 256)      # a batch of two fills it
     assert fill(64, 32, 64, 64, 1, 132) == (64, 32)              # a small tile is left alone
+    assert fill(128, 256, 4096, 768, 1, 132) == (128, 256)       # 96 tiles: between half and one wave
+    assert fill(128, 256, 2048, 1056, 1, 132) == (128, 256)      # 80 tiles: 160 is two waves
+    assert fill(128, 256, 2048, 512, 1, 132) == (128, 64)        # 32 -> 64 -> 128 tiles
+
 
 
 @pytest.mark.parametrize("opener", [0, 1])
