@@ -854,8 +854,8 @@ def _split_point(shape) -> dict:
 # 0.83x). Without openers a LLaMA-1B run (8192 x 2048 x {256, 2048, 32000}) spent its first
 # matmul experiments on split-K and fp32 points that cannot apply and reached TMA at its 6th.
 # With ``fill``: a no-op at those shapes (hundreds of tiles), the tile halved where a narrow
-# output has fewer tiles than SMs (the 1024-wide K/V projections of 2048 tokens: 0.61x cuBLAS
-# at 128 x 256 on the H100); that case is not yet measured with it.
+# output fills under half the SMs (the 1024-wide K/V projections of 2048 tokens, 64 tiles:
+# 0.61x cuBLAS at 128 x 256 on the H100); that case is not yet measured with it.
 HALF_PERSISTENT = {"block_n": 256, "block_k": 64, "num_warps": 8, "num_stages": 3,
                    "group_m": 16, "loads": "tma_ws", "grid": "persistent", "subtile": True,
                    "fill": True}
