@@ -708,7 +708,9 @@ def _launcher(p, mask=None, fold: bool = False) -> str:
     # tiles through descriptors where the GPU and the operands' rows allow (decided before the
     # tile is fitted: the two kernels keep different tiles in shared memory)
     pick = ("tma = _has_tma(q.device) and all(_rows_ok(t) for t in (q, k, v, o))\n    "
-            if tma else "")
+            if tma else "tma = False\n    ")
+    # the operands' addresses are the one thing a plan depends on beyond shapes and strides
+    aligned = ("all(t.data_ptr() % 16 == 0 for t in (q, k, v, o))" if tma else "False")
     fit = "q.element_size(), _smem_budget(q.device))"
     if p["fp32_dot"] == "tf32x3":
         # fp32 tiles as three TF32 products: the pointer kernel keeps the q tile twice in shared
@@ -732,10 +734,14 @@ def _launcher(p, mask=None, fold: bool = False) -> str:
             ", of any shape that broadcasts to [B, H, Sq, Sk]."
     return f'''
 
-def kernel_fn({sig}):
-    """Attention of q [B, H, Sq, D] over k, v [B, Hkv, Sk, D] (H % Hkv == 0, query head h reads
-    head h // (H // Hkv)); causal hides key j > i; scale None means 1/sqrt(D). Returns o
-    [B, H, Sq, D] contiguous in q's dtype. Any strides.{mdoc}"""
+_PLANS = {{}}
+
+
+def _plan(q, k, v, o):
+    """How kernel_fn runs operands of these shapes, strides, dtype and alignment, worked out
+    once: the checks, the kernel (descriptors or pointers), the tile fitted to the device's
+    shared memory, the grid. A launch-bound model calls the kernel once a layer: its host work
+    is then a dict lookup, the output's allocation, the descriptors and the launch."""
     B, H, SQ, D = q.shape
     Hkv, SK = k.shape[1], k.shape[2]
     if k.shape[0] != B or v.shape[0] != B or v.shape[1] != Hkv or v.shape[2] != SK:
@@ -746,21 +752,38 @@ def kernel_fn({sig}):
         raise ValueError(f"query heads ({{H}}) must be a multiple of key/value heads ({{Hkv}})")
     if D > MAX_HEAD_DIM:
         raise ValueError(f"head dimension {{D}} > {{MAX_HEAD_DIM}} is not supported")
-    o = torch.empty((B, H, SQ, D), dtype=q.dtype, device=q.device)
     if B == 0 or H == 0 or SQ == 0 or D == 0:
-        return o
-    if scale is None:
-        scale = 1.0 / D ** 0.5
-    scale = float(scale)
-    qk_scale = {scale}
+        return None
     # the interpreter's tl.dot cannot multiply bf16 tiles (numpy has none): upcast them there
     dot_fp32 = q.dtype == torch.bfloat16 and q.device.type == "cpu"
     ieee = q.dtype == torch.float32 or dot_fp32
     bd = max(16, _pow2(D))
-    {prep}{pick}bm, bn, stages = _fit_attn(BLOCK_M, BLOCK_N, bd, NUM_STAGES, NUM_WARPS, SQ, SK,
+    {pick}bm, bn, stages = _fit_attn(BLOCK_M, BLOCK_N, bd, NUM_STAGES, NUM_WARPS, SQ, SK,
                                {fit}
-    grid = (_cdiv(SQ, bm), B * H)
-    {launch}_attn_fwd[grid](q, k, v, o, qk_scale, H, H // Hkv, SQ, SK, D,
+    return (Hkv, SK, dot_fp32, ieee, bd, tma, bm, bn, stages, (_cdiv(SQ, bm), B * H))
+
+
+def kernel_fn({sig}):
+    """Attention of q [B, H, Sq, D] over k, v [B, Hkv, Sk, D] (H % Hkv == 0, query head h reads
+    head h // (H // Hkv)); causal hides key j > i; scale None means 1/sqrt(D). Returns o
+    [B, H, Sq, D] contiguous in q's dtype. Any strides.{mdoc}"""
+    B, H, SQ, D = q.shape
+    o = torch.empty((B, H, SQ, D), dtype=q.dtype, device=q.device)
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device,
+           {aligned})
+    plan = _PLANS.get(key, False)
+    if plan is False:
+        if len(_PLANS) > 1024:         # a bound on a long-lived process's cache
+            _PLANS.clear()
+        plan = _PLANS[key] = _plan(q, k, v, o)
+    if plan is None:                   # an empty problem
+        return o
+    Hkv, SK, dot_fp32, ieee, bd, tma, bm, bn, stages, grid = plan
+    if scale is None:
+        scale = 1.0 / D ** 0.5
+    scale = float(scale)
+    qk_scale = {scale}
+    {prep}{launch}_attn_fwd[grid](q, k, v, o, qk_scale, H, H // Hkv, SQ, SK, D,
                     q.stride(0), q.stride(1), q.stride(2), q.stride(3),
                     k.stride(0), k.stride(1), k.stride(2), k.stride(3),
                     v.stride(0), v.stride(1), v.stride(2), v.stride(3),
