@@ -121,10 +121,10 @@ def _parser() -> argparse.ArgumentParser:
                     help="time torch.compile too (auto: on a GPU, not under the interpreter; "
                          "the best of default, reduce-overhead and max-autotune with and without "
                          "CUDA graphs, or the one mode --compile-mode names)")
-    e2.add_argument("--compile-mode", default=None,
-                    choices=("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"),
-                    help="time torch.compile in this one mode only, on both sides (default: the "
-                         "best of all four; NIGHTSHIFT_COMPILE_MODE does the same for any command)")
+    e2.add_argument("--compile-mode", default=None, metavar="MODE",
+                    help="time torch.compile in this one mode only, on both sides: default, "
+                         "reduce-overhead, max-autotune-no-cudagraphs or max-autotune (default: "
+                         "the best of all four; NIGHTSHIFT_COMPILE_MODE does the same for any command)")
 
     ex = sub.add_parser("export", help="a run's kept kernels as an importable package with "
                         "apply(model) (needs torch and triton only)")
@@ -300,8 +300,9 @@ def compile_mode(flag: str | None = None) -> None:
     from engine import integrate
     mode = flag or os.environ.get("NIGHTSHIFT_COMPILE_MODE", "")
     if mode and mode not in integrate.COMPILE_MODES:
-        raise UsageError(f"NIGHTSHIFT_COMPILE_MODE={mode!r} is not a torch.compile mode: use one "
-                         f"of {', '.join(integrate.COMPILE_MODES)}, or unset it for the best of all")
+        given = f"--compile-mode {mode!r}" if flag else f"NIGHTSHIFT_COMPILE_MODE={mode!r}"
+        raise UsageError(f"{given} is not a torch.compile mode: use one of "
+                         f"{', '.join(integrate.COMPILE_MODES)}, or none for the best of all")
     if flag:
         os.environ["NIGHTSHIFT_COMPILE_MODE"] = flag     # the isolated stage reads it too
     integrate.COMPILE_MODE = mode

@@ -1146,6 +1146,7 @@ def finish_run(store, run_id: str, log=print, do_compile: bool | None = None,
     if not any_kept:
         return None
     interp = run["timing_mode"] == "interpreter"
+    device = hw.detect()               # the machine that times this check (maybe not the run's)
     try:
         loaded = run_source(run)
         seed = run["config"].get("seed", 0)
@@ -1186,7 +1187,7 @@ def finish_run(store, run_id: str, log=print, do_compile: bool | None = None,
     except Exception as e:
         msg = f"{type(e).__name__}: {' '.join(str(e).split())[:500]}"
         store.add_e2e_check(run_id, "check", "error", None, None, f"integration failed: {msg}",
-                            [], {r.family: "unknown" for r in records}, device=hw.detect())
+                            [], {r.family: "unknown" for r in records}, device=device)
         log(f"end-to-end: could not integrate the kept kernels: {msg}")
         return CheckResult("error", None, 0.0, msg)
     ids = {r.name: r.experiment_id for r in records}
@@ -1198,7 +1199,7 @@ def finish_run(store, run_id: str, log=print, do_compile: bool | None = None,
     compiled_in(result.family_flags, [_flag_key(k.family, k.spec) for k in checked], ship)
     store.add_e2e_check(run_id, "check", result.status, result.max_error, result.tolerance,
                         result.detail, result.kernels_used, result.family_flags, timings,
-                        device=hw.detect())
+                        device=device)
     skipped = "; ".join(f"{t['variant']}: {', '.join(t['skipped'])}" for t in timings
                         if t.get("skipped"))
     if skipped:

@@ -95,7 +95,8 @@ def run_markdown(store: Store, run_id: str) -> str:
                                                             fails.most_common()) + ")" if fails else "")
             + f". Amdahl-projected end-to-end speedup over the baseline: "
               f"{plan.projected(store.targets(run_id)):.3f}x."]
-    out += _end_to_end(store, run_id, plan.projected(store.targets(run_id)), interp)
+    out += _end_to_end(store, run_id, plan.projected(store.targets(run_id)), interp,
+                       run.get("device"))
     return "\n".join(out) + "\n"
 
 
@@ -116,11 +117,12 @@ def end_to_end_markdown(store: Store, run_id: str) -> str:
     run_markdown), for the e2e command."""
     run = store.get_run(run_id)
     lines = _end_to_end(store, run_id, plan.projected(store.targets(run_id)),
-                        run["timing_mode"] == "interpreter")
+                        run["timing_mode"] == "interpreter", run.get("device"))
     return "\n".join(lines).lstrip("\n") + "\n"
 
 
-def _end_to_end(store: Store, run_id: str, projected: float, interp: bool) -> list[str]:
+def _end_to_end(store: Store, run_id: str, projected: float, interp: bool,
+                run_device: dict | None) -> list[str]:
     """The latest end-to-end check and its timings (engine/integrate.py), beside the projection."""
     checks = store.e2e_checks(run_id)
     if not checks:
@@ -129,7 +131,7 @@ def _end_to_end(store: Store, run_id: str, projected: float, interp: bool) -> li
     err = (f", max error {c['max_error']:.3g} (tolerance {c['tolerance']:g})"
            if c["max_error"] is not None and c["tolerance"] is not None else "")
     out = ["", f"End to end ({c['kind']}): **{c['status']}**{err}. {c['detail']}"]
-    elsewhere = hw.timed_elsewhere(store.get_run(run_id).get("device"), c.get("device"))
+    elsewhere = hw.timed_elsewhere(run_device, c.get("device"))
     if elsewhere:
         out.append(f"This check was {elsewhere}.")
     flagged = [f for f, v in (c["family_flags"] or {}).items() if v == "responsible"]

@@ -405,7 +405,7 @@ SUBTILE = True         # and matmul's stores each tile as two halves
     parts += [MM.launcher_src(False)]
     if tma:
         parts += [C.NUM_SMS_SRC, "\n\n", C.TMA_HELPERS_SRC, MM.tma_src(True, True),
-                  MM.TMA_HOST_SRC]
+                  MM.tma_host_src()]
         if p["variant"] == "fused":
             parts += [C.ROWS_OK_SRC, "\n\n", _UP_TMA_KERNEL]
     parts += [_launcher(p)]

@@ -404,10 +404,15 @@ def _mm_splitk_sum(ws_ptr, c_ptr, total, SPLIT_K: tl.constexpr, BLOCK: tl.conste
 '''
 
 
-def launcher_src(persistent: bool) -> str:
+# the fill axis' line in both launchers, right after _fit_gemm (FILL_SRC)
+_FILL_CALL = "\n    bm, bn = _fill_tiles(bm, bn, M, N, batch, _num_sms(a.device))"
+
+
+def launcher_src(persistent: bool, fill: bool = False) -> str:
     """Source of ``_matmul(a, b, cfg)``: a [Ba, M, K] @ b [Bb, K, N] (Ba, Bb equal or 1) into a
     new contiguous [Bt, M, N], with cfg = (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K,
-    NUM_WARPS, NUM_STAGES, PROGS_PER_SM)."""
+    NUM_WARPS, NUM_STAGES, PROGS_PER_SM); ``fill``: the tile halved for a narrow output."""
+    fill_call = _FILL_CALL if fill else ""
     if persistent:
         grid = ("progs = min(num_tiles, max(1, _num_sms(a.device) * pps // (batch * splits)))\n"
                 "    grid = (progs, batch * splits)          # persistent programs per (batch, slice)")
@@ -428,7 +433,7 @@ def _matmul(a, b, cfg):
     dot_fp32 = a.dtype == torch.bfloat16 and a.device.type == "cpu"
     ieee = a.dtype == torch.float32 or dot_fp32
     bm, bn, bk, stages = _fit_gemm(bm, bn, bk, stages, warps, M, N, K, a.element_size(),
-                                   _smem_budget(a.device))
+                                   _smem_budget(a.device)){fill_call}
     # K slices of whole BLOCK_K steps, none empty
     splits = max(1, min(split_k, _cdiv(K, bk)))
     k_split = max(1, _cdiv(_cdiv(K, splits), bk)) * bk
@@ -547,7 +552,14 @@ contiguous [(Bt,) M, N] whose rows a descriptor cannot address (N * itemsize not
             + C.indent(body, 4) + "\n")
 
 
-TMA_HOST_SRC = '''
+def tma_host_src(fill: bool = False) -> str:
+    """Source of the TMA kernel's host side (_tma_plan, _matmul_tma); ``fill`` as in
+    launcher_src."""
+    return _TMA_HOST_HEAD + (_FILL_CALL if fill else "") + _TMA_HOST_TAIL
+
+
+# split after the plan's _fit_gemm call, where the fill line goes
+_TMA_HOST_HEAD = '''
 
 _TMA_PLANS = {}
 
@@ -578,7 +590,8 @@ def _tma_plan(a, b, cfg):
             or any((s * item) % 16 for s in lead)):
         return None
     bm, bn, bk, stages = _fit_gemm(bm, bn, bk, stages, warps, M, N, K, item,
-                                   _smem_budget(a.device))
+                                   _smem_budget(a.device))'''
+_TMA_HOST_TAIL = '''
     b_shape, b_block = ([N, K], [bn, bk]) if b_kmajor else ([K, N], [bk, bn])
     cn = bn // 2 if SUBTILE else bn            # the store's block: half a tile when subtiled
     descs = (([M, K], sa, [bm, bk]), (b_shape, sb, b_block),
@@ -782,10 +795,11 @@ CONFIG = (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, NUM_WARPS, NUM_STAGES, PR
         parts.append(C.NUM_SMS_SRC)
     if p["fill"]:
         parts.append(FILL_SRC)
-    parts += ["\n", gemm_kernel(persistent), "\n", SPLITK_SUM_SRC, launcher_src(persistent)]
+    parts += ["\n", gemm_kernel(persistent), "\n", SPLITK_SUM_SRC,
+              launcher_src(persistent, p["fill"])]
     if tma:
         parts += ["\n\n", C.TMA_HELPERS_SRC, tma_src(persistent, p["loads"] == "tma_ws"),
-                  TMA_HOST_SRC]
+                  tma_host_src(p["fill"])]
     split = p["fp32_dot"] == "tf32x3_split"
     if split:
         parts.append(TF32_SPLIT_SRC)
@@ -793,10 +807,6 @@ CONFIG = (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, NUM_WARPS, NUM_STAGES, PR
         parts.append(K_MAJOR_SRC)
     parts.append(_kernel_fn(tma, split, p["k_major"]))
     src = C.tidy("\n".join(parts))
-    if p["fill"]:   # both launchers: the tile _fit_gemm passed, halved for a narrow output
-        fit = "_smem_budget(a.device))\n"
-        assert src.count(fit) == 1 + tma, "the launchers' _fit_gemm call moved"
-        src = src.replace(fit, fit + "    bm, bn = _fill_tiles(bm, bn, M, N, batch, _num_sms(a.device))\n")
     # the templates' fp32 dots say "ieee"; bf16/fp16 tiles never take that branch
     dot = "tf32" if split else p["fp32_dot"]
     return src.replace('input_precision="ieee"', f'input_precision="{dot}"')
