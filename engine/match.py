@@ -364,6 +364,26 @@ class Folder:
             return None
 
 
+def aliases(node) -> list:
+    """The nodes that are ``node``'s value again: casts and aliases of it that change neither
+    dtype nor shape (HF's norm's .to(float32) on an fp32 model: export hands that node, not
+    the sum, to every later reader of the same tensor), transitively."""
+    out, todo = [], [node]
+    want = cap.val(node)
+    while todo:
+        n = todo.pop()
+        for u in n.users:
+            v = cap.val(u)
+            # of n itself, not of another value cast like n (type_as(y, n) is y's)
+            if (transparent(u) and u.args and u.args[0] is n and u not in out
+                    and isinstance(v, torch.Tensor)
+                    and isinstance(want, torch.Tensor) and v.dtype == want.dtype
+                    and tuple(v.shape) == tuple(want.shape)):
+                out.append(u)
+                todo.append(u)
+    return out
+
+
 def _is_view(node) -> bool:
     t = node.target
     if t is operator.getitem:
@@ -494,6 +514,31 @@ class Match:
                 return node, 1, []
             return src, rep, [n, e, u]
         return node, 1, []
+
+    def sum_of(self, name):
+        """(a, b) when the input ``name`` is bound to a + b (aten add, alpha 1) of two tensors
+        with its own shape and dtype, whose readers outside the match all come after the
+        match's output in the graph: a residual add the matched kernel can compute, handing
+        the sum to those readers (kernels/patterns.py ``Fit.outputs``). Else None."""
+        n = self.node(name)
+        if not (isinstance(n, fx.Node) and n.op == "call_function" and _opname(n.target) == "add"):
+            return None
+        args = dict(norm_args(n))
+        a, b = args.get("self"), args.get("other")
+        if args.get("alpha", 1) != 1 or not all(isinstance(t, fx.Node) for t in (a, b)):
+            return None
+        want = cap.val(n)
+        for t in (a, b):
+            v = cap.val(t)
+            if not (isinstance(v, torch.Tensor) and isinstance(want, torch.Tensor)
+                    and v.dtype == want.dtype and tuple(v.shape) == tuple(want.shape)):
+                return None
+        order = {x: i for i, x in enumerate(self.graph.gm.graph.nodes)}
+        same = [n] + aliases(n)
+        inside = set(self.nodes) | set(same)
+        if any(u not in inside and order[u] < order[self.output] for x in same for u in x.users):
+            return None            # read before the kernel would run: the sum must stay its own
+        return a, b
 
     def scalar(self, name):
         """A captured number (a literal, or a constant 0-d tensor), else None."""
@@ -779,6 +824,12 @@ def find(graph: cap.Graph, pats: list[Pattern] | None = None, probe: bool = True
             for n in sorted(set(m.through), key=order.get, reverse=True):
                 if n not in claimed and all(u in nodes for u in n.users):
                     nodes.add(n)                          # a GQA expansion read only by the match
+            if m.fit is not None and m.fit.outputs:
+                also = [m.node(name) for name, _ in m.fit.outputs]
+                if any(n in claimed for n in also):
+                    continue          # another match computes it: not this one to hand on
+                nodes.update(also)    # computed by the kernel, read beside it (Fit.outputs)
+                nodes.update(a for n in also for a in aliases(n))
             m.nodes = sorted(nodes, key=order.get)
             if m.fit is not None and probe:
                 bad = probe_match(m)
@@ -957,5 +1008,5 @@ def probe_match(m: Match) -> str:
     return ""
 
 
-__all__ = ["Pattern", "Match", "Folder", "patterns", "trace", "find", "region", "probe_match",
+__all__ = ["Pattern", "Match", "Folder", "patterns", "trace", "find", "region", "probe_match", "aliases",
            "kernel_args", "post_ops", "apply_views", "canon", "transparent"]

@@ -145,6 +145,7 @@ def _rewrite_one(g: fx.Graph, env: dict, m: match.Match, k: rt.Kernel, mode) -> 
         y, site = _site_node(g, fam, k, args, metas, mode)
         if y is None:
             return False, site
+        result = y
         for op in m.fit.post:
             name, rest = op[0], op[1:]
             if name == "add":
@@ -156,7 +157,53 @@ def _rewrite_one(g: fx.Graph, env: dict, m: match.Match, k: rt.Kernel, mode) -> 
             else:
                 target, vargs = _VIEW_ATEN[name](y, *rest)
                 y = cap.emit(g, target, vargs, mode)
-    return _swap(g, env, m.output, m.nodes, y, site)
+        handed = _hand_on(g, env, m, result, mode)
+    if isinstance(handed, str):
+        _drop(g, y)
+        return False, handed
+    ok, why = _swap(g, env, m.output, m.nodes, y, site)
+    if ok:
+        env.update(handed)        # later sites that read the sum read the kernel's copy of it
+    return ok, why
+
+
+def _hand_on(g: fx.Graph, env: dict, m: match.Match, result: fx.Node, mode):
+    """The match's other outputs (kernels/patterns.py ``Fit.outputs``: a fused residual add's
+    sum): each of their readers outside the match reads the kernel's result, through the
+    Fit's views, instead. {original node: its replacement}, or why not (the graph is left as
+    it was): a reader that runs before the kernel, or a view that is not the same value."""
+    inside = {env.get(n) for n in m.nodes}
+    order = {n: i for i, n in enumerate(g.nodes)}
+    out, moves = {}, []
+
+    def refuse(why):
+        for _, v, _ in moves:
+            _drop(g, v)
+        return why
+    for name, views in m.fit.outputs:
+        src = m.node(name)
+        old = env.get(src)
+        if old is None or getattr(old, "_erased", False):
+            return refuse(f"the value {name} went with a site placed before this one")
+        same = [old] + [env[a] for a in match.aliases(src) if a in env]
+        readers = [(u, x) for x in same for u in x.users if u not in inside]
+        if any(order[u] < order[result] for u, _ in readers):
+            return refuse(f"the value {name} is read before the kernel would run")
+        v = result
+        for view in views:
+            target, vargs = _VIEW_ATEN[view[0]](v, *view[1:])
+            v = cap.emit(g, target, vargs, mode)
+        moves.append((old, v, readers))
+        want, got = old.meta.get("val"), v.meta.get("val")
+        if not (isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor)
+                and tuple(want.shape) == tuple(got.shape) and want.dtype == got.dtype):
+            return refuse(f"the kernel's copy of {name} is not the value the graph reads")
+        v.meta["orig_val"] = want
+        out.update((a, v) for a in [src] + match.aliases(src))
+    for _, v, readers in moves:
+        for u, x in readers:
+            u.replace_input_with(x, v)
+    return out
 
 
 def _swap(g: fx.Graph, env: dict, output: fx.Node, nodes: list, y: fx.Node, site: int):

@@ -87,6 +87,12 @@ class Fit:
     args: dict                   # kernel argument name -> Ref
     post: tuple = ()             # ops after the kernel, e.g. (("add", Ref("bias")), ("reshape", [..]))
     note: str = ""
+    # Values the model reads beside the match's output that the kernel computes too:
+    # ((input name, views), ...). The node bound to the name joins the match, and its readers
+    # outside it read the kernel's result with the views applied instead (a residual add
+    # x + r feeding an RMSNorm: the fused kernel writes the sum beside the norm, out[0] and
+    # out[1], and the next residual add reads out[0]).
+    outputs: tuple = ()
 
 
 class NoFit(Exception):

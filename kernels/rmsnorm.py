@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import textwrap
 
 import torch
 
@@ -103,33 +104,62 @@ DEFAULT = {"variant": "one_pass", "rows_per_prog": 1, "num_warps": 4, "num_stage
 
 _ARGS = ("x_ptr, w_ptr, y_ptr, N, D, stride_xn, eps, num_tiles,\n"
          "        ROWS: tl.constexpr")
+# the fused residual add's kernels also read r (row stride stride_rn) and write the sum h [N, D]
+_RES_ARGS = ("x_ptr, r_ptr, w_ptr, h_ptr, y_ptr, N, D, stride_xn, stride_rn, eps, num_tiles,\n"
+             "        ROWS: tl.constexpr")
 
 
-def _one_pass_kernel(p):
+def _sum_src(mask: str, x_row: str, r_row: str, h_row: str, cols: str, hint: str) -> str:
+    """Triton lines of the fused residual add: h = x + r rounded to h's dtype, as the model's
+    own add stores it (torch adds two bf16 tensors in fp32 and rounds once), written out, and
+    x = h in fp32 for the norm: the norm reads the sum the model would have read."""
+    return f'''
+xa = tl.load({x_row} + {cols}, mask={mask}, other=0.0{hint}).to(tl.float32)
+ra = tl.load({r_row} + {cols}, mask={mask}, other=0.0{hint}).to(tl.float32)
+h = (xa + ra).to(h_ptr.dtype.element_ty)
+tl.store({h_row} + {cols}, h, mask={mask})
+x = h.to(tl.float32)'''
+
+
+def _one_pass_kernel(p, residual=False):
     keep, stream = C.cache_hints(p["cache_hints"])
     doc = '''
 """Tile [ROWS, BLOCK] (BLOCK = next_pow2(D)): ROWS whole rows live in registers, so x is read
 exactly once. Masked lanes load 0 and add nothing to the sum of squares."""'''
+    if residual:
+        doc = '''
+"""Tile [ROWS, BLOCK] (BLOCK = next_pow2(D)): ROWS whole rows of x and r are read once, their
+sum h is written once and normalized from registers. Masked lanes add nothing."""'''
     prologue = f'''
 cols = tl.arange(0, BLOCK)                                          # [BLOCK]
 col_mask = cols < D
 # weight [D] is the same for every row: one load per program, kept in fp32 registers
 w = tl.load(w_ptr + cols, mask=col_mask, other=0.0{keep}).to(tl.float32)'''
+    if residual:
+        load_x = _sum_src("mask", "x_ptr + rows[:, None] * stride_xn",
+                          "r_ptr + rows[:, None] * stride_rn", "h_ptr + rows[:, None] * D",
+                          "cols[None, :]", stream).strip("\n")
+    else:
+        load_x = (f"x = tl.load(x_ptr + rows[:, None] * stride_xn + cols[None, :], mask=mask, "
+                  f"other=0.0{stream}).to(tl.float32)")
     body = f'''
 rows = (tile * ROWS + tl.arange(0, ROWS)).to(tl.int64)             # [ROWS]; int64: rows*stride may pass 2^31
 mask = (rows < N)[:, None] & col_mask[None, :]                     # [ROWS, BLOCK]
-x = tl.load(x_ptr + rows[:, None] * stride_xn + cols[None, :], mask=mask, other=0.0{stream}).to(tl.float32)
+{load_x}
 # fp32 accumulation: an fp16 value above 256 has a square beyond fp16's 65504
 ms = tl.sum(x * x, axis=1) / D                                     # [ROWS] mean of squares
 rstd = tl.math.rsqrt(ms + eps)                                     # [ROWS]
 y = x * rstd[:, None] * w[None, :]                                 # same order as the reference
 tl.store(y_ptr + rows[:, None] * D + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)'''
-    return C.tiled_kernel("_rmsnorm_one_pass", _ARGS + ", BLOCK: tl.constexpr", doc, prologue,
-                          body, p["grid"] == "persistent")
+    return C.tiled_kernel("_rmsnorm_one_pass", (_RES_ARGS if residual else _ARGS)
+                          + ", BLOCK: tl.constexpr", doc, prologue, body,
+                          p["grid"] == "persistent")
 
 
-def _chunked_kernel(p):
+def _chunked_kernel(p, residual=False):
     keep, stream = C.cache_hints(p["cache_hints"])
+    if residual:
+        return _chunked_residual_kernel(p, keep)
     doc = '''
 """Tile [ROWS, BLOCK_D] sliding along D: pass 1 sums squares chunk by chunk (a per-lane fp32
 accumulator, reduced once at the end), pass 2 re-reads x, normalizes and writes.
@@ -156,6 +186,40 @@ for start in tl.range(0, D, BLOCK_D, num_stages=NUM_STAGES):
     tl.store(y_row + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)'''
     return C.tiled_kernel("_rmsnorm_chunked",
                           _ARGS + ", BLOCK_D: tl.constexpr, NUM_STAGES: tl.constexpr",
+                          doc, "", body, p["grid"] == "persistent")
+
+
+def _chunked_residual_kernel(p, keep):
+    doc = '''
+"""Tile [ROWS, BLOCK_D] sliding along D: pass 1 reads x and r chunk by chunk, writes their sum
+h and sums its squares; pass 2 re-reads h (written by this program, mostly from L2: a barrier
+between the passes makes its stores visible to every thread of the program), normalizes and
+writes y. Reads x and r once, h twice; writes h and y once."""'''
+    add = _sum_src("mask", "x_row", "r_row", "h_row", "cols[None, :]", "")
+    body = f'''
+rows = (tile * ROWS + tl.arange(0, ROWS)).to(tl.int64)             # [ROWS]
+row_mask = rows < N
+x_row = x_ptr + rows[:, None] * stride_xn                          # [ROWS, 1] row starts
+r_row = r_ptr + rows[:, None] * stride_rn
+h_row = h_ptr + rows[:, None] * D
+y_row = y_ptr + rows[:, None] * D
+acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+for start in tl.range(0, D, BLOCK_D, num_stages=NUM_STAGES):
+    cols = start + tl.arange(0, BLOCK_D)
+    mask = row_mask[:, None] & (cols < D)[None, :]{textwrap.indent(add, "    ")}
+    acc += x * x
+rstd = tl.math.rsqrt(tl.sum(acc, axis=1) / D + eps)                # [ROWS]
+tl.debug_barrier()                                                 # h's stores before pass 2 reads them
+for start in tl.range(0, D, BLOCK_D, num_stages=NUM_STAGES):
+    cols = start + tl.arange(0, BLOCK_D)
+    col_mask = cols < D
+    mask = row_mask[:, None] & col_mask[None, :]
+    x = tl.load(h_row + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=col_mask, other=0.0{keep}).to(tl.float32)
+    y = x * rstd[:, None] * w[None, :]
+    tl.store(y_row + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)'''
+    return C.tiled_kernel("_rmsnorm_chunked",
+                          _RES_ARGS + ", BLOCK_D: tl.constexpr, NUM_STAGES: tl.constexpr",
                           doc, "", body, p["grid"] == "persistent")
 
 
@@ -189,6 +253,86 @@ def kernel_fn(x, weight, eps):
     return y.reshape(out_shape)
 ''')
     return "\n".join(lines)
+
+
+def _residual_launcher(p):
+    if p["grid"] == "persistent":
+        grid = "(min(num_tiles, _num_sms(x.device) * PROGS_PER_SM),)  # persistent programs"
+    else:
+        grid = "(num_tiles,)  # one tile per program"
+    select = C.select_src("_rmsnorm_one_pass" if p["variant"] == "one_pass" else None,
+                          "_rmsnorm_chunked")
+    # two operands stream through the pipelined loop: x's and r's chunks
+    select = select.replace("(rows + 2) * width", "(2 * rows + 2) * width")
+    return f'''
+_ONES = {{}}
+
+
+def _ones(d, dtype, device):
+    key = (d, dtype, device)
+    if key not in _ONES:
+        _ONES[key] = torch.ones(d, dtype=dtype, device=device)
+    return _ONES[key]
+
+
+def kernel_fn(x, residual, weight, eps):
+    """h = x + residual (same shape and dtype), then RMSNorm of h over the last dim with weight
+    [D] in x's dtype (None: none); returns out [2, *x.shape] in x's dtype: out[0] = h,
+    out[1] = the normed h."""
+    D = x.shape[-1]
+    out_shape = (2,) + tuple(x.shape)
+    if x.stride(-1) != 1:
+        x = x.contiguous()               # kernels assume unit stride along D; any row stride works
+    if residual.stride(-1) != 1:
+        residual = residual.contiguous()
+    x2 = x.reshape(-1, D)                # [N, D]: a view whenever the leading dims can merge
+    r2 = residual.reshape(-1, D)
+    N = x2.shape[0]
+    w = weight.contiguous() if weight is not None else _ones(D, x.dtype, x.device)
+    out = torch.empty((2, N, D), dtype=x.dtype, device=x.device)   # [h; y]
+    if N == 0 or D == 0:
+        return out.reshape(out_shape)
+    block = _pow2(D)
+{select}
+    num_tiles = _cdiv(N, rows)
+    grid = {grid}
+    kernel[grid](x2, r2, w, out[0], out[1], N, D, x2.stride(0), r2.stride(0), float(eps),
+                 num_tiles, **meta, num_warps=NUM_WARPS, num_stages=stages)
+    return out.reshape(out_shape)
+'''
+
+
+def render_residual(params) -> str:
+    """Complete candidate source of the fused residual add + RMSNorm (the contract of spec
+    {"residual": true}) for one point of SPACE: the row kernels, reading x and r, writing
+    the sum beside the norm."""
+    p = C.resolve(NAME, SPACE, DEFAULT, params)
+    doc = f'''"""Fused residual add + RMSNorm candidate ({p["variant"]}, {p["grid"]} grid):
+h = x + r; y = h * rsqrt(mean(h^2) + eps) * weight; returns [h; y] stacked ([2, *x.shape]).
+
+x, r [..., D] are viewed as [N, D] (leading dims merged; any row stride, unit column stride);
+h is rounded to x's dtype before the norm reads it, as the model's own add stores it. Sums of
+squares accumulate in fp32.
+Bytes the op must move: 4*N*D*itemsize + D*itemsize (read x and r, write h and y, read
+weight); the unfused add and norm move 5*N*D*itemsize (the norm reads h back).
+Point: {C.point_line(SPACE, p)}
+"""
+{C.IMPORTS_SRC}
+ROWS_PER_PROG = {p["rows_per_prog"]}   # rows per program tile (halved at launch to fit MAX_TILE)
+BLOCK_D = {p["block_d"]}        # chunk width of the chunked loop
+NUM_WARPS = {p["num_warps"]}
+NUM_STAGES = {p["num_stages"]}       # software-pipelining depth of the chunk loops
+PROGS_PER_SM = {p["progs_per_sm"]}     # persistent grid only
+'''
+    parts = [doc, C.FIT_ROWS_SRC]
+    if p["grid"] == "persistent":
+        parts.append(C.NUM_SMS_SRC)
+    parts.append("\n")
+    if p["variant"] == "one_pass":
+        parts.append(_one_pass_kernel(p, residual=True) + "\n")
+    parts.append(_chunked_kernel(p, residual=True))
+    parts.append(_residual_launcher(p))
+    return C.tidy("\n".join(parts))
 
 
 def render_rows(params) -> str:
@@ -309,6 +453,16 @@ def from_match(m):
         spec["dims"] = list(dims)
     if not has_w:
         spec["weight"] = False
+    pair = m.sum_of("x") if dims == (-1,) else None
+    if pair is not None and (not has_w or m.meta("w")["dtype"] == x["dtype"]):
+        # x is a residual add the model reads again later (x + attn(...), then the MLP's add):
+        # one kernel reads both terms and writes the sum beside the norm, out [2, *shape]
+        m.rebind("h", m.node("x"))
+        m.rebind("x", pair[0])
+        m.rebind("r", pair[1])
+        args["residual"] = Ref("r")
+        return Fit(dict(spec, residual=True), tuple(shape), args, post=(("select", 0, 1),),
+                   outputs=(("h", (("select", 0, 0),)),))
     return Fit(spec, tuple(shape), args)
 
 
@@ -483,15 +637,77 @@ def kernel_fn(x, weight, eps):
     return render
 
 
+# ---------------------------------------------------------------------------------------------
+# the fused residual add (spec {"residual": true}): h = x + r, y = RMSNorm(h); out = [h; y]
+# ---------------------------------------------------------------------------------------------
+# A pre-norm decoder computes h = x + attn(...), normalizes h for the MLP and adds the MLP's
+# output to h: h is read twice. Apart, the add reads x and r and writes h, the norm reads h and
+# writes y (5 N*D passes); fused, x and r are read and h and y written once (4), one launch
+# instead of two, and under torch.compile of the optimized model the add does not stand alone
+# beside an opaque norm kernel. One output tensor, [2, *shape] (h, y stacked), so the judge
+# compares one result; the placement hands out[0] to the add's other readers.
+
+def _residual_reference(weight: bool):
+    def reference(x, residual, weight, eps):
+        h = x + residual
+        y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+        return torch.stack((h, y * weight if weight is not None else y))
+    return reference
+
+
+def _residual_baseline(x, residual, weight, eps):
+    """What the model runs: the add, then the norm of the sum; both results, unstacked."""
+    h = x + residual
+    y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return h, (y * weight if weight is not None else y)
+
+
+def _residual_inputs(weight: bool):
+    plain = _inputs_for((-1,), weight)
+
+    def make(shape, dtype, device, gen, kind="normal"):
+        out = plain(shape, dtype, device, gen, kind)
+        # the other term at its own scale: the sum, not x, is what the norm sees
+        r = C.norm_input(tuple(int(s) for s in shape), C.as_dtype(dtype), gen, "normal")
+        return {"x": out["x"], "residual": r.to(C.as_dtype(dtype)).to(device),
+                "weight": out["weight"], "eps": out["eps"]}
+    return make
+
+
+def _residual_cost(weight: bool):
+    def cost(shape, dtype):
+        item = C.itemsize(dtype)
+        n, d = C.rows_and_cols(shape)
+        return 4 * n * d * item + (d * item if weight else 0), 5 * n * d + 2 * n
+    return cost
+
+
+def _configure_residual(spec: dict, weight: bool) -> Family:
+    what = "with the residual add fused" + ("" if weight else ", no weight")
+    return dataclasses.replace(
+        FAMILY, arg_names=("x", "residual", "weight", "eps"),
+        reference=_residual_reference(weight), baseline=_residual_baseline,
+        make_inputs=_residual_inputs(weight), cost=_residual_cost(weight),
+        render=render_residual, signature=f"kernel_fn(x, residual, weight, eps) {what}",
+        description=(f"RMSNorm {what}: h = x + residual, y = h * rsqrt(mean(h^2) + eps)"
+                     f"{' * weight' if weight else ''}; returns [h; y] stacked."),
+        op_schema="(Tensor x, Tensor residual, Tensor? weight, float eps) -> Tensor",
+        spec=dict(spec))
+
+
 def configure(spec: dict) -> Family:
     """RMSNorm over ``spec["dims"]`` (adjacent dims counted from the end; default [-1]), with
-    ``spec["weight"]`` (default True: weight [D] over the normalized dims, flattened)."""
+    ``spec["weight"]`` (default True: weight [D] over the normalized dims, flattened);
+    ``spec["residual"]`` (last dim only): the residual add before it fused, [h; y] out."""
     dims = tuple(int(d) for d in spec.get("dims", (-1,)))
     weight = bool(spec.get("weight", True))
-    unknown = set(spec) - {"dims", "weight"}
-    if unknown or not dims or not trailing_run(dims) or dims[-1] >= 0:
-        raise ValueError(f"rmsnorm takes a spec {{dims: adjacent negative dims, weight: bool}}; "
-                         f"got {spec!r}")
+    unknown = set(spec) - {"dims", "weight", "residual"}
+    if (unknown or not dims or not trailing_run(dims) or dims[-1] >= 0
+            or (spec.get("residual") and dims != (-1,))):
+        raise ValueError(f"rmsnorm takes a spec {{dims: adjacent negative dims, weight: bool, "
+                         f"residual: bool (dims [-1] only)}}; got {spec!r}")
+    if spec.get("residual"):
+        return _configure_residual(spec, weight)
     if dims == (-1,) and weight:
         return FAMILY
     inner = dims[-1] != -1

@@ -529,8 +529,11 @@ def test_graph_profile_counts_every_microsecond_once():
     by = {r.family: r for r in rows}
     assert by["attention"].calls == 2 and by["rmsnorm"].calls == 5 and by["matmul"].calls == 9
     # targets: one per (family, spec), the shapes the matches fixed, shares within the total
-    t = {p.family: p for p in gp.targets}
-    assert t["rmsnorm"].shapes == [{"shape": [2, 32, 64], "count": 5}]
+    t = {(p.family, bool(p.spec.get("residual"))): p for p in gp.targets}
+    # the first layer's input norm reads the embedding; the other four read a residual add
+    # the model reads again (or, the final norm, the last one): those fuse the add
+    assert t["rmsnorm", False].shapes == [{"shape": [2, 32, 64], "count": 1}]
+    assert t["rmsnorm", True].shapes == [{"shape": [2, 32, 64], "count": 4}]
     assert sum(p.fraction for p in gp.targets) <= 1.0 + 1e-9
 
 
@@ -1638,3 +1641,113 @@ def test_masks_built_from_literals_in_the_forward_are_folded_into_constants():
     with torch.no_grad():
         got = g.gm(x)
     torch.testing.assert_close(got[0] if isinstance(got, (tuple, list)) else got, clean(None, x))
+
+
+# ---- the residual add fused into the RMSNorm after it (spec {"residual": true}) ------------------
+
+def _residual_specs(ms) -> list:
+    return [bool(m.fit.spec.get("residual")) for g in ms.values() for m in g
+            if m.family == "rmsnorm" and m.fit is not None]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                    reason="transformers is not installed (requirements-dev.txt)")
+@pytest.mark.parametrize("arch", ["Llama", "Gemma"])
+def test_a_residual_add_before_an_rmsnorm_is_one_kernel_and_its_sum_reaches_the_next_add(arch):
+    """transformers' decoders (Gemma's norm scales by 1 + w and casts back with type_as(x)):
+    every norm but the first reads x + sublayer(...), which the next residual add reads again.
+    The add joins the norm's match; placed, one kernel writes [sum; norm] and the later add
+    reads the sum from it; the model agrees and no add of two hidden states is left."""
+    import transformers
+    kw = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, vocab_size=64, use_cache=False)
+    if arch == "Gemma":
+        kw["head_dim"] = 8
+    model = getattr(transformers, f"{arch}ForCausalLM")(
+        getattr(transformers, f"{arch}Config")(**kw)).eval()
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+    cap, ms = found(model, ids)
+    assert _residual_specs(ms) == [False, True, True, True, True]
+    pl, _ = place_starters(cap, ms)
+    assert not pl.skipped, pl.skipped
+    opt = place.optimized(cap, pl)
+    with torch.no_grad():
+        err, where = integrate.compare(integrate.flatten(opt(ids)), integrate.flatten(model(ids)))
+    assert opt.calls == {"placed": 1, "original": 0, "guard_miss": 0}
+    assert err <= integrate.E2E_TOLERANCE["float32"], where
+    hidden = [n for n in pl.graphs[0].graph.nodes if n.target is torch.ops.aten.add.Tensor
+              and all(isinstance(a, torch.fx.Node) and tuple(a.meta["val"].shape) == (2, 8, 32)
+                      for a in n.args)]
+    assert not hidden, [n.name for n in hidden]
+
+
+class _SumReadEarly(nn.Module):
+    """The sum is read (h * 2) before the norm runs: it must stay its own op."""
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.rand(16) + 0.5)
+
+    def forward(self, x, r):
+        h = x + r
+        z = h * 2
+        y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w
+        return y + z
+
+
+class _Broadcast(nn.Module):
+    """x + a bias vector: not a residual (the terms differ in shape)."""
+    def __init__(self):
+        super().__init__()
+        self.b = nn.Parameter(torch.randn(16))
+
+    def forward(self, x):
+        h = x + self.b
+        return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6), h
+
+
+class _Residual(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.rand(16) + 0.5)
+
+    def forward(self, x, r):
+        h = x + r
+        y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w
+        return y.sum(-1, keepdim=True) + h          # the sum is read after the norm
+
+
+@pytest.mark.parametrize("model, args, fused", [
+    (_SumReadEarly(), (torch.randn(3, 16), torch.randn(3, 16)), False),
+    (_Broadcast(), (torch.randn(3, 16),), False),
+    (_Residual(), (torch.randn(3, 16), torch.randn(3, 16)), True),
+], ids=["read_before_the_norm", "broadcast_bias", "read_after"])
+def test_only_a_same_shape_add_read_after_the_norm_joins_it(model, args, fused):
+    cap, ms = found(model, *args)
+    assert _residual_specs(ms) == [fused]
+    pl, _ = place_starters(cap, ms)
+    opt = place.optimized(cap, pl)
+    with torch.no_grad():
+        err, where = integrate.compare(integrate.flatten(opt(*args)), integrate.flatten(model(*args)))
+    assert err <= integrate.E2E_TOLERANCE["float32"], where
+    assert any(s["family"] == "rmsnorm" for s in pl.sites), pl.skipped
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_fused_residual_rmsnorm_passes_every_verifier_stage_and_the_plain_sum_is_exact(dtype, tmp_path):
+    """Both row kernels (one pass; chunked over D with a barrier between the passes, on a
+    persistent grid) under the five stages; the sum out[0] is the model's own add, bit for bit
+    in fp32 (one rounding of the fp32 sum; the interpreter truncates bf16, hence fp32 here)."""
+    from tests.kernel_helpers import passes_every_stage
+    fam = kernels.get("rmsnorm", {"residual": True})
+    assert fam.arg_names == ("x", "residual", "weight", "eps") and "residual" in fam.op_schema
+    for point in ({}, {"variant": "chunked", "block_d": 1024, "grid": "persistent",
+                       "rows_per_prog": 2, "num_stages": 2}):
+        fn = verify.load_candidate(fam.render(point), str(tmp_path))
+        passes_every_stage(fam, fn, (3, 5, 1100), dtype)
+        kw = fam.make_inputs((4, 300), "float32", "cpu", torch.Generator().manual_seed(3))
+        out = fn(**kw)
+        assert out.shape == (2, 4, 300) and torch.equal(out[0], kw["x"] + kw["residual"])
+    # the unfused pair moves one more pass over the rows than the fused kernel
+    nbytes, _ = fam.cost((4096, 4096), "bfloat16")
+    plain, _ = kernels.get("rmsnorm").cost((4096, 4096), "bfloat16")
+    assert nbytes == 2 * plain - 4096 * 2
