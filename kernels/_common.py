@@ -93,6 +93,19 @@ def norm_input(shape, dtype, gen, kind):
     return x.clamp(-lim, lim).reshape(tuple(int(s) for s in shape))
 
 
+def split_sum(h: torch.Tensor, gen) -> tuple:
+    """(x, r) in h's dtype with x + r == h exactly: the two terms of a residual add whose sum
+    is ``h`` (an input a norm's adversarial kind made). x = u * h rounded, u uniform in
+    [0.55, 0.95] per element (not a scaled copy of h: a kernel that normalized x instead of
+    the sum would be caught), and r = h - x, exact by Sterbenz's lemma (x within [h/2, 2h],
+    same sign). Then the model's add rounds nothing, and the judge's float64 reference and the
+    kernel see the same sum: an offset row (c + noise, c large) would otherwise lose the
+    noise's low bits in the add, which the norm then amplifies by |c| / std."""
+    u = 0.55 + 0.4 * rand(gen, *h.shape).to(h.device)
+    x = (u.double() * h.double()).to(h.dtype)
+    return x, (h.double() - x.double()).to(h.dtype)
+
+
 # ---------------------------------------------------------------------------------------------
 # search-space points
 # ---------------------------------------------------------------------------------------------
@@ -289,3 +302,15 @@ if kernel is {one_pass}:
 else:
     meta = {{"ROWS": rows, "BLOCK_D": width, "NUM_STAGES": stages}}'''
     return indent(src, 4)
+
+
+def residual_sum_src(mask: str, x_row: str, r_row: str, h_row: str, cols: str, hint: str) -> str:
+    """Triton lines of the fused residual add: h = x + r rounded to h's dtype, as the model's
+    own add stores it (torch adds two bf16 tensors in fp32 and rounds once), written out, and
+    x = h in fp32 for the norm: the norm reads the sum the model would have read."""
+    return f'''
+xa = tl.load({x_row} + {cols}, mask={mask}, other=0.0{hint}).to(tl.float32)
+ra = tl.load({r_row} + {cols}, mask={mask}, other=0.0{hint}).to(tl.float32)
+h = (xa + ra).to(h_ptr.dtype.element_ty)
+tl.store({h_row} + {cols}, h, mask={mask})
+x = h.to(tl.float32)'''

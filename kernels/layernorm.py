@@ -354,6 +354,126 @@ def kernel_fn(x, weight, bias, eps):
 '''
 
 
+# ---------------------------------------------------------------------------------------------
+# the fused residual add (spec {"residual": true}): h = x + r, y = LayerNorm(h); out = [h; y]
+# ---------------------------------------------------------------------------------------------
+# GPT-2 (ln_2 after the attention's residual add, ln_1 and ln_f after the MLP's) and BERT
+# (LayerNorm(dense(h) + input)) normalize a residual sum. The row kernels of SPACE, turned by
+# text: the first read of a row chunk reads x and r and writes h = x + r (rmsnorm's
+# residual_sum_src: rounded as the model's own add stores it); the shift is h[row, 0] made the
+# same way; later loops re-read h (the program's own stores, made visible by a barrier).
+
+_RES_ARGS = ("x_ptr, r_ptr, w_ptr, b_ptr, h_ptr, y_ptr, N, D, stride_xn, stride_rn, eps, "
+             "num_tiles,\n        HAS_W: tl.constexpr, HAS_B: tl.constexpr, ROWS: tl.constexpr")
+_SHIFT = "shift = tl.load(x_row, mask=row_mask[:, None], other=0.0).to(tl.float32)"
+_RES_SHIFT = ("shift = (tl.load(x_row, mask=row_mask[:, None], other=0.0).to(tl.float32)\n"
+              "         + tl.load(r_row, mask=row_mask[:, None], other=0.0).to(tl.float32)"
+              ").to(h_ptr.dtype.element_ty).to(tl.float32)")
+_ROWS_AT = "x_row = x_ptr + rows[:, None] * stride_xn"
+
+
+def _residual_kernel(src: str) -> str:
+    """A row kernel's source (one pass or chunked) reading x + r instead of x: see above."""
+    assert _ARGS in src
+    lines = src.replace(_ARGS, _RES_ARGS).split("\n")
+    out, loads, loops = [], 0, 0
+    for line in lines:
+        body, ind = line.strip(), line[:len(line) - len(line.lstrip())]
+        if body.startswith(_ROWS_AT):
+            out.append(line)
+            out.append(f"{ind}r_row = r_ptr + rows[:, None] * stride_rn")
+            out.append(f"{ind}h_row = h_ptr + rows[:, None] * D")
+            continue
+        if body.startswith(_SHIFT):
+            out.extend(ind + x for x in _RES_SHIFT.split("\n"))
+            out[-1] += body[len(_SHIFT):].replace("x[row, 0]", "h[row, 0]")
+            continue
+        if body.startswith("for start in"):
+            loops += 1
+            if loops == 2:
+                out.append(f"{ind}tl.debug_barrier()   # h's stores before the next loop reads them")
+        if body.startswith("x = tl.load(x_row + cols[None, :]"):
+            loads += 1
+            if loads == 1:
+                hint = body[body.index("other=0.0") + len("other=0.0"):body.index(").to(")]
+                out.extend(ind + x for x in C.residual_sum_src(
+                    "mask", "x_row", "r_row", "h_row", "cols[None, :]", hint).strip("\n").split("\n"))
+                continue
+            line = line.replace("tl.load(x_row + cols[None, :]", "tl.load(h_row + cols[None, :]")
+        out.append(line)
+    return "\n".join(out)
+
+
+def _residual_launcher(p):
+    grid = ("(min(num_tiles, _num_sms(x.device) * PROGS_PER_SM),)  # persistent programs"
+            if p["grid"] == "persistent" else "(num_tiles,)  # one tile per program")
+    select = C.select_src("_layernorm_one_pass" if p["variant"] == "one_pass" else None,
+                          "_layernorm_chunked")
+    select = select.replace("(rows + 2) * width", "(2 * rows + 2) * width")   # x's and r's chunks
+    return f'''
+
+def kernel_fn(x, residual, weight, bias, eps):
+    """h = x + residual (same shape and dtype), then LayerNorm of h over the last dim; weight,
+    bias [D] in x's dtype or None; returns out [2, *x.shape] in x's dtype: out[0] = h,
+    out[1] = the normed h."""
+    D = x.shape[-1]
+    out_shape = (2,) + tuple(x.shape)
+    if x.stride(-1) != 1:
+        x = x.contiguous()               # kernels assume unit stride along D; any row stride works
+    if residual.stride(-1) != 1:
+        residual = residual.contiguous()
+    x2 = x.reshape(-1, D)                # [N, D]: a view whenever the leading dims can merge
+    r2 = residual.reshape(-1, D)
+    N = x2.shape[0]
+    has_w, has_b = weight is not None, bias is not None
+    w = weight.contiguous() if has_w else x2   # x2 stands in for a missing pointer (never read)
+    b = bias.contiguous() if has_b else x2
+    out = torch.empty((2, N, D), dtype=x.dtype, device=x.device)   # [h; y]
+    if N == 0 or D == 0:
+        return out.reshape(out_shape)
+    block = _pow2(D)
+{select}
+    num_tiles = _cdiv(N, rows)
+    grid = {grid}
+    kernel[grid](x2, r2, w, b, out[0], out[1], N, D, x2.stride(0), r2.stride(0), float(eps),
+                 num_tiles, has_w, has_b, **meta, num_warps=NUM_WARPS, num_stages=stages)
+    return out.reshape(out_shape)
+'''
+
+
+def render_residual(params) -> str:
+    """Complete candidate source of the fused residual add + LayerNorm (spec {"residual":
+    true}) for one point of SPACE (rows never split: ``split`` renders nothing here)."""
+    p = C.resolve(NAME, SPACE, DEFAULT, params)
+    doc = f'''"""Fused residual add + LayerNorm candidate ({p["variant"]}, {p["grid"]} grid):
+h = x + r; y = (h - mean) * rsqrt(var + eps) * weight + bias over the last dim; returns [h; y]
+stacked ([2, *x.shape]).
+
+x, r [..., D] are viewed as [N, D] (leading dims merged; any row stride, unit column stride);
+h is rounded to x's dtype before the norm reads it, as the model's own add stores it.
+Statistics in fp32 on h shifted by its row's first element, mean before variance.
+Bytes the op must move: 4*N*D*itemsize + 2*D*itemsize (read x and r, write h and y, read
+weight and bias); the unfused add and norm move 5*N*D*itemsize (the norm reads h back).
+Point: {C.point_line(SPACE, p)}
+"""
+{C.IMPORTS_SRC}
+ROWS_PER_PROG = {p["rows_per_prog"]}   # rows per program tile (halved at launch to fit MAX_TILE)
+BLOCK_D = {p["block_d"]}        # chunk width of the chunked loops
+NUM_WARPS = {p["num_warps"]}
+NUM_STAGES = {p["num_stages"]}       # software-pipelining depth of the chunk loops
+PROGS_PER_SM = {p["progs_per_sm"]}     # persistent grid only
+'''
+    parts = [doc, C.FIT_ROWS_SRC]
+    if p["grid"] == "persistent":
+        parts.append(C.NUM_SMS_SRC)
+    parts.append("\n")
+    if p["variant"] == "one_pass":
+        parts.append(_residual_kernel(_one_pass_kernel(p)) + "\n")
+    parts.append(_residual_kernel(_chunked_kernel(p)))
+    parts.append(_residual_launcher(p))
+    return C.tidy("\n".join(parts))
+
+
 def render_rows(params) -> str:
     """Complete candidate source for one point of SPACE (missing params take DEFAULT values)."""
     p = C.resolve(NAME, SPACE, DEFAULT, params)
@@ -476,6 +596,16 @@ def from_match(m):
         args[arg] = ref
     if len(dims) > 1:
         spec["dims"] = len(dims)
+    pair = m.sum_of("x") if len(dims) == 1 else None
+    if pair is not None:
+        # x is a residual add (GPT-2's h + attn(ln_1(h)), BERT's dense(h) + input): one kernel
+        # reads both terms and writes the sum beside the norm, out [2, *shape]
+        m.rebind("h", m.node("x"))
+        m.rebind("x", pair[0])
+        m.rebind("r", pair[1])
+        args["residual"] = Ref("r")
+        return Fit(dict(spec, residual=True), tuple(shape), args, post=(("select", 0, 1),),
+                   outputs=(("h", (("select", 0, 0),)),))
     return Fit(spec, tuple(shape), args)
 
 
@@ -546,13 +676,52 @@ def kernel_fn(x, weight, bias, eps):
     return render
 
 
+def _residual_reference(x, residual, weight, bias, eps):
+    h = x + residual
+    return torch.stack((h, F.layer_norm(h, (h.shape[-1],), weight, bias, eps)))
+
+
+def _residual_baseline(x, residual, weight, bias, eps):
+    """What the model runs: the add, then the norm of the sum; both results, unstacked."""
+    h = x + residual
+    return h, F.layer_norm(h, (h.shape[-1],), weight, bias, eps)
+
+
+def _configure_residual(spec: dict, weight: bool, bias: bool) -> Family:
+    plain = _inputs_for(1, weight, bias)
+
+    def make(shape, dtype, device, gen, kind="normal"):
+        out = plain(shape, dtype, device, gen, kind)      # the sum the norm sees: of this kind
+        x, r = C.split_sum(out["x"], gen)
+        return {"x": x, "residual": r, "weight": out["weight"], "bias": out["bias"],
+                "eps": out["eps"]}
+
+    def cost(shape, dtype):
+        nbytes, flops = _cost_for(1, weight, bias)(shape, dtype)
+        n, d = C.rows_and_cols(shape)
+        return nbytes + 2 * n * d * C.itemsize(dtype), flops + n * d
+
+    what = "with the residual add fused" + ("" if weight else ", no weight") + ("" if bias else ", no bias")
+    return dataclasses.replace(
+        FAMILY, arg_names=("x", "residual", "weight", "bias", "eps"),
+        reference=_residual_reference, baseline=_residual_baseline, make_inputs=make, cost=cost,
+        render=render_residual, signature=f"kernel_fn(x, residual, weight, bias, eps) {what}",
+        description=f"LayerNorm over the last dim {what}: h = x + residual; returns [h; LayerNorm(h)] stacked.",
+        op_schema="(Tensor x, Tensor residual, Tensor? weight, Tensor? bias, float eps) -> Tensor",
+        spec=dict(spec))
+
+
 def configure(spec: dict) -> Family:
     """LayerNorm over the last ``spec["dims"]`` dims (default 1), with ``spec["weight"]`` and
-    ``spec["bias"]`` (default True each: [D], the normalized dims flattened)."""
+    ``spec["bias"]`` (default True each: [D], the normalized dims flattened);
+    ``spec["residual"]`` (one dim only): the residual add before it fused, [h; y] out."""
     k = int(spec.get("dims", 1))
     weight, bias = bool(spec.get("weight", True)), bool(spec.get("bias", True))
-    if set(spec) - {"dims", "weight", "bias"} or k < 1:
-        raise ValueError(f"layernorm takes a spec {{dims: int >= 1, weight: bool, bias: bool}}; got {spec!r}")
+    if set(spec) - {"dims", "weight", "bias", "residual"} or k < 1 or (spec.get("residual") and k != 1):
+        raise ValueError(f"layernorm takes a spec {{dims: int >= 1, weight: bool, bias: bool, "
+                         f"residual: bool (dims 1 only)}}; got {spec!r}")
+    if spec.get("residual"):
+        return _configure_residual(spec, weight, bias)
     if k == 1 and weight and bias:
         return FAMILY
     lay = lambda ss: tuple(tuple(s[:-1]) + (s[-1],) + (1,) * (k - 1) for s in ss)  # noqa: E731

@@ -109,18 +109,6 @@ _RES_ARGS = ("x_ptr, r_ptr, w_ptr, h_ptr, y_ptr, N, D, stride_xn, stride_rn, eps
              "        ROWS: tl.constexpr")
 
 
-def _sum_src(mask: str, x_row: str, r_row: str, h_row: str, cols: str, hint: str) -> str:
-    """Triton lines of the fused residual add: h = x + r rounded to h's dtype, as the model's
-    own add stores it (torch adds two bf16 tensors in fp32 and rounds once), written out, and
-    x = h in fp32 for the norm: the norm reads the sum the model would have read."""
-    return f'''
-xa = tl.load({x_row} + {cols}, mask={mask}, other=0.0{hint}).to(tl.float32)
-ra = tl.load({r_row} + {cols}, mask={mask}, other=0.0{hint}).to(tl.float32)
-h = (xa + ra).to(h_ptr.dtype.element_ty)
-tl.store({h_row} + {cols}, h, mask={mask})
-x = h.to(tl.float32)'''
-
-
 def _one_pass_kernel(p, residual=False):
     keep, stream = C.cache_hints(p["cache_hints"])
     doc = '''
@@ -136,7 +124,7 @@ col_mask = cols < D
 # weight [D] is the same for every row: one load per program, kept in fp32 registers
 w = tl.load(w_ptr + cols, mask=col_mask, other=0.0{keep}).to(tl.float32)'''
     if residual:
-        load_x = _sum_src("mask", "x_ptr + rows[:, None] * stride_xn",
+        load_x = C.residual_sum_src("mask", "x_ptr + rows[:, None] * stride_xn",
                           "r_ptr + rows[:, None] * stride_rn", "h_ptr + rows[:, None] * D",
                           "cols[None, :]", stream).strip("\n")
     else:
@@ -195,7 +183,7 @@ def _chunked_residual_kernel(p, keep):
 h and sums its squares; pass 2 re-reads h (written by this program, mostly from L2: a barrier
 between the passes makes its stores visible to every thread of the program), normalizes and
 writes y. Reads x and r once, h twice; writes h and y once."""'''
-    add = _sum_src("mask", "x_row", "r_row", "h_row", "cols[None, :]", "")
+    add = C.residual_sum_src("mask", "x_row", "r_row", "h_row", "cols[None, :]", "")
     body = f'''
 rows = (tile * ROWS + tl.arange(0, ROWS)).to(tl.int64)             # [ROWS]
 row_mask = rows < N
@@ -666,11 +654,9 @@ def _residual_inputs(weight: bool):
     plain = _inputs_for((-1,), weight)
 
     def make(shape, dtype, device, gen, kind="normal"):
-        out = plain(shape, dtype, device, gen, kind)
-        # the other term at its own scale: the sum, not x, is what the norm sees
-        r = C.norm_input(tuple(int(s) for s in shape), C.as_dtype(dtype), gen, "normal")
-        return {"x": out["x"], "residual": r.to(C.as_dtype(dtype)).to(device),
-                "weight": out["weight"], "eps": out["eps"]}
+        out = plain(shape, dtype, device, gen, kind)      # the sum the norm sees: of this kind
+        x, r = C.split_sum(out["x"], gen)
+        return {"x": x, "residual": r, "weight": out["weight"], "eps": out["eps"]}
     return make
 
 
