@@ -91,10 +91,15 @@ def _meta_tuple(v) -> tuple | None:
 
 
 def _kernel_for(kernels: list, m: match.Match, dtype, device_type):
-    for k in kernels:
-        if k.family == m.family and k.serves(m.fit.spec, m.fit.shape, dtype, device_type):
-            return k
-    return None
+    """(kernel, the Fit it serves): for the match's own contract, else for its fallback (a
+    fused residual's plain norm, where only the plain norm has a kernel: a run recorded before
+    the fusion existed), else (None, None)."""
+    for fit in (m.fit, m.fit.fallback):
+        for k in kernels:
+            if fit is not None and k.family == m.family and k.serves(fit.spec, fit.shape, dtype,
+                                                                      device_type):
+                return k, fit
+    return None, None
 
 
 def _live(env: dict, src: fx.Node):
@@ -119,14 +124,17 @@ def _live(env: dict, src: fx.Node):
     return node
 
 
-def _rewrite_one(g: fx.Graph, env: dict, m: match.Match, k: rt.Kernel, mode) -> tuple[bool, str]:
-    """Replace the copy of match ``m`` in ``g`` (``env``: original node -> copy) by a site."""
-    fam = families.get(m.family, m.fit.spec or None)
+def _rewrite_one(g: fx.Graph, env: dict, m: match.Match, k: rt.Kernel, mode,
+                 fit=None) -> tuple[bool, str]:
+    """Replace the copy of match ``m`` in ``g`` (``env``: original node -> copy) by a site
+    computing ``fit`` (default: the match's own)."""
+    fit = fit or m.fit
+    fam = families.get(m.family, fit.spec or None)
     out_orig = env[m.output]
     args, metas = [], []
     with g.inserting_before(out_orig):
         for name in fam.arg_names:
-            ref = m.fit.args[name]
+            ref = fit.args[name]
             if ref.name is None:
                 args.append(ref.value)
                 metas.append(None)
@@ -146,7 +154,7 @@ def _rewrite_one(g: fx.Graph, env: dict, m: match.Match, k: rt.Kernel, mode) -> 
         if y is None:
             return False, site
         result = y
-        for op in m.fit.post:
+        for op in fit.post:
             name, rest = op[0], op[1:]
             if name == "add":
                 other = rest[0]
@@ -157,7 +165,7 @@ def _rewrite_one(g: fx.Graph, env: dict, m: match.Match, k: rt.Kernel, mode) -> 
             else:
                 target, vargs = _VIEW_ATEN[name](y, *rest)
                 y = cap.emit(g, target, vargs, mode)
-        handed = _hand_on(g, env, m, result, mode)
+        handed = _hand_on(g, env, m, fit, result, mode)
     if isinstance(handed, str):
         _drop(g, y)
         return False, handed
@@ -167,7 +175,7 @@ def _rewrite_one(g: fx.Graph, env: dict, m: match.Match, k: rt.Kernel, mode) -> 
     return ok, why
 
 
-def _hand_on(g: fx.Graph, env: dict, m: match.Match, result: fx.Node, mode):
+def _hand_on(g: fx.Graph, env: dict, m: match.Match, fit, result: fx.Node, mode):
     """The match's other outputs (kernels/patterns.py ``Fit.outputs``: a fused residual add's
     sum): each of their readers outside the match reads the kernel's result, through the
     Fit's views, instead. {original node: its replacement}, or why not (the graph is left as
@@ -180,7 +188,7 @@ def _hand_on(g: fx.Graph, env: dict, m: match.Match, result: fx.Node, mode):
         for _, v, _ in moves:
             _drop(g, v)
         return why
-    for name, views in m.fit.outputs:
+    for name, views in fit.outputs:
         src = m.node(name)
         old = env.get(src)
         if old is None or getattr(old, "_erased", False):
@@ -428,7 +436,7 @@ def place(capture: cap.Capture, kernels: list, matches: dict | None = None,
             meta = m.meta(next((r.name for r in m.fit.args.values() if r.name is not None), None) or "")
             dtype = meta["dtype"] if meta else None
             device_type = meta["device"] if meta else "cpu"
-            k = _kernel_for(kernels, m, dtype, device_type)
+            k, fit = _kernel_for(kernels, m, dtype, device_type)
             if k is None:
                 have = [x.name for x in kernels if x.family == m.family]
                 out.skipped.append(dict(row, why=(f"no kept kernel verified for this shape/spec "
@@ -438,7 +446,9 @@ def place(capture: cap.Capture, kernels: list, matches: dict | None = None,
             if mode is None:
                 out.skipped.append(dict(row, why="the graph carries no fake tensors to guard on"))
                 continue
-            out.record(row, k, *_rewrite_one(g, env, m, k, mode))
+            if fit is not m.fit:
+                row = dict(row, spec=fit.spec)            # placed as its fallback contract
+            out.record(row, k, *_rewrite_one(g, env, m, k, mode, fit))
         _place_regions(g, env, plan, mode, out)
         _repropagate(g, mode)
         g.lint()

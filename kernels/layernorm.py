@@ -603,9 +603,10 @@ def from_match(m):
         m.rebind("h", m.node("x"))
         m.rebind("x", pair[0])
         m.rebind("r", pair[1])
+        plain = Fit(spec, tuple(shape), dict(args, x=Ref("h")))
         args["residual"] = Ref("r")
         return Fit(dict(spec, residual=True), tuple(shape), args, post=(("select", 0, 1),),
-                   outputs=(("h", (("select", 0, 0),)),))
+                   outputs=(("h", (("select", 0, 0),)),), fallback=plain)
     return Fit(spec, tuple(shape), args)
 
 

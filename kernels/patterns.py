@@ -93,6 +93,9 @@ class Fit:
     # x + r feeding an RMSNorm: the fused kernel writes the sum beside the norm, out[0] and
     # out[1], and the next residual add reads out[0]).
     outputs: tuple = ()
+    # The contract to place where no kernel serves this one: a fused residual norm's plain
+    # norm of the sum (its add left as it is), for a run whose kept kernel is the plain norm's
+    fallback: "Fit | None" = None
 
 
 class NoFit(Exception):

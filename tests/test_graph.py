@@ -1777,3 +1777,21 @@ def test_the_fused_residual_norm_passes_every_verifier_stage_and_the_plain_sum_i
     nbytes, _ = fam.cost((4096, 4096), "bfloat16")
     plain, _ = kernels.get(family).cost((4096, 4096), "bfloat16")
     assert nbytes == plain + 2 * 4096 * 4096 * 2
+
+
+def test_a_fused_residual_match_falls_back_to_the_plain_norm_kernel_a_run_kept():
+    """A run kept before the fusion (or whose fused kernel lost to its baseline) has the plain
+    norm's kernel: each residual match is placed as that norm of the sum, its add left."""
+    model, inputs = models.build("llama-tiny")
+    cap, ms = found(model, *inputs[:1])
+    norms = [m for g in ms.values() for m in g if m.family == "rmsnorm"]
+    assert sum(bool(m.fit.spec.get("residual")) for m in norms) == 4
+    k = starter("rmsnorm", {}, sorted({tuple(m.fit.shape) for m in norms}))
+    pl = place.place(cap, [k], ms)
+    placed = [s for s in pl.sites if s["family"] == "rmsnorm"]
+    assert len(placed) == 5 and all(s["spec"] == {} for s in placed), pl.skipped
+    opt = place.optimized(cap, pl)
+    with torch.no_grad():
+        err, where = integrate.compare(integrate.flatten(opt(*inputs[:1])),
+                                       integrate.flatten(model(*inputs[:1])))
+    assert err <= integrate.E2E_TOLERANCE["float32"], where
