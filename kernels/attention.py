@@ -74,6 +74,12 @@ Search space (``SPACE``), rendered by ``render`` into one self-contained candida
   tensor descriptors (block [1, 1, rows, BLOCK_D]; zeros past the sequence and the head dim, the
   store clipped), on Hopper and newer NVIDIA GPUs and under the interpreter, for operands with a
   unit last stride and 16-byte aligned rows; anything else takes the pointer kernel.
+- warp_specialize (TMA kernel only; the pointer kernel renders the same): the main key loop as
+  ``tl.range(..., warp_specialize=True)``: Triton splits it into a producer warp group issuing
+  the K/V descriptor loads and consumer warp groups doing the dots and the softmax, so a tile's
+  softmax overlaps the next tile's loads (FlashAttention-3's producer/consumer schedule, as far
+  as the compiler builds it; Hopper and Blackwell). The interpreter runs the loop as written
+  (the CPU tests check its values); its speed is a GPU measurement.
 - fp32_dot (fp32 operands only: bf16/fp16 tiles never take that branch): "ieee" (full fp32) or
   "tf32x3" (three TF32 products, the operands split in registers), for q @ k^T and p @ v alike.
   Not plain "tf32" (10-bit mantissas, ~2^-11 a product): the contract is fp32 attention (the
@@ -315,10 +321,11 @@ SPACE = {
     "loads": ["pointers", "tma"],
     "fp32_dot": ["ieee", "tf32x3"],
     "fold_scale": [False, True],
+    "warp_specialize": [False, True],
 }
 DEFAULT = {"block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 2,
            "causal_blocks": "skip", "use_exp2": False, "m_order": "forward", "loads": "pointers",
-           "fp32_dot": "ieee", "fold_scale": False}
+           "fp32_dot": "ieee", "fold_scale": False, "warp_specialize": False}
 
 
 # What the rendered source says its fp32 dots compute (docstring), and the comment on its fp32
@@ -584,19 +591,24 @@ def _kernel(p, tma: bool = False, mask=None, cap=None) -> str:
         bounds = ("hi = SK\nif CAUSAL:\n"
                   "    hi = tl.minimum(SK, (pid_m + 1) * BLOCK_M)               # skip blocks above the diagonal")
     step_masked = _step(p, True, tma, mask, cap)
+    # the TMA kernel's main key loop warp-specialized: Triton splits it into a producer warp
+    # group issuing the K/V descriptor loads and consumer groups doing the dots and the
+    # softmax, so one tile's softmax runs under the next tile's loads (FlashAttention-3's
+    # schedule, as far as the compiler builds it)
+    ws = ", warp_specialize=True" if tma and p["warp_specialize"] else ""
     if cb == "split":
         # blocks [0, n_full * BLOCK_N) are entirely visible to every row of the tile
         loops = f'''
 n_full = SK // BLOCK_N
 if CAUSAL:
     n_full = tl.minimum(n_full, (pid_m * BLOCK_M + 1) // BLOCK_N)
-for start_n in range(0, n_full * BLOCK_N, BLOCK_N):                 # no mask needed
+for start_n in {"tl.range" if ws else "range"}(0, n_full * BLOCK_N, BLOCK_N{ws}):                 # no mask needed
 {C.indent(_step(p, False, tma, mask, cap), 4)}
 for start_n in range(n_full * BLOCK_N, hi, BLOCK_N):                # diagonal / tail blocks
 {C.indent(step_masked, 4)}'''
     else:
         loops = f'''
-for start_n in range(0, hi, BLOCK_N):
+for start_n in {"tl.range" if ws else "range"}(0, hi, BLOCK_N{ws}):
 {C.indent(step_masked, 4)}'''
     scale_note = ("log2(e) * scale: scores in base 2" if p["use_exp2"] else "scale")
     m_base = ""

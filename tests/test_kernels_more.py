@@ -1355,3 +1355,29 @@ def test_attention_folded_scale_passes_the_five_verifier_stages(loads, causal, s
         assert (out - ref).abs().max().item() < 2e-2
         return
     passes_every_stage(fam, fn, shape, "bfloat16", seed=5)
+
+
+@pytest.mark.parametrize("causal_blocks, mask", [("split", None), ("skip", "bias")])
+def test_attention_warp_specialized_key_loop_passes_the_five_verifier_stages(causal_blocks, mask,
+                                                                            cand_dir):
+    """warp_specialize: the TMA kernel's main key loop as tl.range(..., warp_specialize=True)
+    (the mask-free loop of the split causal loop; the one loop otherwise, a runtime mask read in
+    it); the pointer kernel is the same loop as before. Under the interpreter the loop runs as
+    written: every verifier stage, causal with the split loop and with a runtime bias."""
+    from kernels import attention as at
+    point = dict(at.DEFAULT, **dict(at.HALF_OPENERS[0], causal_blocks=causal_blocks,
+                                    warp_specialize=True))
+    plain = at.render(dict(point, warp_specialize=False))
+    assert "warp_specialize=True)" not in plain
+    if mask is None:
+        shape = [2, 4, 40, 16, 2, 1]
+        fam = FAMILIES["attention"].for_target(shape, "bfloat16")
+    else:
+        spec = {"mask": "bias", "mask_dims": "b11k"}
+        fam = kernels.get("attention", spec)
+        shape = [2, 4, 40, 16, 2, 0]
+    src = fam.render(point)
+    loops = [ln for ln in src.splitlines() if "for start_n in" in ln]
+    assert sum("warp_specialize=True" in ln for ln in loops) == 1, loops
+    fn = load_candidate(src, cand_dir)
+    passes_every_stage(fam, fn, shape, "bfloat16", seed=5)
