@@ -827,9 +827,14 @@ def find(graph: cap.Graph, pats: list[Pattern] | None = None, probe: bool = True
             if m.fit is not None and m.fit.outputs:
                 also = [m.node(name) for name, _ in m.fit.outputs]
                 if any(n in claimed for n in also):
-                    continue          # another match computes it: not this one to hand on
-                nodes.update(also)    # computed by the kernel, read beside it (Fit.outputs)
-                nodes.update(a for n in also for a in aliases(n))
+                    # another match computes it (a second norm of the same sum): this one
+                    # reads it as it is, under its plain contract
+                    if m.fit.fallback is None:
+                        continue
+                    m.fit = m.fit.fallback
+                else:
+                    nodes.update(also)    # computed by the kernel, read beside it (Fit.outputs)
+                    nodes.update(a for n in also for a in aliases(n))
             m.nodes = sorted(nodes, key=order.get)
             if m.fit is not None and probe:
                 bad = probe_match(m)
