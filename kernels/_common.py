@@ -314,3 +314,64 @@ ra = tl.load({r_row} + {cols}, mask={mask}, other=0.0{hint}).to(tl.float32)
 h = (xa + ra).to(h_ptr.dtype.element_ty)
 tl.store({h_row} + {cols}, h, mask={mask})
 x = h.to(tl.float32)'''
+
+
+def residual_launcher_src(p: dict, one_pass: str | None, chunked: str, params: str, doc: str,
+                          prep: str, affine: str, flags: str = "") -> str:
+    """kernel_fn of a fused residual add + norm (rmsnorm and layernorm ``residual: true``):
+    x and residual [..., D] viewed as [N, D], out [2, N, D] ([h; y]) in x's dtype, the row
+    kernels launched as the plain norm's are. ``params``: kernel_fn's arguments after
+    residual; ``prep``: the launcher lines making the norm's operands (``affine``, passed
+    between r and h; ``flags`` after num_tiles)."""
+    grid = ("(min(num_tiles, _num_sms(x.device) * PROGS_PER_SM),)  # persistent programs"
+            if p["grid"] == "persistent" else "(num_tiles,)  # one tile per program")
+    # two operands stream through the pipelined loop: x's and r's chunks
+    select = select_src(one_pass, chunked).replace("(rows + 2) * width", "(2 * rows + 2) * width")
+    return f'''
+
+def kernel_fn(x, residual, {params}):
+    """{doc}"""
+    D = x.shape[-1]
+    out_shape = (2,) + tuple(x.shape)
+    if x.stride(-1) != 1:
+        x = x.contiguous()               # kernels assume unit stride along D; any row stride works
+    if residual.stride(-1) != 1:
+        residual = residual.contiguous()
+    x2 = x.reshape(-1, D)                # [N, D]: a view whenever the leading dims can merge
+    r2 = residual.reshape(-1, D)
+    N = x2.shape[0]
+{indent(prep, 4)}
+    out = torch.empty((2, N, D), dtype=x.dtype, device=x.device)   # [h; y]
+    if N == 0 or D == 0:
+        return out.reshape(out_shape)
+    block = _pow2(D)
+{select}
+    num_tiles = _cdiv(N, rows)
+    grid = {grid}
+    kernel[grid](x2, r2, {affine}, out[0], out[1], N, D, x2.stride(0), r2.stride(0), float(eps),
+                 num_tiles, {flags}**meta, num_warps=NUM_WARPS, num_stages=stages)
+    return out.reshape(out_shape)
+'''
+
+
+# a weight of ones for a norm without one (multiplying by 1.0 is exact): the row kernels stay
+# as they are; one cached vector per (size, dtype, device)
+ONES_SRC = '''_ONES = {}
+
+
+def _ones(d, dtype, device):
+    key = (d, dtype, device)
+    if key not in _ONES:
+        _ONES[key] = torch.ones(d, dtype=dtype, device=device)
+    return _ONES[key]
+'''
+
+
+def row_constants_src(p: dict, chunks: str = "chunked loop", persistent: str = "persistent grid only") -> str:
+    """The module constants of a norm's row kernels (rmsnorm, layernorm) at point ``p``."""
+    return f'''ROWS_PER_PROG = {p["rows_per_prog"]}   # rows per program tile (halved at launch to fit MAX_TILE)
+BLOCK_D = {p["block_d"]}        # chunk width of the {chunks}
+NUM_WARPS = {p["num_warps"]}
+NUM_STAGES = {p["num_stages"]}       # software-pipelining depth of the chunk loops
+PROGS_PER_SM = {p["progs_per_sm"]}     # {persistent}
+'''

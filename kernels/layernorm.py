@@ -40,7 +40,7 @@ import torch.nn.functional as F
 
 from kernels import Family
 from kernels import _common as C
-from kernels.patterns import Fit, NoFit, Ref, Scalar, Spelling, T, from_end, trailing_run
+from kernels.patterns import Fit, NoFit, Ref, residual_fit, Scalar, Spelling, T, from_end, trailing_run
 
 NAME = "layernorm"
 SIGNATURE = "kernel_fn(x, weight, bias, eps)"
@@ -405,40 +405,15 @@ def _residual_kernel(src: str) -> str:
 
 
 def _residual_launcher(p):
-    grid = ("(min(num_tiles, _num_sms(x.device) * PROGS_PER_SM),)  # persistent programs"
-            if p["grid"] == "persistent" else "(num_tiles,)  # one tile per program")
-    select = C.select_src("_layernorm_one_pass" if p["variant"] == "one_pass" else None,
-                          "_layernorm_chunked")
-    select = select.replace("(rows + 2) * width", "(2 * rows + 2) * width")   # x's and r's chunks
-    return f'''
-
-def kernel_fn(x, residual, weight, bias, eps):
-    """h = x + residual (same shape and dtype), then LayerNorm of h over the last dim; weight,
-    bias [D] in x's dtype or None; returns out [2, *x.shape] in x's dtype: out[0] = h,
-    out[1] = the normed h."""
-    D = x.shape[-1]
-    out_shape = (2,) + tuple(x.shape)
-    if x.stride(-1) != 1:
-        x = x.contiguous()               # kernels assume unit stride along D; any row stride works
-    if residual.stride(-1) != 1:
-        residual = residual.contiguous()
-    x2 = x.reshape(-1, D)                # [N, D]: a view whenever the leading dims can merge
-    r2 = residual.reshape(-1, D)
-    N = x2.shape[0]
-    has_w, has_b = weight is not None, bias is not None
-    w = weight.contiguous() if has_w else x2   # x2 stands in for a missing pointer (never read)
-    b = bias.contiguous() if has_b else x2
-    out = torch.empty((2, N, D), dtype=x.dtype, device=x.device)   # [h; y]
-    if N == 0 or D == 0:
-        return out.reshape(out_shape)
-    block = _pow2(D)
-{select}
-    num_tiles = _cdiv(N, rows)
-    grid = {grid}
-    kernel[grid](x2, r2, w, b, out[0], out[1], N, D, x2.stride(0), r2.stride(0), float(eps),
-                 num_tiles, has_w, has_b, **meta, num_warps=NUM_WARPS, num_stages=stages)
-    return out.reshape(out_shape)
-'''
+    return C.residual_launcher_src(
+        p, "_layernorm_one_pass" if p["variant"] == "one_pass" else None, "_layernorm_chunked",
+        "weight, bias, eps",
+        "h = x + residual (same shape and dtype), then LayerNorm of h over the last dim; weight,\n"
+        "    bias [D] in x's dtype or None; returns out [2, *x.shape] in x's dtype: out[0] = h,\n"
+        "    out[1] = the normed h.",
+        "has_w, has_b = weight is not None, bias is not None\n"
+        "w = weight.contiguous() if has_w else x2   # x2 stands in for a missing pointer (never read)\n"
+        "b = bias.contiguous() if has_b else x2", "w, b", "has_w, has_b, ")
 
 
 def render_residual(params) -> str:
@@ -457,12 +432,7 @@ weight and bias); the unfused add and norm move 5*N*D*itemsize (the norm reads h
 Point: {C.point_line(SPACE, p)}
 """
 {C.IMPORTS_SRC}
-ROWS_PER_PROG = {p["rows_per_prog"]}   # rows per program tile (halved at launch to fit MAX_TILE)
-BLOCK_D = {p["block_d"]}        # chunk width of the chunked loops
-NUM_WARPS = {p["num_warps"]}
-NUM_STAGES = {p["num_stages"]}       # software-pipelining depth of the chunk loops
-PROGS_PER_SM = {p["progs_per_sm"]}     # persistent grid only
-'''
+{C.row_constants_src(p, 'chunked loops')}'''
     parts = [doc, C.FIT_ROWS_SRC]
     if p["grid"] == "persistent":
         parts.append(C.NUM_SMS_SRC)
@@ -496,12 +466,7 @@ This variant {traffic}.
 Point: {C.point_line(SPACE, p)}
 """
 {C.IMPORTS_SRC}
-ROWS_PER_PROG = {p["rows_per_prog"]}   # rows per program tile (halved at launch to fit MAX_TILE)
-BLOCK_D = {p["block_d"]}        # chunk width of the chunked loops
-NUM_WARPS = {p["num_warps"]}
-NUM_STAGES = {p["num_stages"]}       # software-pipelining depth of the chunk loops
-PROGS_PER_SM = {p["progs_per_sm"]}     # persistent grid; split rows: programs per SM
-SPLIT = "{p["split"]}"       # "auto": rows split over several programs when rows < SMs
+{C.row_constants_src(p, 'chunked loops', 'persistent grid; split rows: programs per SM')}SPLIT = "{p["split"]}"       # "auto": rows split over several programs when rows < SMs
 '''
     parts = [doc, C.FIT_ROWS_SRC]
     if p["grid"] == "persistent" or p["split"] == "auto":
@@ -600,13 +565,7 @@ def from_match(m):
     if pair is not None:
         # x is a residual add (GPT-2's h + attn(ln_1(h)), BERT's dense(h) + input): one kernel
         # reads both terms and writes the sum beside the norm, out [2, *shape]
-        m.rebind("h", m.node("x"))
-        m.rebind("x", pair[0])
-        m.rebind("r", pair[1])
-        plain = Fit(spec, tuple(shape), dict(args, x=Ref("h")))
-        args["residual"] = Ref("r")
-        return Fit(dict(spec, residual=True), tuple(shape), args, post=(("select", 0, 1),),
-                   outputs=(("h", (("select", 0, 0),)),), fallback=plain)
+        return residual_fit(m, pair, spec, shape, args)
     return Fit(spec, tuple(shape), args)
 
 

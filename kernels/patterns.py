@@ -125,6 +125,19 @@ def odi(shape, dims: tuple) -> tuple[int, int, int]:
     return math.prod(shape[:lo]), math.prod(shape[lo:hi]), math.prod(shape[hi:])
 
 
+def residual_fit(m, pair, spec: dict, shape, args: dict) -> Fit:
+    """A norm's Fit (``spec``, ``shape``, ``args`` with x the norm's input) as the fused residual
+    contract, where x is the sum ``pair`` = (a, b) (``m.sum_of("x")``): the kernel reads a as x
+    and b as ``residual`` and returns [h; y]; y goes on to the norm's readers (select 0, 1), h
+    to the sum's (``outputs``); the plain fit of the norm of h is the fallback."""
+    m.rebind("h", m.node("x"))
+    m.rebind("x", pair[0])
+    m.rebind("r", pair[1])
+    plain = Fit(spec, tuple(shape), dict(args, x=Ref("h")))
+    return Fit(dict(spec, residual=True), tuple(shape), dict(args, residual=Ref("r")),
+               post=(("select", 0, 1),), outputs=(("h", (("select", 0, 0),)),), fallback=plain)
+
+
 def spec_key(spec: dict | None) -> str:
     """The canonical text of a spec: how targets, kernels and sites are joined."""
     import json
@@ -132,4 +145,4 @@ def spec_key(spec: dict | None) -> str:
 
 
 __all__ = ["T", "Scalar", "Spelling", "Ref", "Fit", "NoFit", "from_end", "trailing_run", "odi",
-           "spec_key"]
+           "residual_fit", "spec_key"]

@@ -34,7 +34,7 @@ import torch
 
 from kernels import Family
 from kernels import _common as C
-from kernels.patterns import Fit, NoFit, Ref, Scalar, Spelling, T, from_end, odi, trailing_run
+from kernels.patterns import Fit, NoFit, Ref, residual_fit, Scalar, Spelling, T, from_end, odi, trailing_run
 
 NAME = "rmsnorm"
 SIGNATURE = "kernel_fn(x, weight, eps)"
@@ -244,50 +244,13 @@ def kernel_fn(x, weight, eps):
 
 
 def _residual_launcher(p):
-    if p["grid"] == "persistent":
-        grid = "(min(num_tiles, _num_sms(x.device) * PROGS_PER_SM),)  # persistent programs"
-    else:
-        grid = "(num_tiles,)  # one tile per program"
-    select = C.select_src("_rmsnorm_one_pass" if p["variant"] == "one_pass" else None,
-                          "_rmsnorm_chunked")
-    # two operands stream through the pipelined loop: x's and r's chunks
-    select = select.replace("(rows + 2) * width", "(2 * rows + 2) * width")
-    return f'''
-_ONES = {{}}
-
-
-def _ones(d, dtype, device):
-    key = (d, dtype, device)
-    if key not in _ONES:
-        _ONES[key] = torch.ones(d, dtype=dtype, device=device)
-    return _ONES[key]
-
-
-def kernel_fn(x, residual, weight, eps):
-    """h = x + residual (same shape and dtype), then RMSNorm of h over the last dim with weight
-    [D] in x's dtype (None: none); returns out [2, *x.shape] in x's dtype: out[0] = h,
-    out[1] = the normed h."""
-    D = x.shape[-1]
-    out_shape = (2,) + tuple(x.shape)
-    if x.stride(-1) != 1:
-        x = x.contiguous()               # kernels assume unit stride along D; any row stride works
-    if residual.stride(-1) != 1:
-        residual = residual.contiguous()
-    x2 = x.reshape(-1, D)                # [N, D]: a view whenever the leading dims can merge
-    r2 = residual.reshape(-1, D)
-    N = x2.shape[0]
-    w = weight.contiguous() if weight is not None else _ones(D, x.dtype, x.device)
-    out = torch.empty((2, N, D), dtype=x.dtype, device=x.device)   # [h; y]
-    if N == 0 or D == 0:
-        return out.reshape(out_shape)
-    block = _pow2(D)
-{select}
-    num_tiles = _cdiv(N, rows)
-    grid = {grid}
-    kernel[grid](x2, r2, w, out[0], out[1], N, D, x2.stride(0), r2.stride(0), float(eps),
-                 num_tiles, **meta, num_warps=NUM_WARPS, num_stages=stages)
-    return out.reshape(out_shape)
-'''
+    return "\n" + C.ONES_SRC + C.residual_launcher_src(
+        p, "_rmsnorm_one_pass" if p["variant"] == "one_pass" else None, "_rmsnorm_chunked",
+        "weight, eps",
+        "h = x + residual (same shape and dtype), then RMSNorm of h over the last dim with weight\n"
+        "    [D] in x's dtype (None: none); returns out [2, *x.shape] in x's dtype: out[0] = h,\n"
+        "    out[1] = the normed h.",
+        "w = weight.contiguous() if weight is not None else _ones(D, x.dtype, x.device)", "w")
 
 
 def render_residual(params) -> str:
@@ -306,12 +269,7 @@ weight); the unfused add and norm move 5*N*D*itemsize (the norm reads h back).
 Point: {C.point_line(SPACE, p)}
 """
 {C.IMPORTS_SRC}
-ROWS_PER_PROG = {p["rows_per_prog"]}   # rows per program tile (halved at launch to fit MAX_TILE)
-BLOCK_D = {p["block_d"]}        # chunk width of the chunked loop
-NUM_WARPS = {p["num_warps"]}
-NUM_STAGES = {p["num_stages"]}       # software-pipelining depth of the chunk loops
-PROGS_PER_SM = {p["progs_per_sm"]}     # persistent grid only
-'''
+{C.row_constants_src(p)}'''
     parts = [doc, C.FIT_ROWS_SRC]
     if p["grid"] == "persistent":
         parts.append(C.NUM_SMS_SRC)
@@ -343,12 +301,7 @@ This variant {traffic}.
 Point: {C.point_line(SPACE, p)}
 """
 {C.IMPORTS_SRC}
-ROWS_PER_PROG = {p["rows_per_prog"]}   # rows per program tile (halved at launch to fit MAX_TILE)
-BLOCK_D = {p["block_d"]}        # chunk width of the chunked loop
-NUM_WARPS = {p["num_warps"]}
-NUM_STAGES = {p["num_stages"]}       # software-pipelining depth of the chunk loops
-PROGS_PER_SM = {p["progs_per_sm"]}     # persistent grid only
-'''
+{C.row_constants_src(p)}'''
     parts = [doc, C.FIT_ROWS_SRC]
     if persistent:
         parts.append(C.NUM_SMS_SRC)
@@ -445,13 +398,7 @@ def from_match(m):
     if pair is not None and (not has_w or m.meta("w")["dtype"] == x["dtype"]):
         # x is a residual add the model reads again later (x + attn(...), then the MLP's add):
         # one kernel reads both terms and writes the sum beside the norm, out [2, *shape]
-        m.rebind("h", m.node("x"))
-        m.rebind("x", pair[0])
-        m.rebind("r", pair[1])
-        plain = Fit(spec, tuple(shape), dict(args, x=Ref("h")))
-        args["residual"] = Ref("r")
-        return Fit(dict(spec, residual=True), tuple(shape), args, post=(("select", 0, 1),),
-                   outputs=(("h", (("select", 0, 0),)),), fallback=plain)
+        return residual_fit(m, pair, spec, shape, args)
     return Fit(spec, tuple(shape), args)
 
 
@@ -546,15 +493,7 @@ BLOCK_I = {inner_p["block_i"]}       # positions along I per program (coalesced:
 BLOCK_DI = {inner_p["block_di"]}       # normalized elements per step of the column kernel's loops
 INNER_WARPS = {inner_p["inner_warps"]}
 INNER_TILE = {inner_p["inner_tile"]}     # a [next_pow2(D), BLOCK_I] tile up to this many elements: one pass
-_ONES = {{}}
-
-
-def _ones(d, dtype, device):
-    key = (d, dtype, device)
-    if key not in _ONES:
-        _ONES[key] = torch.ones(d, dtype=dtype, device=device)
-    return _ONES[key]
-
+{C.ONES_SRC}
 
 @triton.jit
 def _rmsnorm_cols(x_ptr, w_ptr, y_ptr, D, I, n_iblk, eps,
