@@ -23,6 +23,11 @@ Launch-time clamps keep every point valid on the GPU: a program's register tile 
 65536 elements (ROWS halves until it fits) and num_stages drops until the (stages - 1)
 pipelined load buffers fit 48 KB of shared memory (a 4-stage fp32 [8, 4096] loop would ask
 for 384 KB and fail to launch).
+
+Contract ``residual: true`` (a residual add the norm reads, fused): kernel_fn(x, residual,
+weight, eps) returns [h; y] stacked, [2, *x.shape], h = x + residual rounded to x's dtype (as
+the model's add stores it) and y the norm of h; the same row kernels read both terms and write
+h beside y (4*N*D*itemsize + D*itemsize bytes).
 """
 from __future__ import annotations
 
