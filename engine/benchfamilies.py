@@ -49,7 +49,9 @@ QUICK_SIZE = 1 << 12          # --quick: shapes of at most this problem_size
 
 def add_arguments(p) -> None:
     """The ``bench`` subcommand's options (engine/cli.py)."""
-    p.add_argument("--families", default="all", help="comma-separated family names, or 'all'")
+    p.add_argument("--families", default="all", help="comma-separated family names, or 'all'; "
+                   "a family's boolean contract flag after '+' (rmsnorm+residual: the residual "
+                   "add fused)")
     p.add_argument("--out", default="docs/benchmarks_families.md", help="Markdown file to write")
     p.add_argument("--db", default=None, help="SQLite file with the loop's runs (default data/runs.db)")
     p.add_argument("--run", default=None, help="run id(s) for the best kernels, comma-separated "
@@ -74,15 +76,24 @@ class BenchError(ValueError):
 # what to measure
 # ---------------------------------------------------------------------------------------------
 
-def _family_names(text: str) -> list[str]:
+def _family_names(text: str) -> list[tuple[str, dict]]:
+    """--families: [(family, contract spec)]; "rmsnorm+residual" is rmsnorm under
+    {"residual": true} (boolean flags of a family's configure, e.g. softmax+log)."""
     import kernels
     if text.strip() in ("", "all"):
-        return list(kernels.FAMILY_NAMES)
-    names = [f.strip() for f in text.split(",") if f.strip()]
-    for n in names:
-        if n not in kernels.FAMILY_NAMES:
-            raise BenchError(f"unknown family {n!r}; known families: {', '.join(kernels.FAMILY_NAMES)}")
-    return names
+        return [(n, {}) for n in kernels.FAMILY_NAMES]
+    out = []
+    for item in (f.strip() for f in text.split(",") if f.strip()):
+        name, *flags = item.split("+")
+        if name not in kernels.FAMILY_NAMES:
+            raise BenchError(f"unknown family {name!r}; known families: {', '.join(kernels.FAMILY_NAMES)}")
+        spec = {f: True for f in flags if f}
+        try:
+            kernels.get(name, spec or None)
+        except ValueError as e:
+            raise BenchError(f"{item}: {e}") from None
+        out.append((name, spec))
+    return out
 
 
 def bench_shapes(fam, quick: bool, max_shapes: int | None) -> list[tuple]:
@@ -104,24 +115,29 @@ def run_ids(text: str | None) -> list[str]:
     return [r.strip() for r in (text or "").split(",") if r.strip()]
 
 
-def best_kernels(store, family: str, run_id: str | None) -> dict | None:
+def best_kernels(store, family: str, run_id: str | None, spec: dict | None = None) -> dict | None:
     """{"run": the first run, "runs": every run used, "kept": their kept experiments with
     source, each with "run_start" (its run's created_at), "best_id": the first run's best} for
     ``family``: from every run ``run_id`` names (one id or several, comma-separated: an op run
-    per shape, say), or from the latest run with a kept experiment of it; None without one."""
+    per shape, say), or from the latest run with a kept experiment of it; None without one.
+    ``spec``: of the targets with that contract only (rmsnorm's plain and residual norms are
+    two targets of one family)."""
+    from kernels.patterns import spec_key
     ids = run_ids(run_id)
     runs = [store.get_run(i) for i in ids] if ids else store.list_runs()
     found = None
     for run in runs:
         if run is None:
             continue
+        targets = {t["id"]: t for t in store.targets(run["id"]) if t["family"] == family
+                   and spec_key(t["spec"]) == spec_key(spec)}
         kept = [dict(e, run_start=run["created_at"])
                 for e in store.experiments(run["id"], with_source=True)
-                if e["family"] == family and e["state"] == "kept"]
+                if e["family"] == family and e["state"] == "kept" and e["target_id"] in targets]
         if not kept:
             continue
         if found is None:
-            target = next((t for t in store.targets(run["id"]) if t["family"] == family), None)
+            target = next(iter(targets.values()), None)
             best_id = target["best_experiment_id"] if target else None
             found = {"run": run, "runs": [], "kept": [], "best_id": best_id or kept[-1]["id"]}
         found["runs"].append(run)
@@ -227,9 +243,11 @@ def measure_family(fam, shapes, dtype: str, gpu: bool, ceilings: dict, loader: _
         k = bench.input_set_count(nbytes, l2, gpu)
         sets = [fam.make_inputs(shape, tdtype, device, gen) for _ in range(k)]
         row = {"shape": shape, "bytes": nbytes, "flops": flops, "results": {}}
-        impls = [("eager", lambda: fam.reference)]
+        # the baselines time what models run (a fused residual norm's contract stacks [h; y]
+        # for the judge; the model adds, then normalizes, and stacks nothing)
+        impls = [("eager", lambda: fam.baseline_op())]
         for mode in modes:
-            impls.append((f"compile:{mode}", lambda m=mode: _compiled(fam.reference, m)))
+            impls.append((f"compile:{mode}", lambda m=mode: _compiled(fam.baseline_op(), m)))
         impls.append(("starter", lambda: starter))
         best = pick_best(found, shape) if found else None
         if best is not None:
@@ -311,7 +329,7 @@ def markdown(meta: dict, sections: list[tuple], modes: list[str], header: bool =
     if not header:
         lines = []
         for fam, rows, found in sections:
-            lines += ["", f"## {fam.name}", "",
+            lines += ["", f"## {_title(fam)}", "",
                       f"Measured {meta['date']} on {dev.get('name', '?')}, torch {dev.get('torch')}, "
                       f"triton {dev.get('triton')}, dtype {meta['dtype']}"
                       + ("; interpreter: no GPU figures" if meta["timing_mode"] == "interpreter" else "")
@@ -343,8 +361,14 @@ def markdown(meta: dict, sections: list[tuple], modes: list[str], header: bool =
                  f"\"best found at\": its experiment number in the run and the run's wall time "
                  f"until then; wall time of this benchmark {meta['wall_s']:.0f} s")
     for fam, rows, found in sections:
-        lines += ["", f"## {fam.name}", ""] + _section(fam, rows, found, modes)
+        lines += ["", f"## {_title(fam)}", ""] + _section(fam, rows, found, modes)
     return "\n".join(lines) + "\n"
+
+
+def _title(fam) -> str:
+    """A section's title: the family, and its contract where not the plain one."""
+    from kernels.patterns import spec_key
+    return fam.name + (f" `{spec_key(fam.spec)}`" if fam.spec else "")
 
 
 def _section(fam, rows, found, modes) -> list[str]:
@@ -402,11 +426,11 @@ def main(args, log=print) -> int:
     loader = _Loader()
     compile_note: list[str] = []
     sections = []
-    for name in names:
-        fam = kernels.get(name)
+    for name, spec in names:
+        fam = kernels.get(name, spec or None)
         shapes = bench_shapes(fam, args.quick, args.max_shapes)
-        found = best_kernels(store, name, args.run) if store is not None else None
-        log(f"{name}: {len(shapes)} shape(s), best kernel from "
+        found = best_kernels(store, name, args.run, spec) if store is not None else None
+        log(f"{name}{''.join('+' + f for f in spec)}: {len(shapes)} shape(s), best kernel from "
             f"{('run ' + found['run']['id']) if found else 'no run'}")
         rows = measure_family(fam, shapes, dtype, gpu, ceilings, loader, found, modes,
                               compile_note, log)

@@ -4,6 +4,7 @@ import argparse
 from pathlib import Path
 
 import pytest
+import torch
 
 import kernels
 from engine import benchfamilies
@@ -250,3 +251,20 @@ def test_regionbench_times_a_problems_convolution_region_at_the_points_given(tmp
     assert "failed" in lines[2], lines                             # a point outside the space
     with pytest.raises(SystemExit, match="no such file"):
         regionbench.main([str(tmp_path / "missing.py")])
+
+
+def test_a_contract_flag_after_plus_benches_that_contract_against_what_the_model_runs():
+    """rmsnorm+residual: the fused residual contract; its eager and compile baselines are the
+    model's add then norm (baseline_op), not the judge's stacked reference; a flag the family
+    does not take is one clear error."""
+    import kernels
+    names = benchfamilies._family_names("rmsnorm+residual, softmax")
+    assert names == [("rmsnorm", {"residual": True}), ("softmax", {})]
+    fam = kernels.get("rmsnorm", {"residual": True})
+    kw = fam.make_inputs((3, 8), "float32", "cpu", torch.Generator().manual_seed(0))
+    h, y = fam.baseline_op()(**kw)
+    assert torch.allclose(torch.stack((h, y)), fam.reference(**kw))
+    with pytest.raises(benchfamilies.BenchError, match="rmsnorm\\+bogus"):
+        benchfamilies._family_names("rmsnorm+bogus")
+    with pytest.raises(benchfamilies.BenchError, match="unknown family"):
+        benchfamilies._family_names("nope+residual")
