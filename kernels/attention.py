@@ -78,8 +78,10 @@ Search space (``SPACE``), rendered by ``render`` into one self-contained candida
   ``tl.range(..., warp_specialize=True)``: Triton splits it into a producer warp group issuing
   the K/V descriptor loads and consumer warp groups doing the dots and the softmax, so a tile's
   softmax overlaps the next tile's loads (FlashAttention-3's producer/consumer schedule, as far
-  as the compiler builds it; Hopper and Blackwell). The interpreter runs the loop as written
-  (the CPU tests check its values); its speed is a GPU measurement.
+  as the compiler builds it; Hopper and Blackwell). With num_warps 8 only: Triton 3.6's
+  warp-specialization pass fails on this loop with 4 warps (H100); with 8 it ran at 0.83x SDPA
+  at 4 x 32 x 4096 x 128, no faster than the same point without it. The interpreter runs the
+  loop as written (the CPU tests check its values).
 - fp32_dot (fp32 operands only: bf16/fp16 tiles never take that branch): "ieee" (full fp32) or
   "tf32x3" (three TF32 products, the operands split in registers), for q @ k^T and p @ v alike.
   Not plain "tf32" (10-bit mantissas, ~2^-11 a product): the contract is fp32 attention (the
@@ -594,8 +596,10 @@ def _kernel(p, tma: bool = False, mask=None, cap=None) -> str:
     # the TMA kernel's main key loop warp-specialized: Triton splits it into a producer warp
     # group issuing the K/V descriptor loads and consumer groups doing the dots and the
     # softmax, so one tile's softmax runs under the next tile's loads (FlashAttention-3's
-    # schedule, as far as the compiler builds it)
-    ws = ", warp_specialize=True" if tma and p["warp_specialize"] else ""
+    # schedule, as far as the compiler builds it). Triton 3.6's pass fails on this loop with 4
+    # warps (H100, every shape tried: "PassManager::run failed"): 8 warps and up only; with 8
+    # it ran, at 0.83x SDPA, no faster than without (docs/benchmarks.md)
+    ws = ", warp_specialize=True" if tma and p["warp_specialize"] and p["num_warps"] >= 8 else ""
     if cb == "split":
         # blocks [0, n_full * BLOCK_N) are entirely visible to every row of the tile
         loops = f'''
