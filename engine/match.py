@@ -429,6 +429,7 @@ class Match:
     folder: Folder = field(repr=False, default=None)
     extra: list = field(default_factory=list)   # input upcasts other ops read too (probe only)
     through: list = field(default_factory=list)  # nodes from_match looked through (rebind)
+    order: dict = field(default_factory=dict, repr=False)  # graph node -> position (find's)
     fit: Fit | None = None
     why_not: str = ""                      # recognized, but no contract serves it
     probe: str = ""                        # what the probe found
@@ -533,7 +534,7 @@ class Match:
             if not (isinstance(v, torch.Tensor) and isinstance(want, torch.Tensor)
                     and v.dtype == want.dtype and tuple(v.shape) == tuple(want.shape)):
                 return None
-        order = {x: i for i, x in enumerate(self.graph.gm.graph.nodes)}
+        order = self.order or {x: i for i, x in enumerate(self.graph.gm.graph.nodes)}
         same = [n] + aliases(n)
         inside = set(self.nodes) | set(same)
         if any(u not in inside and order[u] < order[self.output] for x in same for u in x.users):
@@ -812,7 +813,8 @@ def find(graph: cap.Graph, pats: list[Pattern] | None = None, probe: bool = True
                 if c not in claimed and all(u in nodes for u in c.users):
                     nodes.add(c)
             m = Match(pat.family, pat.name, graph, out, sorted(nodes, key=order.get),
-                      st.env, st.caps, folder, extra=sorted(casts - nodes, key=order.get))
+                      st.env, st.caps, folder, extra=sorted(casts - nodes, key=order.get),
+                      order=order)
             fam = kernels.get(pat.family)
             try:
                 m.fit = fam.from_match(m) if fam.from_match else None

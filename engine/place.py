@@ -193,7 +193,8 @@ def _hand_on(g: fx.Graph, env: dict, m: match.Match, fit, result: fx.Node, mode)
         old = env.get(src)
         if old is None or getattr(old, "_erased", False):
             return refuse(f"the value {name} went with a site placed before this one")
-        same = [old] + [env[a] for a in match.aliases(src) if a in env]
+        alias = match.aliases(src)
+        same = [old] + [env[a] for a in alias if a in env]
         readers = [(u, x) for x in same for u in x.users if u not in inside]
         if any(order[u] < order[result] for u, _ in readers):
             return refuse(f"the value {name} is read before the kernel would run")
@@ -202,16 +203,22 @@ def _hand_on(g: fx.Graph, env: dict, m: match.Match, fit, result: fx.Node, mode)
             target, vargs = _VIEW_ATEN[view[0]](v, *view[1:])
             v = cap.emit(g, target, vargs, mode)
         moves.append((old, v, readers))
-        want, got = old.meta.get("val"), v.meta.get("val")
-        if not (isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor)
-                and tuple(want.shape) == tuple(got.shape) and want.dtype == got.dtype):
+        want = old.meta.get("val")
+        if not _same_value(want, v.meta.get("val")):
             return refuse(f"the kernel's copy of {name} is not the value the graph reads")
         v.meta["orig_val"] = want
-        out.update((a, v) for a in [src] + match.aliases(src))
+        out.update((a, v) for a in [src] + alias)
     for _, v, readers in moves:
         for u, x in readers:
             u.replace_input_with(x, v)
     return out
+
+
+def _same_value(want, got) -> bool:
+    """Whether the fake value ``got`` can stand where the graph read ``want``: both tensors, of
+    one shape and dtype."""
+    return (isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor)
+            and tuple(want.shape) == tuple(got.shape) and want.dtype == got.dtype)
 
 
 def _swap(g: fx.Graph, env: dict, output: fx.Node, nodes: list, y: fx.Node, site: int):
@@ -219,8 +226,7 @@ def _swap(g: fx.Graph, env: dict, output: fx.Node, nodes: list, y: fx.Node, site
     the replaced nodes nothing reads any more."""
     out_orig = env[output]
     want, got = out_orig.meta.get("val"), y.meta.get("val")
-    if (not isinstance(want, torch.Tensor) or not isinstance(got, torch.Tensor)
-            or tuple(want.shape) != tuple(got.shape) or want.dtype != got.dtype):
+    if not _same_value(want, got):
         _drop(g, y)
         return False, (f"the kernel's result would be {tuple(getattr(got, 'shape', ()))} "
                        f"{getattr(got, 'dtype', None)}, the graph reads {tuple(getattr(want, 'shape', ()))} "

@@ -106,6 +106,16 @@ def split_sum(h: torch.Tensor, gen) -> tuple:
     return x, (h.double() - x.double()).to(h.dtype)
 
 
+def residual_inputs(plain):
+    """make_inputs of a fused residual norm from its plain norm's ``plain``: the plain x (of
+    the stability stage's kind) is the sum, split exactly into x and residual (split_sum)."""
+    def make(shape, dtype, device, gen, kind="normal"):
+        kw = plain(shape, dtype, device, gen, kind)
+        x, r = split_sum(kw.pop("x"), gen)
+        return {"x": x, "residual": r, **kw}
+    return make
+
+
 # ---------------------------------------------------------------------------------------------
 # search-space points
 # ---------------------------------------------------------------------------------------------

@@ -642,26 +642,18 @@ def kernel_fn(x, weight, bias, eps):
     return render
 
 
-def _residual_reference(x, residual, weight, bias, eps):
-    h = x + residual
-    return torch.stack((h, F.layer_norm(h, (h.shape[-1],), weight, bias, eps)))
-
-
 def _residual_baseline(x, residual, weight, bias, eps):
     """What the model runs: the add, then the norm of the sum; both results, unstacked."""
     h = x + residual
     return h, F.layer_norm(h, (h.shape[-1],), weight, bias, eps)
 
 
+def _residual_reference(x, residual, weight, bias, eps):
+    """The contract: h = x + residual and y = LayerNorm(h) (_residual_baseline), stacked [h; y]."""
+    return torch.stack(_residual_baseline(x, residual, weight, bias, eps))
+
+
 def _configure_residual(spec: dict, weight: bool, bias: bool) -> Family:
-    plain = _inputs_for(1, weight, bias)
-
-    def make(shape, dtype, device, gen, kind="normal"):
-        out = plain(shape, dtype, device, gen, kind)      # the sum the norm sees: of this kind
-        x, r = C.split_sum(out["x"], gen)
-        return {"x": x, "residual": r, "weight": out["weight"], "bias": out["bias"],
-                "eps": out["eps"]}
-
     def cost(shape, dtype):
         nbytes, flops = _cost_for(1, weight, bias)(shape, dtype)
         n, d = C.rows_and_cols(shape)
@@ -670,7 +662,8 @@ def _configure_residual(spec: dict, weight: bool, bias: bool) -> Family:
     what = "with the residual add fused" + ("" if weight else ", no weight") + ("" if bias else ", no bias")
     return dataclasses.replace(
         FAMILY, arg_names=("x", "residual", "weight", "bias", "eps"),
-        reference=_residual_reference, baseline=_residual_baseline, make_inputs=make, cost=cost,
+        reference=_residual_reference, baseline=_residual_baseline,
+        make_inputs=C.residual_inputs(_inputs_for(1, weight, bias)), cost=cost,
         render=render_residual, signature=f"kernel_fn(x, residual, weight, bias, eps) {what}",
         description=f"LayerNorm over the last dim {what}: h = x + residual; returns [h; LayerNorm(h)] stacked.",
         op_schema="(Tensor x, Tensor residual, Tensor? weight, Tensor? bias, float eps) -> Tensor",

@@ -580,14 +580,6 @@ def kernel_fn(x, weight, eps):
 # beside an opaque norm kernel. One output tensor, [2, *shape] (h, y stacked), so the judge
 # compares one result; the placement hands out[0] to the add's other readers.
 
-def _residual_reference(weight: bool):
-    def reference(x, residual, weight, eps):
-        h = x + residual
-        y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-        return torch.stack((h, y * weight if weight is not None else y))
-    return reference
-
-
 def _residual_baseline(x, residual, weight, eps):
     """What the model runs: the add, then the norm of the sum; both results, unstacked."""
     h = x + residual
@@ -595,14 +587,9 @@ def _residual_baseline(x, residual, weight, eps):
     return h, (y * weight if weight is not None else y)
 
 
-def _residual_inputs(weight: bool):
-    plain = _inputs_for((-1,), weight)
-
-    def make(shape, dtype, device, gen, kind="normal"):
-        out = plain(shape, dtype, device, gen, kind)      # the sum the norm sees: of this kind
-        x, r = C.split_sum(out["x"], gen)
-        return {"x": x, "residual": r, "weight": out["weight"], "eps": out["eps"]}
-    return make
+def _residual_reference(x, residual, weight, eps):
+    """The contract: h = x + residual and y = RMSNorm(h) (_residual_baseline), stacked [h; y]."""
+    return torch.stack(_residual_baseline(x, residual, weight, eps))
 
 
 def _residual_cost(weight: bool):
@@ -617,8 +604,8 @@ def _configure_residual(spec: dict, weight: bool) -> Family:
     what = "with the residual add fused" + ("" if weight else ", no weight")
     return dataclasses.replace(
         FAMILY, arg_names=("x", "residual", "weight", "eps"),
-        reference=_residual_reference(weight), baseline=_residual_baseline,
-        make_inputs=_residual_inputs(weight), cost=_residual_cost(weight),
+        reference=_residual_reference, baseline=_residual_baseline,
+        make_inputs=C.residual_inputs(_inputs_for((-1,), weight)), cost=_residual_cost(weight),
         render=render_residual, signature=f"kernel_fn(x, residual, weight, eps) {what}",
         description=(f"RMSNorm {what}: h = x + residual, y = h * rsqrt(mean(h^2) + eps)"
                      f"{' * weight' if weight else ''}; returns [h; y] stacked."),
