@@ -541,6 +541,64 @@ class Match:
             return None            # read before the kernel would run: the sum must stay its own
         return a, b
 
+    def linear_of(self, name):
+        """(x, w, nodes between, upcast) when the input ``name`` is a linear layer's output
+        x @ w^T (aten linear without a bias, or mm / matmul of x by a 2-D w transposed), reached
+        through reshapes that keep the last dim and widening casts (upcast: the last is to
+        float32 from a narrower dtype), every node from the layer on read by this match alone:
+        an LM head whose logits only the loss reads, which the kernel can compute itself.
+        Else None."""
+        n = self.node(name)
+        want = cap.val(n)
+        if not isinstance(want, torch.Tensor) or want.dim() < 1:
+            return None
+        width = int(want.shape[-1])
+        chain = []
+        while isinstance(n, fx.Node) and n.op == "call_function":
+            op = _opname(n.target)
+            v = cap.val(n)
+            if not isinstance(v, torch.Tensor) or v.dim() < 1 or int(v.shape[-1]) != width:
+                return None
+            if op in ("view", "reshape", "_unsafe_view") or (transparent(n) and op != "dropout"):
+                if transparent(n) and not _widening(n):
+                    return None
+                chain.append(n)
+                n = n.args[0]
+                continue
+            break
+        else:
+            return None
+        op = _opname(n.target)
+        args = dict(norm_args(n))
+        if op == "linear":
+            x, w = args.get("input"), args.get("weight")
+            if args.get("bias") is not None:
+                return None
+        elif op in ("mm", "matmul"):
+            x, wt, w = args.get("self"), args.get("other"), None
+            if isinstance(wt, fx.Node) and wt.op == "call_function" and _rank(wt) == 2:
+                top = _opname(wt.target)
+                targs = dict(norm_args(wt))
+                swap = (top == "t" or top == "transpose" and {targs.get("dim0") % 2, targs.get("dim1") % 2} == {0, 1}
+                        or top == "permute" and [d % 2 for d in targs.get("dims", ())] == [1, 0])
+                if swap:
+                    w = wt.args[0]
+                    chain.append(wt)
+        else:
+            return None
+        if not (isinstance(x, fx.Node) and isinstance(w, fx.Node) and _rank(w) == 2):
+            return None
+        xv, wv, lv = cap.val(x), cap.val(w), cap.val(n)
+        if not (isinstance(xv, torch.Tensor) and xv.dim() >= 1 and tuple(wv.shape) == (width, xv.shape[-1])
+                and xv.dtype == wv.dtype == lv.dtype and lv.is_floating_point()):
+            return None
+        chain.append(n)
+        inside = set(self.nodes) | set(chain)
+        if any(u not in inside for c in chain for u in c.users):
+            return None            # the logits (or a view of them) are read elsewhere too
+        upcast = cap.val(self.node(name)).dtype == torch.float32 and lv.dtype != torch.float32
+        return x, w, chain, upcast
+
     def scalar(self, name):
         """A captured number (a literal, or a constant 0-d tensor), else None."""
         v = self.captures.get(name, self.inputs.get(name))

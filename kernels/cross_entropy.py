@@ -34,12 +34,15 @@ for 384 KB and fail to launch).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 
 import torch
 import torch.nn.functional as F
 
 from kernels import Family
 from kernels import _common as C
+from kernels import matmul as MM
 from kernels.patterns import Fit, NoFit, Ref, Spelling, T
 from kernels.softmax import softmax_input
 
@@ -427,7 +430,27 @@ def from_match(m):
     spec = {"ignore_index": None} if gather else {}
     if not gather and m.scalar("reduction") in (_SUM, _NONE):
         spec["reduction"] = "sum" if m.scalar("reduction") == _SUM else "none"
-    return Fit(spec, tuple(x["shape"]), {"logits": Ref("x"), "targets": targets}, post=post)
+    plain = Fit(spec, tuple(x["shape"]), {"logits": Ref("x"), "targets": targets}, post=post)
+    head = None if gather else m.linear_of("x")
+    if head is None:
+        return plain
+    # the logits are an LM head's, read by the loss alone: the kernel computes them itself
+    hidden, weight, between, upcast = head
+    hs = tuple(_node_shape(hidden))
+    if math.prod(hs[:-1]) != x["shape"][0]:
+        return plain
+    m.rebind("hidden", hidden, through=between)
+    m.rebind("weight", weight)
+    spec_l = dict(spec, linear=True, **({"upcast": True} if upcast else {}))
+    return Fit(spec_l, hs + (int(x["shape"][1]),),
+               {"hidden": Ref("hidden"), "weight": Ref("weight"), "targets": targets},
+               post=post, fallback=plain)
+
+
+def _node_shape(node) -> tuple:
+    """A graph node's shape, from its fake value."""
+    v = node.meta.get("val")
+    return tuple(int(s) for s in v.shape)
 
 
 def _inputs_no_ignore(shape, dtype, device, gen, kind="normal"):
@@ -465,9 +488,9 @@ def _none_cost(shape, dtype):
     return b - 4 + 4 * n, f
 
 
-def _render_none(params):
+def _render_none(params, base=None):
     # the family's per-row kernels; their losses are the result (no reduction kernel)
-    src = render(params)
+    src = (base or render)(params)
     call = ("    _ce_mean[(1,)](loss, t, out, N, BLOCK=MEAN_BLOCK, IGNORE_INDEX=IGNORE_INDEX, num_warps=4)\n"
             "    return out\n")
     assert call in src
@@ -479,24 +502,438 @@ def _render_none(params):
     return src.replace('"""Cross-entropy candidate', '"""Per-row cross-entropy candidate (reduction="none")', 1)
 
 
-def _render_sum(params):
+def _render_sum(params, base=None):
     # the family's kernels; the one-program reduction stores the sum instead of the mean
-    src = render(params)
+    src = (base or render)(params)
     src = src.replace("tl.store(out_ptr, total / count)", "tl.store(out_ptr, total)")
     src = src.replace("mean over counted rows of\n", "sum over counted rows of\n", 1)
     return src.replace('"""Cross-entropy candidate', '"""Summed cross-entropy candidate (reduction="sum")', 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# the LM head fused in (spec {"linear": true}): loss of hidden @ weight^T, the logits never stored
+# ---------------------------------------------------------------------------------------------
+# A language model's loss is cross_entropy(lm_head(h), targets). Apart, the LM head's GEMM writes
+# the logits [N, V] (16384 x 128256 bf16 at LLaMA-3-8B's 8 x 2048: 4.2 GB; 8.4 GB more where the
+# model upcasts them, as transformers does) and the loss reads them back. Fused, each GEMM tile
+# [BLOCK_M, BLOCK_N] of logits is reduced in registers to one partial log-sum-exp per row (its
+# max m and sum s of exp(x - m)) plus the target's logit where the target falls in the tile; a
+# merge kernel combines a row's cdiv(V, BLOCK_N) partials. Memory traffic drops to the operands
+# and 8 bytes per (row, vocab tile); the GEMM's flops (2*N*K*V) stay. Placed only where nothing
+# else reads the logits (a forward that returns the loss alone: a training step's model).
+#
+# Shape: hidden's shape followed by V, (*lead, K, V) (N = prod(lead) rows); weight [V, K] in
+# nn.Linear's layout; targets int64 [*lead], -100 ignored. Precision: fp32 accumulation over K
+# (fp32 operands without TF32), the log-sum-exp in fp32 on the unrounded logits; a model rounds
+# its logits to bf16 before the loss, which the tolerance admits (LINEAR_BOUND_TOL).
+
+LINEAR_ARGS = ("hidden", "weight", "targets")
+
+
+def linear_problem(shape) -> tuple[int, int, int]:
+    """(N, K, V) of a family shape (*lead, K, V)."""
+    shape = tuple(int(s) for s in shape)
+    if len(shape) < 3:
+        raise ValueError(f"a cross_entropy+linear shape is (*hidden.shape, V), e.g. (N, K, V), got {shape}")
+    n = 1
+    for s in shape[:-2]:
+        n *= s
+    return n, shape[-2], shape[-1]
+
+
+def _logits64(hidden, weight):
+    k = hidden.shape[-1]
+    x, w = hidden.reshape(-1, k), weight
+    if x.dtype != torch.float64:
+        x, w = x.float(), w.float()
+    return x @ w.t()                                               # [N, V]
+
+
+def _linear_reference(reduction):
+    def ref(hidden, weight, targets):
+        """cross_entropy(hidden @ weight^T, targets) in fp32 on the unrounded logits (fp64 for
+        fp64 operands: the ground truth)."""
+        return F.cross_entropy(_logits64(hidden, weight), targets.reshape(-1).long(),
+                               ignore_index=IGNORE_INDEX, reduction=reduction)
+    return ref
+
+
+def _linear_baseline(upcast: bool, reduction):
+    def base(hidden, weight, targets):
+        """What the model runs: the LM head's GEMM writing the logits in its dtype (then
+        upcast to fp32 where the model does), the loss reading them."""
+        logits = F.linear(hidden, weight)
+        logits = logits.float() if upcast else logits
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1).long(),
+                               ignore_index=IGNORE_INDEX, reduction=reduction)
+    return base
+
+
+def _linear_bound(reduction):
+    def bound(hidden, weight, targets):
+        """Per row, max_j (|h| @ |W|^T)_j (a bound on every logit's magnitude and, times the
+        unit roundoff, on its rounding) times max(1, sqrt(K) / 8) (fp32 accumulation, as the
+        matmul family's bound), reduced as the loss is (mean over counted rows, sum, or per
+        row): a row's loss moves by at most twice its largest logit error."""
+        k = hidden.shape[-1]
+        x, w = hidden.reshape(-1, k).abs(), weight.abs()
+        if x.dtype != torch.float64:
+            x, w = x.float(), w.float()
+        per_row = (x @ w.t()).amax(dim=1) * max(1.0, math.sqrt(k) / 8.0) * 2.0   # [N]
+        counted = targets.reshape(-1) != IGNORE_INDEX
+        per_row = torch.where(counted, per_row, 0.0)
+        if reduction == "none":
+            return per_row
+        total = per_row.sum()
+        return total if reduction == "sum" else total / counted.sum().clamp(min=1)
+    return bound
+
+
+# stol on the bound above: 64 fp32 ulps of accumulation (matmul's), plus for 16-bit operands
+# one rounding of each logit to the operands' dtype (the unit roundoff: 2^-11 fp16, 2^-8 bf16),
+# which a model's own LM head makes before its loss
+LINEAR_BOUND_TOL = {
+    torch.float32: 64 * 2.0**-24,
+    torch.float16: 64 * 2.0**-24 + 2.0**-11,
+    torch.bfloat16: 64 * 2.0**-24 + 2.0**-8,
+}
+LINEAR_ADVERSARIAL = ("huge", "tiny", "mixed_scale", "constant_rows", "heavy_tail")
+
+
+def make_linear_inputs(shape, dtype, device, gen, kind="normal"):
+    """{hidden [*lead, K], weight [V, K], targets int64 [*lead]} from ``gen``; ~5% of targets
+    are -100. Logits hidden @ weight^T have a spread of about 2 ("normal", an LM's), of
+    about 1000 ("huge": m - x_target must stay exact), 1e-4 ("tiny": the loss is about log V),
+    row scales 10^-2..10^2 ("mixed_scale"), every row's logits equal ("constant_rows": weight
+    rows all alike, loss = log V exactly, where a padded column counted as 0 instead of -inf
+    would show), or Cauchy-tailed hidden states ("heavy_tail")."""
+    dtype = C.as_dtype(dtype)
+    n, k, v = linear_problem(shape)
+    lead = tuple(int(s) for s in shape[:-2])
+    h = C.randn(gen, n, k)
+    w = C.randn(gen, v, k) * (2.0 / math.sqrt(max(k, 1)))
+    if kind == "huge":
+        h = h * 500.0
+    elif kind == "tiny":
+        h = h * 1e-4
+    elif kind == "mixed_scale":
+        h = h * (10.0 ** (C.rand(gen, n, 1) * 4.0 - 2.0))
+    elif kind == "constant_rows":
+        w = w[:1].expand(v, k).clone() if v > 0 else w
+    elif kind == "heavy_tail":
+        h = C.cauchy(gen, n, k).clamp(-1e3, 1e3)
+    t = torch.randint(0, max(v, 1), (n,), generator=gen, device=gen.device)
+    t = torch.where(C.rand(gen, n) < 0.05, IGNORE_INDEX, t)
+    return {"hidden": h.reshape(lead + (k,)).to(dtype).to(device),
+            "weight": w.to(dtype).to(device), "targets": t.reshape(lead).to(device)}
+
+
+def linear_cost(shape, dtype):
+    """(bytes, flops): hidden and the weight once, the targets, the 4-byte result; the GEMM's
+    2*N*K*V flops plus the loss's 4 per logit. The logits are never written: compute bound."""
+    item = C.itemsize(dtype)
+    n, k, v = linear_problem(shape)
+    return (n * k + v * k) * item + 8 * n + 4, 2 * n * k * v + 4 * n * v + 3 * n
+
+
+# GPT-2's LM head at 8 x 1024 tokens, LLaMA-3-8B's at 2 x 2048 and 8 x 2048, LLaMA-2's vocabulary
+LINEAR_BENCH_SHAPES = ((8, 1024, 768, 50257), (4096, 4096, 128256), (16384, 4096, 128256),
+                       (2048, 4096, 32000))
+LINEAR_SWEEP_SHAPES = ((1, 16, 1), (2, 3, 5), (7, 33, 100), (2, 5, 64, 257), (33, 64, 1000),
+                       (4, 128, 4097))
+LINEAR_EDGE_SHAPES = ((1, 1, 1), (1, 8, 3), (97, 16, 127), (3, 17, 50257), (130, 24, 300))
+
+LINEAR_SPACE = {
+    "block_m": [64, 128],
+    "block_n": [64, 128, 256],
+    "block_k": [32, 64],
+    "group_m": [1, 8, 16],
+    "num_warps": [4, 8],
+    "num_stages": [2, 3, 4],
+    "loads": ["pointers", "tma"],
+    "use_exp2": [False, True],
+}
+LINEAR_DEFAULT = {"block_m": 128, "block_n": 128, "block_k": 32, "group_m": 8, "num_warps": 4,
+                  "num_stages": 3, "loads": "pointers", "use_exp2": False}
+
+
+def _lce_epilogue(p) -> str:
+    """Source reducing the fp32 tile ``acc`` [BLOCK_M, BLOCK_N] (rows rm, vocab columns rn, tile
+    column pid_n) to the row partials and the target logits."""
+    e2 = p["use_exp2"]
+    return f'''
+# padded vocab columns add nothing: -inf, not the 0 the GEMM left there
+x = tl.where((rn < N)[None, :], acc, float("-inf"))
+m = tl.max(x, axis=1)                                              # [BLOCK_M] tile max
+m_ref = tl.where(m == float("-inf"), 0.0, m)                       # a row of -inf: subtract 0
+s = tl.sum({C.exp_expr("x - m_ref[:, None]", e2)}, axis=1)          # sum of exp(x - m)
+rows = rm.to(tl.int64)
+row_mask = rm < M
+tl.store(pm_ptr + rows * NT + pid_n, m, mask=row_mask)
+tl.store(ps_ptr + rows * NT + pid_n, s, mask=row_mask)
+# the target's logit, from the one tile holding its column (ignored rows never match)
+t = tl.load(t_ptr + rows, mask=row_mask, other=IGNORE_INDEX)
+hit = row_mask & (t >= pid_n * BLOCK_N) & (t < pid_n * BLOCK_N + BLOCK_N) & (t < N)
+x_t = tl.sum(tl.where(rn[None, :] == t[:, None], acc, 0.0), axis=1)
+tl.store(px_ptr + rows, x_t, mask=hit)'''
+
+
+_LCE_ARGS = ("a_ptr, b_ptr, t_ptr, pm_ptr, ps_ptr, px_ptr, M, N, K, NT,\n"
+             "               stride_am, stride_ak, stride_bk, stride_bn,\n"
+             "               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,\n"
+             "               GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,\n"
+             "               DOT_FP32: tl.constexpr, IGNORE_INDEX: tl.constexpr")
+
+
+def _lce_tile_kernel(p) -> str:
+    body = '''
+k_len = K
+num_pid_m = tl.cdiv(M, BLOCK_M)
+num_pid_n = tl.cdiv(N, BLOCK_N)
+num_pid_in_group = GROUP_M * num_pid_n
+tile = tl.program_id(0)''' + MM.tile_coords() + '''
+a_ptrs = a_ptr + ram[:, None] * stride_am + rk[None, :] * stride_ak          # hidden [BLOCK_M, BLOCK_K]
+b_ptrs = b_ptr + rk[:, None] * stride_bk + rbn[None, :] * stride_bn         # weight^T [BLOCK_K, BLOCK_N]
+acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+''' + MM.k_loop([("acc", "b_ptrs", "b")]) + _lce_epilogue(p)
+    return f'''@triton.jit
+def _lce_tiles({_LCE_ARGS}):
+    """One tile [BLOCK_M, BLOCK_N] of the logits a @ b (hidden [M, K] @ weight^T [K, N]) in an
+    fp32 accumulator, reduced to each row's partial (m, s) for vocab tile pid_n (fp32
+    workspaces [M, NT]) and, where the row's target is in the tile, its logit (px [M])."""
+{C.indent(body, 4)}
+'''
+
+
+def _lce_tma_kernel(p) -> str:
+    body = f'''
+num_pid_m = tl.cdiv(M, BLOCK_M)
+num_pid_n = tl.cdiv(N, BLOCK_N)
+num_pid_in_group = GROUP_M * num_pid_n
+for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, NUM_PROGS, flatten=True):
+{C.indent(MM.GROUP_ORDER_SRC.strip(chr(10)), 4)}
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        a = a_desc.load([off_m, k * BLOCK_K])
+        b = tl.trans(b_desc.load([off_n, k * BLOCK_K]))           # [BLOCK_K, BLOCK_N]
+        if DOT_FP32:                   # interpreter: its tl.dot cannot multiply bf16
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        if IEEE:                       # fp32 operands: full fp32, no TF32
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+    rm = off_m + tl.arange(0, BLOCK_M)
+    rn = off_n + tl.arange(0, BLOCK_N)
+{C.indent(_lce_epilogue(p), 4)}'''
+    return f'''@triton.jit
+def _lce_tiles_tma(a_desc, b_desc, t_ptr, pm_ptr, ps_ptr, px_ptr, M, N, K, NT, NUM_PROGS,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   GROUP_M: tl.constexpr, IEEE: tl.constexpr, DOT_FP32: tl.constexpr,
+                   IGNORE_INDEX: tl.constexpr):
+    """_lce_tiles with every operand tile moved by TMA (hidden [M, K], weight [N, K] K-major,
+    transposed in registers; the descriptors zero-fill past the edges), on a persistent grid:
+    NUM_PROGS programs walk the tiles in one flattened loop."""
+{C.indent(body, 4)}
+'''
+
+
+def _lce_merge_kernel(p) -> str:
+    e2 = p["use_exp2"]
+    return f'''@triton.jit
+def _lce_merge(t_ptr, pm_ptr, ps_ptr, px_ptr, loss_ptr, M, N, NT,
+               ROWS: tl.constexpr, CHUNK: tl.constexpr, IGNORE_INDEX: tl.constexpr):
+    """Tile [ROWS, CHUNK] sliding over each row's NT partials: m = max(m_k), s = sum(s_k *
+    exp(m_k - m)), then loss[row] = (m - x_target) + log(s) (0 for ignored rows)."""
+    rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)   # [ROWS]
+    row_mask = rows < M
+    m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    s = tl.zeros([ROWS], dtype=tl.float32)
+    for start in range(0, NT, CHUNK):
+        ks = start + tl.arange(0, CHUNK)
+        mask = row_mask[:, None] & (ks < NT)[None, :]
+        offs = rows[:, None] * NT + ks[None, :]
+        pm = tl.load(pm_ptr + offs, mask=mask, other=float("-inf"))
+        ps = tl.load(ps_ptr + offs, mask=mask, other=0.0)
+        m_new = tl.maximum(m, tl.max(pm, axis=1))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        s = s * {C.exp_expr("m - m_ref", e2)} + tl.sum(ps * {C.exp_expr("pm - m_ref[:, None]", e2)}, axis=1)
+        m = m_new
+    t = tl.load(t_ptr + rows, mask=row_mask, other=IGNORE_INDEX)
+    valid = row_mask & (t != IGNORE_INDEX) & (t >= 0) & (t < N)
+    x_t = tl.load(px_ptr + rows, mask=valid, other=0.0)
+    # logsumexp - x_t = (m - x_t) + log(s): m - x_t is exact for nearby large logits
+    loss = (m - x_t) + tl.log(s)
+    tl.store(loss_ptr + rows, tl.where(valid, loss, 0.0), mask=row_mask)
+'''
+
+
+_LCE_POINTERS_CALL = '''_lce_tiles[(_cdiv(N, bm) * nt,)](
+            x2, weight, t, part_m, part_s, part_x, N, V, K, nt, x2.stride(0), x2.stride(1),
+            weight.stride(1), weight.stride(0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+            GROUP_M=GROUP_M, EVEN_K=K % bk == 0, IEEE=ieee, DOT_FP32=dot_fp32,
+            IGNORE_INDEX=IGNORE_INDEX, num_warps=NUM_WARPS, num_stages=stages)'''
+
+_LCE_TMA_HOST = '''
+
+def _lce_tma(x2, weight, t, part_m, part_s, part_x, bm, bn, bk, stages, ieee, dot_fp32):
+    # the TMA tiles, or False where the device or the operands' layouts rule descriptors out
+    N, K = x2.shape
+    V = weight.shape[0]
+    if K == 0 or not _has_tma(x2.device) or not (_rows_ok(x2) and _rows_ok(weight)):
+        return False
+    tiles = _cdiv(N, bm) * _cdiv(V, bn)
+    progs = min(tiles, _num_sms(x2.device))
+    _lce_tiles_tma[(progs,)](
+        TensorDescriptor(x2, [N, K], [x2.stride(0), 1], [bm, bk]),
+        TensorDescriptor(weight, [V, K], [weight.stride(0), 1], [bn, bk]),
+        t, part_m, part_s, part_x, N, V, K, part_m.shape[1], progs, BLOCK_M=bm, BLOCK_N=bn,
+        BLOCK_K=bk, GROUP_M=GROUP_M, IEEE=ieee, DOT_FP32=dot_fp32, IGNORE_INDEX=IGNORE_INDEX,
+        num_warps=NUM_WARPS, num_stages=stages)
+    return True
+'''
+
+
+def _lce_launcher(p) -> str:
+    call = _LCE_POINTERS_CALL
+    if p["loads"] == "tma":
+        call = ("if not _lce_tma(x2, weight, t, part_m, part_s, part_x, bm, bn, bk, stages, ieee,\n"
+                "                        dot_fp32):\n            " + call.replace("\n", "\n    "))
+    return f'''
+
+def kernel_fn(hidden, weight, targets):
+    """Mean cross-entropy of the logits hidden @ weight^T (hidden [..., K], weight [V, K], any
+    strides) against int64 targets [...] (-100 = ignored), the logits never stored; returns a
+    0-d float32 tensor."""
+    K = hidden.shape[-1]
+    V = weight.shape[0]
+    if weight.dim() != 2 or weight.shape[1] != K:
+        raise ValueError(f"weight must be [V, K={{K}}], got {{list(weight.shape)}}")
+    if hidden.dtype != weight.dtype:
+        raise ValueError("hidden and weight must share a dtype")
+    x2 = hidden.reshape(-1, K)           # [N, K]: a view whenever the leading dims can merge
+    N = x2.shape[0]
+    t = targets.reshape(-1).to(torch.int64).contiguous()   # [N]
+    if t.numel() != N:
+        raise ValueError(f"targets hold {{t.numel()}} rows, hidden {{N}}")
+    out = torch.empty((), dtype=torch.float32, device=hidden.device)
+    loss = torch.empty((N,), dtype=torch.float32, device=hidden.device)   # per-row losses
+    if N > 0 and V > 0:
+        # the interpreter's tl.dot cannot multiply bf16 tiles (numpy has none): upcast them there
+        dot_fp32 = hidden.dtype == torch.bfloat16 and hidden.device.type == "cpu"
+        ieee = hidden.dtype == torch.float32 or dot_fp32
+        bm, bn, bk, stages = _fit_gemm(BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, NUM_WARPS, N, V,
+                                       K, x2.element_size(), _smem_budget(hidden.device))
+        nt = _cdiv(V, bn)                # vocab tiles: partials per row
+        part_m = torch.empty((N, nt), dtype=torch.float32, device=hidden.device)
+        part_s = torch.empty((N, nt), dtype=torch.float32, device=hidden.device)
+        part_x = torch.empty((N,), dtype=torch.float32, device=hidden.device)   # target logits
+        {call}
+        _lce_merge[(_cdiv(N, MERGE_ROWS),)](
+            t, part_m, part_s, part_x, loss, N, V, nt, ROWS=MERGE_ROWS,
+            CHUNK=min(MERGE_CHUNK, max(2, _pow2(nt))), IGNORE_INDEX=IGNORE_INDEX, num_warps=4)
+    elif N > 0:
+        raise ValueError("cross_entropy over an empty vocabulary (V == 0)")
+    _ce_mean[(1,)](loss, t, out, N, BLOCK=MEAN_BLOCK, IGNORE_INDEX=IGNORE_INDEX, num_warps=4)
+    return out
+'''
+
+
+def render_linear(params) -> str:
+    """Complete candidate source of the LM head + cross-entropy (spec {"linear": true}) for one
+    point of LINEAR_SPACE (missing params take LINEAR_DEFAULT values)."""
+    p = C.resolve(NAME, LINEAR_SPACE, LINEAR_DEFAULT, params)
+    tma = p["loads"] == "tma"
+    how = ("persistent TMA tiles (pointer tiles where descriptors are ruled out)" if tma
+           else "one program per tile, loads through pointers")
+    doc = f'''"""Cross-entropy candidate with the LM head fused in ({p["loads"]}): mean over counted rows of
+logsumexp(l[n, :]) - l[n, target[n]], l = hidden @ weight^T never stored, ignore_index = -100,
+as a 0-d fp32 tensor.
+
+hidden [..., K] viewed as [N, K], weight [V, K] (nn.Linear's layout), targets int64 [N]. Each
+GEMM tile [BLOCK_M, BLOCK_N] (fp32 accumulator; fp32 operands without TF32) is reduced in
+registers to a partial (max, sum of exp) per row and the target's logit; a merge kernel combines
+the cdiv(V, BLOCK_N) partials of a row, a one-program kernel takes the mean in a fixed order.
+Bytes the op must move: (N*K + V*K)*itemsize + 8*N + 4; flops 2*N*K*V (+4 per logit).
+This variant: {how}; it writes and re-reads 8 bytes per (row, vocab tile).
+Point: {C.point_line(LINEAR_SPACE, p)}
+"""
+{C.IMPORTS_SRC}
+IGNORE_INDEX = -100
+BLOCK_M = {p["block_m"]}          # GEMM tile rows (clamped at launch)
+BLOCK_N = {p["block_n"]}          # GEMM tile columns: the vocab width of one partial
+BLOCK_K = {p["block_k"]}           # K step
+GROUP_M = {p["group_m"]}            # row-tiles per group of the swizzled tile order
+NUM_WARPS = {p["num_warps"]}
+NUM_STAGES = {p["num_stages"]}         # software-pipelining depth of the K loop
+MERGE_ROWS = 16        # rows per program of the merge
+MERGE_CHUNK = 64       # partials per row a merge step reads
+MEAN_BLOCK = 1024      # lanes of the one-program mean
+'''
+    parts = [doc, MM.GEMM_HELPERS_SRC, "\n", _lce_tile_kernel(p), "\n", _lce_merge_kernel(p),
+             "\n", _MEAN_KERNEL]
+    if tma:
+        parts += [C.NUM_SMS_SRC, "\n\n", C.TMA_HELPERS_SRC, C.ROWS_OK_SRC, "\n\n",
+                  _lce_tma_kernel(p), _LCE_TMA_HOST]
+    parts.append(_lce_launcher(p))
+    return C.tidy("\n".join(parts))
+
+
+# bf16/fp16 targets' first moves: the TMA tiles at matmul's bf16 opener tile, then 128 x 128
+LINEAR_HALF_OPENERS = ({"loads": "tma", "block_n": 256, "block_k": 64, "num_warps": 8,
+                        "num_stages": 3},
+                       {"loads": "tma", "block_k": 64, "num_warps": 8, "num_stages": 4})
+
+
+def _linear_openers(shape, dtype: str) -> tuple:
+    return () if str(dtype).removeprefix("torch.") == "float32" else LINEAR_HALF_OPENERS
+
+
+def _configure_linear(spec: dict) -> Family:
+    reduction = spec.get("reduction", "mean")
+    upcast = bool(spec.get("upcast", False))
+    render = {"mean": render_linear, "sum": functools.partial(_render_sum, base=render_linear),
+              "none": functools.partial(_render_none, base=render_linear)}[reduction]
+
+    def cost(shape, dtype):
+        b, f = linear_cost(shape, dtype)
+        return (b - 4 + 4 * linear_problem(shape)[0], f) if reduction == "none" else (b, f)
+    what = {"mean": "mean", "sum": "summed", "none": "per-row"}[reduction]
+    return dataclasses.replace(
+        FAMILY, signature="kernel_fn(hidden, weight, targets) with the LM head fused in",
+        arg_names=LINEAR_ARGS, reference=_linear_reference(reduction),
+        baseline=_linear_baseline(upcast, reduction), make_inputs=make_linear_inputs,
+        cost=cost, bench_shapes=LINEAR_BENCH_SHAPES, sweep_shapes=LINEAR_SWEEP_SHAPES,
+        edge_shapes=LINEAR_EDGE_SHAPES, adversarial=LINEAR_ADVERSARIAL, space=LINEAR_SPACE,
+        default=LINEAR_DEFAULT, render=render, error_bound=_linear_bound(reduction),
+        bound_tol=LINEAR_BOUND_TOL, openers_for=_linear_openers,
+        description=(f"The LM head fused into the {what} cross-entropy: loss of hidden @ "
+                     f"weight^T against int64 targets (ignore_index -100), the logits never "
+                     f"stored; fp32."),
+        notes={"ignore_index": IGNORE_INDEX, "shape": "(*hidden.shape, V)",
+               "weight": "[V, K], nn.Linear's layout", "bound": "compute"},
+        op_schema="(Tensor hidden, Tensor weight, Tensor targets) -> Tensor",
+        spec=dict(spec))
 
 
 def configure(spec: dict) -> Family:
     """``spec["ignore_index"] = None``: no row is ignored (targets are always classes); the
     kernels are the family's (they ignore -100, which then never occurs). ``spec["reduction"]``:
     "sum", the losses of the counted rows summed, or "none", the per-row losses (ignored rows
-    0), as F.cross_entropy(reduction=...)."""
-    if (set(spec) - {"ignore_index", "reduction"}
+    0), as F.cross_entropy(reduction=...). ``spec["linear"]``: the LM head before the loss
+    fused in, kernel_fn(hidden, weight, targets), the logits never stored (``upcast``: the
+    model casts its logits to fp32 before the loss, which its baseline does too)."""
+    if (set(spec) - {"ignore_index", "reduction", "linear", "upcast"}
             or spec.get("ignore_index", IGNORE_INDEX) not in (None, IGNORE_INDEX)
-            or spec.get("reduction", "mean") not in ("mean", "sum", "none")):
-        raise ValueError(f"cross_entropy takes a spec {{ignore_index: None, reduction: sum|none}}; "
-                         f"got {spec!r}")
+            or spec.get("reduction", "mean") not in ("mean", "sum", "none")
+            or spec.get("upcast") and not spec.get("linear")
+            or spec.get("linear") and spec.get("ignore_index", IGNORE_INDEX) is None):
+        raise ValueError(f"cross_entropy takes a spec {{ignore_index: None, reduction: sum|none, "
+                         f"linear: bool, upcast: bool (linear only)}}; got {spec!r}")
+    if spec.get("linear"):
+        return _configure_linear(spec)
     if not spec or spec == {"reduction": "mean"}:
         return FAMILY
     fam = FAMILY

@@ -1811,3 +1811,140 @@ def test_a_fused_residual_match_falls_back_to_the_plain_norm_kernel_a_run_kept()
         err, where = integrate.compare(integrate.flatten(opt(*inputs[:1])),
                                        integrate.flatten(model(*inputs[:1])))
     assert err <= integrate.E2E_TOLERANCE["float32"], where
+
+
+# ---- the LM head fused into the loss (cross_entropy spec {"linear": true}) ---------------------
+
+class _LossOnly(nn.Module):
+    """A training step's view of a transformers causal LM: the loss alone (the logits die)."""
+    def __init__(self, lm):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, ids, labels):
+        return self.lm(input_ids=ids, labels=labels).loss
+
+
+class _NanoGPTHead(nn.Module):
+    """The way nanoGPT-style training code writes it: a tied LM head, F.cross_entropy over the
+    flattened logits; ``both`` returns the logits beside the loss (they must then be stored)."""
+    def __init__(self, both=False):
+        super().__init__()
+        self.both = both
+        self.wte = nn.Embedding(101, 32)
+        self.ln = nn.LayerNorm(32)
+        self.lm_head = nn.Linear(32, 101, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def forward(self, idx, targets):
+        x = self.ln(self.wte(idx))
+        logits = self.lm_head(x)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-100)
+        return (logits, loss) if self.both else loss
+
+
+def _ce_specs(ms) -> list:
+    return [m.fit.spec for g in ms.values() for m in g if m.family == "cross_entropy" and m.fit]
+
+
+def _hf_lm(arch):
+    import transformers
+    if arch == "GPT2":
+        return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            n_embd=32, n_layer=1, n_head=4, vocab_size=101, n_positions=16, bos_token_id=0,
+            eos_token_id=0))
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=101, use_cache=False))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                    reason="transformers is not installed (requirements-dev.txt)")
+@pytest.mark.parametrize("arch", ["Llama", "GPT2"])
+def test_an_lm_head_read_only_by_the_loss_is_fused_into_it(arch):
+    """transformers' LLaMA and GPT-2 (tied head) with labels, returning the loss alone: the LM
+    head's linear, the fp32 upcast and the view join the cross-entropy's match as
+    {"linear": true}; placed, one site computes the loss from the hidden states and the
+    weight, no [N, V] logits are left in the graph, and the model agrees."""
+    model = _LossOnly(_hf_lm(arch)).eval()
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 101, (2, 8), generator=g)
+    labels = torch.where(torch.rand(2, 8, generator=g) < 0.2, -100, torch.randint(0, 101, (2, 8), generator=g))
+    cap, ms = found(model, ids, labels)
+    assert _ce_specs(ms) == [{"linear": True}]
+    ce = [m for g in ms.values() for m in g if m.family == "cross_entropy"][0]
+    assert ce.fit.shape == (2, 8, 32, 101) and ce.probe == "agrees with the family reference"
+    assert ce.fit.fallback is not None and ce.fit.fallback.spec == {}
+    pl, _ = place_starters(cap, ms)
+    assert not pl.skipped, pl.skipped
+    assert [s["spec"] for s in pl.sites if s["family"] == "cross_entropy"] == [{"linear": True}]
+    opt = place.optimized(cap, pl)
+    with torch.no_grad():
+        got, want = opt(ids, labels), model(ids, labels)
+    assert abs(got.item() - want.item()) <= 1e-5 * abs(want.item()), (got, want)
+    logits = [n for gm in pl.graphs for n in gm.graph.nodes
+              if isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].shape[-1:] == (101,)
+              and n.meta["val"].dim() >= 2 and n.meta["val"].numel() >= 16 * 101]
+    assert not logits, [n.name for n in logits]
+
+
+@pytest.mark.parametrize("both, specs", [(False, [{"linear": True}]), (True, [{}])],
+                         ids=["loss_only", "logits_returned_too"])
+def test_the_lm_head_joins_the_loss_only_where_nothing_else_reads_the_logits(both, specs):
+    """A hand-written tied head: fused when the loss is all the forward returns; when the
+    logits are returned too they must be stored, and the loss reads them (plain contract)."""
+    model = _NanoGPTHead(both)
+    idx = torch.randint(0, 101, (3, 8), generator=torch.Generator().manual_seed(1))
+    tg = torch.randint(0, 101, (3, 8), generator=torch.Generator().manual_seed(2))
+    cap, ms = found(model, idx, tg)
+    assert _ce_specs(ms) == specs
+    pl, _ = place_starters(cap, ms)
+    opt = place.optimized(cap, pl)
+    with torch.no_grad():
+        err, where = integrate.compare(integrate.flatten(opt(idx, tg)), integrate.flatten(model(idx, tg)))
+    assert err <= integrate.E2E_TOLERANCE["float32"], where
+    assert [s["spec"] for s in pl.sites if s["family"] == "cross_entropy"] == specs, pl.skipped
+
+
+def test_a_fused_lm_head_match_falls_back_to_the_plain_loss_kernel_a_run_kept():
+    """Only the plain cross-entropy's kernel kept: the match is placed as the loss of the
+    logits, the LM head's GEMM left to compute them."""
+    model = _NanoGPTHead()
+    idx = torch.randint(0, 101, (3, 8), generator=torch.Generator().manual_seed(1))
+    tg = torch.randint(0, 101, (3, 8), generator=torch.Generator().manual_seed(2))
+    cap, ms = found(model, idx, tg)
+    ce = [m for g in ms.values() for m in g if m.family == "cross_entropy"]
+    assert [m.fit.spec for m in ce] == [{"linear": True}]
+    k = starter("cross_entropy", {}, [ce[0].fit.fallback.shape])
+    pl = place.place(cap, [k], ms)
+    assert [s["spec"] for s in pl.sites] == [{}], pl.skipped
+    opt = place.optimized(cap, pl)
+    with torch.no_grad():
+        got, want = opt(idx, tg), model(idx, tg)
+    assert abs(got.item() - want.item()) <= 1e-5 * abs(want.item())
+
+
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow)])
+def test_the_fused_lm_head_loss_passes_every_verifier_stage(dtype, tmp_path):
+    """The pointer tiles and the persistent TMA tiles (the interpreter runs descriptors) under
+    the five stages; the padded vocab columns of the last tile add nothing (constant rows give
+    log V exactly); reduction "sum" and "none" render from the same kernels."""
+    from tests.kernel_helpers import passes_every_stage
+    fam = kernels.get("cross_entropy", {"linear": True})
+    assert fam.arg_names == ("hidden", "weight", "targets") and "Tensor hidden" in fam.op_schema
+    for point in ({}, {"loads": "tma", "block_n": 64, "block_k": 32, "use_exp2": True}):
+        fn = verify.load_candidate(fam.render(point), str(tmp_path))
+        passes_every_stage(fam, fn, (3, 5, 48, 300), dtype)
+        kw = fam.make_inputs((7, 16, 100), "float32", "cpu", torch.Generator().manual_seed(3),
+                             "constant_rows")
+        kw["targets"] = kw["targets"].clamp(min=0)
+        assert abs(fn(**kw).item() - math.log(100)) < 1e-5
+    for red in ("sum", "none"):
+        f = kernels.get("cross_entropy", {"linear": True, "reduction": red})
+        fn = verify.load_candidate(f.render({}), str(tmp_path))
+        kw = f.make_inputs((9, 16, 70), "float32", "cpu", torch.Generator().manual_seed(4))
+        want = f.reference(**kw)
+        assert torch.allclose(fn(**kw), want, rtol=1e-5, atol=1e-5), red
+    # the logits are never written: the cost is the operands', and the GEMM's flops
+    nbytes, flops = fam.cost((16384, 4096, 128256), "bfloat16")
+    assert nbytes < 16384 * 128256 * 2 and flops >= 2 * 16384 * 4096 * 128256
