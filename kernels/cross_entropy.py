@@ -650,32 +650,52 @@ LINEAR_SPACE = {
     "group_m": [1, 8, 16],
     "num_warps": [4, 8],
     "num_stages": [2, 3, 4],
-    "loads": ["pointers", "tma"],
+    "loads": ["pointers", "tma", "tma_ws"],
+    "epilogue": ["whole", "halves"],
     "use_exp2": [False, True],
 }
 LINEAR_DEFAULT = {"block_m": 128, "block_n": 128, "block_k": 32, "group_m": 8, "num_warps": 4,
-                  "num_stages": 3, "loads": "pointers", "use_exp2": False}
+                  "num_stages": 3, "loads": "pointers", "epilogue": "whole", "use_exp2": False}
 
 
 def _lce_epilogue(p) -> str:
-    """Source reducing the fp32 tile ``acc`` [BLOCK_M, BLOCK_N] (rows rm, vocab columns rn, tile
-    column pid_n) to the row partials and the target logits."""
+    """Source reducing the fp32 tile ``acc`` [BLOCK_M, BLOCK_N] (rows rm, vocab tile pid_n) to the
+    row partials and the target logits; epilogue "halves" works on two [BLOCK_M, BLOCK_N / 2]
+    halves (half the registers for the exp temporaries of a 128 x 256 tile)."""
     e2 = p["use_exp2"]
-    return f'''
+    head = """rows = rm.to(tl.int64)
+row_mask = rm < M
+t = tl.load(t_ptr + rows, mask=row_mask, other=IGNORE_INDEX)
+"""
+    if p["epilogue"] == "halves":
+        red = f'''halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+lo, hi = tl.split(halves)
+c_lo = pid_n * BLOCK_N + tl.arange(0, BLOCK_N // 2)               # their vocab columns
+c_hi = c_lo + BLOCK_N // 2
 # padded vocab columns add nothing: -inf, not the 0 the GEMM left there
-x = tl.where((rn < N)[None, :], acc, float("-inf"))
+x_lo = tl.where((c_lo < N)[None, :], lo, float("-inf"))
+x_hi = tl.where((c_hi < N)[None, :], hi, float("-inf"))
+m = tl.maximum(tl.max(x_lo, axis=1), tl.max(x_hi, axis=1))        # [BLOCK_M] tile max
+m_ref = tl.where(m == float("-inf"), 0.0, m)                       # a row of -inf: subtract 0
+s = (tl.sum({C.exp_expr("x_lo - m_ref[:, None]", e2)}, axis=1)
+     + tl.sum({C.exp_expr("x_hi - m_ref[:, None]", e2)}, axis=1))    # sum of exp(x - m)
+x_t = (tl.sum(tl.where(c_lo[None, :] == t[:, None], lo, 0.0), axis=1)
+       + tl.sum(tl.where(c_hi[None, :] == t[:, None], hi, 0.0), axis=1))'''
+    else:
+        red = f'''cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)                # the tile's vocab columns
+# padded vocab columns add nothing: -inf, not the 0 the GEMM left there
+x = tl.where((cols < N)[None, :], acc, float("-inf"))
 m = tl.max(x, axis=1)                                              # [BLOCK_M] tile max
 m_ref = tl.where(m == float("-inf"), 0.0, m)                       # a row of -inf: subtract 0
 s = tl.sum({C.exp_expr("x - m_ref[:, None]", e2)}, axis=1)          # sum of exp(x - m)
-rows = rm.to(tl.int64)
-row_mask = rm < M
+x_t = tl.sum(tl.where(cols[None, :] == t[:, None], acc, 0.0), axis=1)'''
+    tail = """
 tl.store(pm_ptr + rows * NT + pid_n, m, mask=row_mask)
 tl.store(ps_ptr + rows * NT + pid_n, s, mask=row_mask)
 # the target's logit, from the one tile holding its column (ignored rows never match)
-t = tl.load(t_ptr + rows, mask=row_mask, other=IGNORE_INDEX)
 hit = row_mask & (t >= pid_n * BLOCK_N) & (t < pid_n * BLOCK_N + BLOCK_N) & (t < N)
-x_t = tl.sum(tl.where(rn[None, :] == t[:, None], acc, 0.0), axis=1)
-tl.store(px_ptr + rows, x_t, mask=hit)'''
+tl.store(px_ptr + rows, x_t, mask=hit)"""
+    return "\n" + head + red + tail
 
 
 _LCE_ARGS = ("a_ptr, b_ptr, t_ptr, pm_ptr, ps_ptr, px_ptr, M, N, K, NT,\n"
@@ -706,11 +726,12 @@ def _lce_tiles({_LCE_ARGS}):
 
 
 def _lce_tma_kernel(p) -> str:
+    ws = ", warp_specialize=True" if p["loads"] == "tma_ws" else ""
     body = f'''
 num_pid_m = tl.cdiv(M, BLOCK_M)
 num_pid_n = tl.cdiv(N, BLOCK_N)
 num_pid_in_group = GROUP_M * num_pid_n
-for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, NUM_PROGS, flatten=True):
+for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, NUM_PROGS, flatten=True{ws}):
 {C.indent(MM.GROUP_ORDER_SRC.strip(chr(10)), 4)}
     off_m = pid_m * BLOCK_M
     off_n = pid_n * BLOCK_N
@@ -726,7 +747,6 @@ for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, NUM_PROGS, flatten
         else:
             acc = tl.dot(a, b, acc)
     rm = off_m + tl.arange(0, BLOCK_M)
-    rn = off_n + tl.arange(0, BLOCK_N)
 {C.indent(_lce_epilogue(p), 4)}'''
     return f'''@triton.jit
 def _lce_tiles_tma(a_desc, b_desc, t_ptr, pm_ptr, ps_ptr, px_ptr, M, N, K, NT, NUM_PROGS,
@@ -735,7 +755,8 @@ def _lce_tiles_tma(a_desc, b_desc, t_ptr, pm_ptr, ps_ptr, px_ptr, M, N, K, NT, N
                    IGNORE_INDEX: tl.constexpr):
     """_lce_tiles with every operand tile moved by TMA (hidden [M, K], weight [N, K] K-major,
     transposed in registers; the descriptors zero-fill past the edges), on a persistent grid:
-    NUM_PROGS programs walk the tiles in one flattened loop."""
+    NUM_PROGS programs walk the tiles in one flattened loop (loads "tma_ws": warp-specialized,
+    producer warps loading the next tile's operands while consumers reduce this one)."""
 {C.indent(body, 4)}
 '''
 
@@ -798,7 +819,7 @@ def _lce_tma(x2, weight, t, part_m, part_s, part_x, bm, bn, bk, stages, ieee, do
 
 def _lce_launcher(p) -> str:
     call = _LCE_POINTERS_CALL
-    if p["loads"] == "tma":
+    if p["loads"] != "pointers":
         call = ("if not _lce_tma(x2, weight, t, part_m, part_s, part_x, bm, bn, bk, stages, ieee,\n"
                 "                        dot_fp32):\n            " + call.replace("\n", "\n    "))
     return f'''
@@ -845,9 +866,11 @@ def render_linear(params) -> str:
     """Complete candidate source of the LM head + cross-entropy (spec {"linear": true}) for one
     point of LINEAR_SPACE (missing params take LINEAR_DEFAULT values)."""
     p = C.resolve(NAME, LINEAR_SPACE, LINEAR_DEFAULT, params)
-    tma = p["loads"] == "tma"
-    how = ("persistent TMA tiles (pointer tiles where descriptors are ruled out)" if tma
-           else "one program per tile, loads through pointers")
+    tma = p["loads"] != "pointers"
+    how = {"pointers": "one program per tile, loads through pointers",
+           "tma": "persistent TMA tiles (pointer tiles where descriptors are ruled out)",
+           "tma_ws": "persistent TMA tiles, warp-specialized (pointer tiles where descriptors "
+                     "are ruled out)"}[p["loads"]]
     doc = f'''"""Cross-entropy candidate with the LM head fused in ({p["loads"]}): mean over counted rows of
 logsumexp(l[n, :]) - l[n, target[n]], l = hidden @ weight^T never stored, ignore_index = -100,
 as a 0-d fp32 tensor.
