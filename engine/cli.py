@@ -83,7 +83,8 @@ def _parser() -> argparse.ArgumentParser:
                    "5xx or lost connection")
 
     v = sub.add_parser("verify", help="judge one candidate file; prints one JSON object")
-    v.add_argument("--family", required=True)
+    v.add_argument("--family", required=True, help="a family name; a contract flag after '+' "
+                   "(cross_entropy+linear: the LM head fused in, rmsnorm+residual)")
     v.add_argument("--candidate", required=True, help="path to a .py file defining kernel_fn")
     v.add_argument("--dtype", default=None, help="float32 | float16 | bfloat16")
     v.add_argument("--shape", action="append", default=None,
@@ -220,9 +221,15 @@ def cmd_verify(a) -> int:
     import kernels
     from engine import verify
     from engine.worker import Worker, WorkerDied
+    from engine.benchfamilies import BenchError, _family_names
+    spec = {}
     try:
-        fam = kernels.get(a.family)
-    except kernels.UnknownFamily as e:
+        if "+" in a.family and "," not in a.family:      # a contract flag: rmsnorm+residual
+            (name, spec), = _family_names(a.family)
+            fam = kernels.get(name, spec)
+        else:
+            fam = kernels.get(a.family)
+    except (kernels.UnknownFamily, BenchError) as e:
         raise UsageError(str(e)) from None
     if not os.path.isfile(a.candidate):
         raise UsageError(f"no such candidate file: {a.candidate}")
@@ -236,7 +243,7 @@ def cmd_verify(a) -> int:
     dtype = a.dtype or ("bfloat16" if gpu else "float32")
     if shapes is None:
         shapes = [list(fam.bench_shapes[0])] if gpu else [list(fam.sweep_shapes[4])]
-    out = {"family": fam.name, "candidate": a.candidate, "dtype": dtype,
+    out = {"family": fam.name, **({"spec": spec} if spec else {}), "candidate": a.candidate, "dtype": dtype,
            "timing_mode": "gpu" if gpu else "interpreter"}
     reason = verify.static_check(source, fam.arg_names)
     if reason:
@@ -249,7 +256,8 @@ def cmd_verify(a) -> int:
     w = Worker(interpret=not gpu)
     try:
         w.start()
-        r = w.request({"op": "evaluate", "family": fam.name, "source": source, "dtype": dtype,
+        r = w.request({"op": "evaluate", "family": fam.name, "spec": spec or None,
+                       "source": source, "dtype": dtype,
                        "shapes": [{"shape": s, "count": 1} for s in shapes], "seed": a.seed,
                        "time": not a.no_time}, timeout_s=a.timeout)
     except WorkerDied as e:

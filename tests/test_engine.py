@@ -277,6 +277,7 @@ def test_sigkill_mid_run_then_resume_loses_nothing(tmp_path):
     (["run", "--budget-experiments", "0"], "budget"),
     (["verify", "--family", "warpdrive", "--candidate", "x.py"], "unknown family"),
     (["verify", "--family", "softmax", "--candidate", "does/not/exist.py"], "no such candidate"),
+    (["verify", "--family", "softmax+sideways", "--candidate", "x.py"], "takes a spec"),
     (["verify", "--family", "softmax", "--candidate", "README.md", "--shape", "4xx"], "malformed shape"),
     (["run", "--verify-order", "sideways"], "invalid choice"),
     (["run", "--budget-minutes", "nan"], "budget-minutes"),
@@ -412,6 +413,24 @@ def test_cli_verify_judges_a_candidate(tmp_path):
     assert r.returncode == 1
     out = json.loads(r.stdout)
     assert out["failed_stage"] == "static" and "syntax error" in out["error"]
+
+
+def test_cli_verify_takes_a_contract_flag(tmp_path):
+    """``--family cross_entropy+linear`` judges under that contract (the LM head fused in): its
+    starter passes; the plain loss's candidate fails it (another signature)."""
+    import kernels
+    src = tmp_path / "lce.py"
+    src.write_text(kernels.get("cross_entropy", {"linear": True}).starter())
+    r = cli("verify", "--family", "cross_entropy+linear", "--candidate", str(src),
+            "--shape", "3x40x500", "--no-time")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["passed"] is True and out["spec"] == {"linear": True}
+    plain = tmp_path / "ce.py"
+    plain.write_text(kernels.get("cross_entropy").starter())
+    r = cli("verify", "--family", "cross_entropy+linear", "--candidate", str(plain),
+            "--shape", "3x40x500", "--no-time")
+    assert r.returncode == 1 and json.loads(r.stdout)["failed_stage"] == "static"
 
 
 @pytest.mark.slow   # 45 s: a starter's five stages interpreted before the stop (the stopped state: test_one_engine_per_run_...)

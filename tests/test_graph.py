@@ -1926,13 +1926,15 @@ def test_a_fused_lm_head_match_falls_back_to_the_plain_loss_kernel_a_run_kept():
 
 @pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow)])
 def test_the_fused_lm_head_loss_passes_every_verifier_stage(dtype, tmp_path):
-    """The pointer tiles and the persistent TMA tiles (the interpreter runs descriptors) under
+    """The pointer tiles and the persistent TMA tiles, plain and warp-specialized with the
+    halved epilogue (the interpreter runs descriptors and ignores warp specialization), under
     the five stages; the padded vocab columns of the last tile add nothing (constant rows give
     log V exactly); reduction "sum" and "none" render from the same kernels."""
     from tests.kernel_helpers import passes_every_stage
     fam = kernels.get("cross_entropy", {"linear": True})
     assert fam.arg_names == ("hidden", "weight", "targets") and "Tensor hidden" in fam.op_schema
-    for point in ({}, {"loads": "tma", "block_n": 64, "block_k": 32, "use_exp2": True}):
+    for point in ({}, {"loads": "tma", "block_n": 64, "block_k": 32, "use_exp2": True},
+                  {"loads": "tma_ws", "epilogue": "halves", "block_n": 64, "block_k": 32}):
         fn = verify.load_candidate(fam.render(point), str(tmp_path))
         passes_every_stage(fam, fn, (3, 5, 48, 300), dtype)
         kw = fam.make_inputs((7, 16, 100), "float32", "cpu", torch.Generator().manual_seed(3),
