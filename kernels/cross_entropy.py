@@ -405,7 +405,9 @@ _NONE, _MEAN, _SUM = 0, 1, 2     # at::Reduction, as the aten ops take it
 
 
 def from_match(m):
-    """Mean cross-entropy over rows of 2-D logits [N, V] and int64 targets [N]."""
+    """Mean cross-entropy over rows of 2-D logits [N, V] and int64 targets [N]; where the logits
+    are an LM head's output that only the loss reads (``Match.linear_of``), the LM head fused in
+    (spec linear), the plain loss of the logits its fallback."""
     x, t, out = m.meta("x"), m.meta("t"), m.out_meta()
     if x is None or t is None or out is None or not x["dtype"].is_floating_point:
         return None
@@ -436,21 +438,13 @@ def from_match(m):
         return plain
     # the logits are an LM head's, read by the loss alone: the kernel computes them itself
     hidden, weight, between, upcast = head
-    hs = tuple(_node_shape(hidden))
-    if math.prod(hs[:-1]) != x["shape"][0]:
-        return plain
+    hs = tuple(int(d) for d in hidden.meta["val"].shape)          # [*lead, K]
     m.rebind("hidden", hidden, through=between)
     m.rebind("weight", weight)
     spec_l = dict(spec, linear=True, **({"upcast": True} if upcast else {}))
     return Fit(spec_l, hs + (int(x["shape"][1]),),
                {"hidden": Ref("hidden"), "weight": Ref("weight"), "targets": targets},
                post=post, fallback=plain)
-
-
-def _node_shape(node) -> tuple:
-    """A graph node's shape, from its fake value."""
-    v = node.meta.get("val")
-    return tuple(int(s) for s in v.shape)
 
 
 def _inputs_no_ignore(shape, dtype, device, gen, kind="normal"):

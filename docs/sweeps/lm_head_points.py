@@ -1,7 +1,7 @@
 """Exploratory sweep behind docs/benchmarks.md's "The LM head fused into the loss" section: the
 cross_entropy {"linear": true, "upcast": true} kernel's TMA points (whole or halved epilogue,
 warp-specialized tile loop or not) against what the model runs (the LM head, the fp32 upcast and
-the loss: eager, torch.compile default and max-autotune-no-cudagraphs) and cuBLAS's GEMM alone.
+the loss: eager, torch.compile default and max-autotune-no-cudagraphs) and cuBLAS's GEMM alone; and the memory each call allocates beyond its inputs (peak_mb).
 
     OUT=dir python docs/sweeps/lm_head_points.py SECONDS
 
@@ -19,6 +19,11 @@ rows, t0 = [], time.time()
 def emit(**r):
     rows.append(r); print(r, flush=True)
     json.dump(rows, open(f"{OUT}/lm_head_points.json", "w"), indent=1)
+def peak_mb(f):
+    """Memory a call allocates beyond what is live before it (MB): the logits and their copies."""
+    torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats(); before = torch.cuda.memory_allocated()
+    f(); torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**20
 def load(src, name):
     path = os.path.join(tempfile.gettempdir(), f"lh_{name}.py"); open(path, "w").write(src)
     spec = importlib.util.spec_from_file_location(name, path); m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); return m
@@ -43,14 +48,14 @@ for shape in ((2048, 4096, 128256), (16384, 4096, 128256), (8192, 768, 50257)):
     base = fam.baseline_op()
     sh = "x".join(map(str, shape))
     ms = bench(lambda: torch.matmul(h, w.t())); emit(shape=sh, point="cuBLAS GEMM alone", us=ms * 1e3, tflops=fl / ms / 1e9)
-    ms_e = bench(lambda: base(h, w, t)); emit(shape=sh, point="eager", us=ms_e * 1e3)
+    ms_e = bench(lambda: base(h, w, t)); emit(shape=sh, point="eager", us=ms_e * 1e3, peak_mb=peak_mb(lambda: base(h, w, t)))
     best_c = None
     for mode in ("default", "max-autotune-no-cudagraphs"):
         try:
             torch._dynamo.reset()
             f = torch.compile(base, mode=mode); f(h, w, t); torch.cuda.synchronize()
             ms_c = bench(lambda: f(h, w, t)); best_c = min(best_c or ms_c, ms_c)
-            emit(shape=sh, point=f"compile {mode}", us=ms_c * 1e3)
+            emit(shape=sh, point=f"compile {mode}", us=ms_c * 1e3, peak_mb=peak_mb(lambda: f(h, w, t)))
         except Exception as e:
             emit(shape=sh, point=f"compile {mode}", error=repr(e)[:300])
     for name, p in POINTS:
@@ -60,6 +65,6 @@ for shape in ((2048, 4096, 128256), (16384, 4096, 128256), (8192, 768, 50257)):
             out = fn(h, w, t).item(); torch.cuda.synchronize()
             ms = bench(lambda: fn(h, w, t))
             emit(shape=sh, point=name, us=ms * 1e3, tflops=fl / ms / 1e9, vs_compile=(best_c / ms) if best_c else None,
-                 rel_err=abs(out - ref) / abs(ref))
+                 rel_err=abs(out - ref) / abs(ref), peak_mb=peak_mb(lambda: fn(h, w, t)))
         except Exception as e:
             emit(shape=sh, point=name, error=repr(e)[:400])
