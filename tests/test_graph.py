@@ -527,7 +527,10 @@ def test_graph_profile_counts_every_microsecond_once():
     names = {f"{g.index}:{n.name}" for g in cap.graphs for n in g.nodes()}
     assert set(gp.node_us) <= names
     by = {r.family: r for r in rows}
-    assert by["attention"].calls == 2 and by["rmsnorm"].calls == 5 and by["matmul"].calls == 9
+    # the forward returns the loss alone: the LM head's linear joins the cross-entropy's match
+    # (cross_entropy {"linear": true}), the other 8 linears stay GEMMs
+    assert by["attention"].calls == 2 and by["rmsnorm"].calls == 5 and by["matmul"].calls == 8
+    assert [p.spec for p in gp.targets if p.family == "cross_entropy"] == [{"linear": True}]
     # targets: one per (family, spec), the shapes the matches fixed, shares within the total
     t = {(p.family, bool(p.spec.get("residual"))): p for p in gp.targets}
     # the first layer's input norm reads the embedding; the other four read a residual add
