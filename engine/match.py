@@ -559,7 +559,7 @@ class Match:
             v = cap.val(n)
             if not isinstance(v, torch.Tensor) or v.dim() < 1 or int(v.shape[-1]) != width:
                 return None
-            if op in ("view", "reshape", "_unsafe_view") or (transparent(n) and op != "dropout"):
+            if op in ("view", "reshape", "_unsafe_view", "flatten") or (transparent(n) and op != "dropout"):
                 if transparent(n) and not _widening(n):
                     return None
                 chain.append(n)
@@ -579,7 +579,7 @@ class Match:
             if isinstance(wt, fx.Node) and wt.op == "call_function" and _rank(wt) == 2:
                 top = _opname(wt.target)
                 targs = dict(norm_args(wt))
-                swap = (top == "t" or top == "transpose" and {targs.get("dim0") % 2, targs.get("dim1") % 2} == {0, 1}
+                swap = (top in ("t", "numpy_T") or top == "transpose" and {targs.get("dim0") % 2, targs.get("dim1") % 2} == {0, 1}
                         or top == "permute" and [d % 2 for d in targs.get("dims", ())] == [1, 0])
                 if swap:
                     w = wt.args[0]

@@ -1830,10 +1830,11 @@ class _LossOnly(nn.Module):
 
 class _NanoGPTHead(nn.Module):
     """The way nanoGPT-style training code writes it: a tied LM head, F.cross_entropy over the
-    flattened logits; ``both`` returns the logits beside the loss (they must then be stored)."""
-    def __init__(self, both=False):
+    flattened logits; ``both`` returns the logits beside the loss (they must then be stored);
+    ``by_hand``: the head as x @ wte.weight.T and the logits flattened by flatten(0, 1)."""
+    def __init__(self, both=False, by_hand=False):
         super().__init__()
-        self.both = both
+        self.both, self.by_hand = both, by_hand
         self.wte = nn.Embedding(101, 32)
         self.ln = nn.LayerNorm(32)
         self.lm_head = nn.Linear(32, 101, bias=False)
@@ -1841,8 +1842,12 @@ class _NanoGPTHead(nn.Module):
 
     def forward(self, idx, targets):
         x = self.ln(self.wte(idx))
-        logits = self.lm_head(x)
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-100)
+        if self.by_hand:
+            logits = x @ self.wte.weight.T
+            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        else:
+            logits = self.lm_head(x)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-100)
         return (logits, loss) if self.both else loss
 
 
@@ -1891,12 +1896,15 @@ def test_an_lm_head_read_only_by_the_loss_is_fused_into_it(arch):
     assert not logits, [n.name for n in logits]
 
 
-@pytest.mark.parametrize("both, specs", [(False, [{"linear": True}]), (True, [{}])],
-                         ids=["loss_only", "logits_returned_too"])
-def test_the_lm_head_joins_the_loss_only_where_nothing_else_reads_the_logits(both, specs):
-    """A hand-written tied head: fused when the loss is all the forward returns; when the
-    logits are returned too they must be stored, and the loss reads them (plain contract)."""
-    model = _NanoGPTHead(both)
+@pytest.mark.parametrize("both, by_hand, specs", [(False, False, [{"linear": True}]),
+                                                  (False, True, [{"linear": True}]),
+                                                  (True, False, [{}])],
+                         ids=["loss_only", "matmul_by_the_embedding_T", "logits_returned_too"])
+def test_the_lm_head_joins_the_loss_only_where_nothing_else_reads_the_logits(both, by_hand, specs):
+    """A hand-written tied head (nn.Linear, or x @ wte.weight.T): fused when the loss is all the
+    forward returns; when the logits are returned too they must be stored, and the loss reads
+    them (plain contract)."""
+    model = _NanoGPTHead(both, by_hand)
     idx = torch.randint(0, 101, (3, 8), generator=torch.Generator().manual_seed(1))
     tg = torch.randint(0, 101, (3, 8), generator=torch.Generator().manual_seed(2))
     cap, ms = found(model, idx, tg)
