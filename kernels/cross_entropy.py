@@ -700,12 +700,7 @@ _LCE_ARGS = ("a_ptr, b_ptr, t_ptr, pm_ptr, ps_ptr, px_ptr, M, N, K, NT,\n"
 
 
 def _lce_tile_kernel(p) -> str:
-    body = '''
-k_len = K
-num_pid_m = tl.cdiv(M, BLOCK_M)
-num_pid_n = tl.cdiv(N, BLOCK_N)
-num_pid_in_group = GROUP_M * num_pid_n
-tile = tl.program_id(0)''' + MM.tile_coords() + '''
+    body = MM.plain_tile_head() + '''
 a_ptrs = a_ptr + ram[:, None] * stride_am + rk[None, :] * stride_ak          # hidden [BLOCK_M, BLOCK_K]
 b_ptrs = b_ptr + rk[:, None] * stride_bk + rbn[None, :] * stride_bn         # weight^T [BLOCK_K, BLOCK_N]
 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -730,16 +725,7 @@ for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, NUM_PROGS, flatten
     off_m = pid_m * BLOCK_M
     off_n = pid_n * BLOCK_N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        a = a_desc.load([off_m, k * BLOCK_K])
-        b = tl.trans(b_desc.load([off_n, k * BLOCK_K]))           # [BLOCK_K, BLOCK_N]
-        if DOT_FP32:                   # interpreter: its tl.dot cannot multiply bf16
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        if IEEE:                       # fp32 operands: full fp32, no TF32
-            acc = tl.dot(a, b, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, b, acc)
+{C.indent(MM.tma_kmajor_k_loop([("acc", "b_desc", "b")]), 4)}
     rm = off_m + tl.arange(0, BLOCK_M)
 {C.indent(_lce_epilogue(p), 4)}'''
     return f'''@triton.jit

@@ -197,13 +197,7 @@ def _silu_mul(g: str, u: str) -> str:
 
 
 def _up_kernel() -> str:
-    body = '''
-k_lo = 0
-k_len = K
-num_pid_m = tl.cdiv(M, BLOCK_M)
-num_pid_n = tl.cdiv(N, BLOCK_N)
-num_pid_in_group = GROUP_M * num_pid_n
-tile = tl.program_id(0)''' + MM.tile_coords() + '''
+    body = MM.plain_tile_head() + '''
 a_ptrs = a_ptr + ram[:, None] * stride_am + rk[None, :] * stride_ak          # x [BLOCK_M, BLOCK_K]
 g_ptrs = bg_ptr + rk[:, None] * stride_gk + rbn[None, :] * stride_gn         # w_gate^T [BLOCK_K, BLOCK_N]
 u_ptrs = bu_ptr + rk[:, None] * stride_uk + rbn[None, :] * stride_un         # w_up^T
@@ -254,20 +248,7 @@ def _mlp_up_tma(a_desc, g_desc, u_desc, h_desc, M, N, K, NUM_PROGS,
         off_n = pid_n * BLOCK_N
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in range(0, tl.cdiv(K, BLOCK_K)):
-            a = a_desc.load([off_m, k * BLOCK_K])
-            bg = tl.trans(g_desc.load([off_n, k * BLOCK_K]))       # [BLOCK_K, BLOCK_N]
-            bu = tl.trans(u_desc.load([off_n, k * BLOCK_K]))
-            if DOT_FP32:                   # interpreter: its tl.dot cannot multiply bf16
-                a = a.to(tl.float32)
-                bg = bg.to(tl.float32)
-                bu = bu.to(tl.float32)
-            if IEEE:                       # fp32 operands: full fp32, no TF32
-                acc_g = tl.dot(a, bg, acc_g, input_precision="ieee")
-                acc_u = tl.dot(a, bu, acc_u, input_precision="ieee")
-            else:
-                acc_g = tl.dot(a, bg, acc_g)
-                acc_u = tl.dot(a, bu, acc_u)
+{C.indent(MM.tma_kmajor_k_loop([("acc_g", "g_desc", "bg"), ("acc_u", "u_desc", "bu")]), 8)}
         h = {_silu_mul("acc_g", "acc_u")}                 # SwiGLU epilogue, fp32
         h_desc.store([off_m, off_n], h.to(h_desc.dtype))
 

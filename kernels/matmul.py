@@ -318,6 +318,35 @@ ram = (rm % M).to(tl.int64)
 rbn = (rn % N).to(tl.int64)'''
 
 
+def plain_tile_head() -> str:
+    """Source opening a one-tile-a-program kernel over a [M, N] output with no batch or K split
+    (fused epilogues: the gated MLP's up projection, the LM head's loss): the grouped tile
+    order and the tile's row, column and K indices (tile_coords), the K loop's length k_len."""
+    return '''
+k_len = K
+num_pid_m = tl.cdiv(M, BLOCK_M)
+num_pid_n = tl.cdiv(N, BLOCK_N)
+num_pid_in_group = GROUP_M * num_pid_n
+tile = tl.program_id(0)''' + tile_coords()
+
+
+def tma_kmajor_k_loop(operands) -> str:
+    """Source of a TMA kernel's K loop for tile (off_m, off_n): a's tile from a_desc shared by
+    ``operands`` = [(acc, desc, name), ...], each b stored K-major ([N, K], nn.Linear's weight)
+    and transposed in registers, accumulated into acc in fp32."""
+    lines = ["a = a_desc.load([off_m, k * BLOCK_K])"]
+    lines += [f"{name} = tl.trans({desc}.load([off_n, k * BLOCK_K]))       # [BLOCK_K, BLOCK_N]"
+              for _, desc, name in operands]
+    lines += ["if DOT_FP32:                       # interpreter: its tl.dot cannot multiply bf16",
+              "    a = a.to(tl.float32)"]
+    lines += [f"    {name} = {name}.to(tl.float32)" for _, _, name in operands]
+    lines += ["if IEEE:                           # fp32 operands: full fp32, no TF32"]
+    lines += [f"    {acc} = tl.dot(a, {name}, {acc}, input_precision=\"ieee\")" for acc, _, name in operands]
+    lines += ["else:"]
+    lines += [f"    {acc} = tl.dot(a, {name}, {acc})" for acc, _, name in operands]
+    return "for k in range(0, tl.cdiv(K, BLOCK_K)):\n" + C.indent("\n".join(lines), 4)
+
+
 def k_loop(operands) -> str:
     """Source of the pipelined K loop: ``operands`` = [(acc, b_ptrs, b_name[, stride_k]), ...],
     each accumulating a_tile @ b_tile into acc in fp32; all share the tile of a (a_ptrs)."""
