@@ -596,7 +596,7 @@ class Match:
         inside = set(self.nodes) | set(chain)
         if any(u not in inside for c in chain for u in c.users):
             return None            # the logits (or a view of them) are read elsewhere too
-        upcast = cap.val(self.node(name)).dtype == torch.float32 and lv.dtype != torch.float32
+        upcast = want.dtype == torch.float32 and lv.dtype != torch.float32
         return x, w, chain, upcast
 
     def scalar(self, name):
