@@ -1896,6 +1896,64 @@ def test_an_lm_head_read_only_by_the_loss_is_fused_into_it(arch):
     assert not logits, [n.name for n in logits]
 
 
+# transformers decoders in the layouts they are written in (parallel attention and MLP, post-norms,
+# multi-query heads, alibi, mixture of experts, an LM head with a bias, scaled or soft-capped
+# logits), built from configs: (config, the loss's contract, how many norms read a residual sum)
+_H = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+          vocab_size=64)
+_ARCHS = {
+    "GPTNeoX": (dict(_H, use_parallel_residual=True, rotary_pct=0.5), {"linear": True}, 2),
+    "Falcon": (dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, vocab_size=64,
+                    parallel_attn=True, multi_query=True), {"linear": True}, 2),
+    "Phi": (dict(_H, partial_rotary_factor=0.5), {}, 2),           # the head has a bias
+    "Phi3": (dict(_H, num_key_value_heads=2, pad_token_id=0), {"linear": True}, 4),
+    "Gemma2": (dict(_H, num_key_value_heads=2, head_dim=8), {}, 4),  # soft-capped logits
+    "Qwen3": (dict(_H, num_key_value_heads=2, head_dim=8), {"linear": True}, 4),
+    "Olmo2": (dict(_H, num_key_value_heads=2), {"linear": True}, 1),  # norms after the sublayers
+    "GPTJ": (dict(n_embd=32, n_layer=2, n_head=4, vocab_size=64, rotary_dim=4, n_positions=16),
+             {}, 2),
+    "OPT": (dict(hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4,
+                 vocab_size=64, word_embed_proj_dim=32, max_position_embeddings=16),
+            {"linear": True}, 1),
+    "Mixtral": (dict(_H, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2),
+                {"linear": True}, 4),
+    "Cohere": (dict(_H, num_key_value_heads=2), {}, 2),            # logits * logit_scale
+    "GPTBigCode": (dict(n_embd=32, n_layer=2, n_head=4, vocab_size=64, n_positions=16,
+                        multi_query=True), {"linear": True}, 4),
+    "Bloom": (dict(hidden_size=32, n_layer=2, n_head=4, vocab_size=64), {"linear": True}, 4),
+}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                    reason="transformers is not installed (requirements-dev.txt)")
+@pytest.mark.parametrize("arch", list(_ARCHS))
+def test_transformers_decoders_in_every_layout_are_placed_whole_and_agree(arch):
+    """Each decoder with labels, the loss alone returned: every family's match served by its
+    starter, nothing skipped, the rewritten model's loss the original's. The LM head joins the
+    loss where the logits are the head's GEMM alone (a bias, a scale or a soft cap keep the plain
+    contract), and a norm joins the residual add it reads (parallel blocks have half as many)."""
+    import transformers
+    kw, ce_spec, residual = _ARCHS[arch]
+    cfg = getattr(transformers, f"{arch}Config")(**kw)
+    cfg.use_cache = False
+    torch.manual_seed(0)
+    model = _LossOnly(getattr(transformers, f"{arch}ForCausalLM")(cfg)).eval()
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 64, (2, 8), generator=g)
+    labels = torch.where(torch.rand(2, 8, generator=g) < 0.2, -100, torch.randint(0, 64, (2, 8), generator=g))
+    cap, ms = found(model, ids, labels)
+    assert _ce_specs(ms) == [ce_spec]
+    norms = [m for gm in ms.values() for m in gm if m.family in ("rmsnorm", "layernorm") and m.fit]
+    assert sum(bool(m.fit.spec.get("residual")) for m in norms) == residual, families(ms)
+    pl, _ = place_starters(cap, ms)
+    assert not pl.skipped, pl.skipped
+    opt = place.optimized(cap, pl)
+    with torch.no_grad():
+        got, want = opt(ids, labels), model(ids, labels)
+    assert opt.calls == {"placed": 1, "original": 0, "guard_miss": 0}
+    assert abs(got.item() - want.item()) <= 1e-5 * abs(want.item()), (got, want)
+
+
 @pytest.mark.parametrize("both, by_hand, specs", [(False, False, [{"linear": True}]),
                                                   (False, True, [{"linear": True}]),
                                                   (True, False, [{}])],
