@@ -541,19 +541,46 @@ class Match:
             return None            # read before the kernel would run: the sum must stay its own
         return a, b
 
+    def _number(self, a):
+        """A scalar operand: a literal, or a node the folder reduces to a one-element constant."""
+        v = self.folder.value(a) if isinstance(a, fx.Node) else a
+        if isinstance(v, torch.Tensor):
+            v = v.item() if v.numel() == 1 and v.dim() == 0 else None
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    def _head_scale(self, n):
+        """(x, s) when ``n`` is x * s, s * x or x / d (s = 1/d) for a finite nonzero number."""
+        op = _opname(n.target)
+        if op not in ("mul", "div") or len(n.args) != 2:
+            return None
+        a, b = n.args
+        if op == "div":
+            x, d = a, self._number(b)
+            s = 1.0 / d if d not in (None, 0.0) else None
+        elif self._number(b) is not None:
+            x, s = a, self._number(b)
+        else:
+            x, s = b, self._number(a)
+        if s is None or not math.isfinite(s) or s == 0.0 or not isinstance(x, fx.Node):
+            return None
+        return x, s
+
     def linear_of(self, name):
-        """(x, w, nodes between, upcast) when the input ``name`` is a linear layer's output
-        x @ w^T (aten linear without a bias, or mm / matmul of x by a 2-D w transposed), reached
-        through reshapes that keep the last dim and widening casts (upcast: the last is to
-        float32 from a narrower dtype), every node from the layer on read by this match alone:
-        an LM head whose logits only the loss reads, which the kernel can compute itself.
-        Else None."""
+        """An LM head whose logits only the loss reads, which the kernel can compute itself:
+        ``name`` is c * tanh(s * (x @ w^T + b) / c) (aten linear, or mm / matmul of x by a 2-D w
+        transposed; the bias b [V], the scale s and the soft cap c each optional: Phi and GPT-J
+        heads have a bias, Cohere and Granite scale their logits, Gemma 2 caps them), reached
+        through reshapes that keep the last dim and widening casts, every node from the layer on
+        read by this match alone. Returns (x, w, nodes between, upcast, {"bias": node or None,
+        "scale": float or None, "softcap": float or None}) (upcast: the logits reach the loss
+        as float32 from a narrower dtype), else None."""
         n = self.node(name)
         want = cap.val(n)
         if not isinstance(want, torch.Tensor) or want.dim() < 1:
             return None
         width = int(want.shape[-1])
         chain = []
+        extra = {"bias": None, "scale": None, "softcap": None}
         while isinstance(n, fx.Node) and n.op == "call_function":
             op = _opname(n.target)
             v = cap.val(n)
@@ -565,6 +592,23 @@ class Match:
                 chain.append(n)
                 n = n.args[0]
                 continue
+            # c * tanh(l / c): a soft cap, met first walking back (it is applied last)
+            outer = self._head_scale(n) if op in ("mul", "div") else None
+            if outer and extra["scale"] is None and extra["softcap"] is None:
+                th = outer[0]
+                inner = (self._head_scale(th.args[0]) if th.op == "call_function"
+                         and _opname(th.target) == "tanh" and isinstance(th.args[0], fx.Node)
+                         and th.args[0].op == "call_function" else None)
+                if inner and outer[1] > 0 and abs(inner[1] * outer[1] - 1.0) <= 1e-6:
+                    extra["softcap"] = outer[1]
+                    chain += [n, th, th.args[0]]
+                    n = inner[0]
+                    continue
+            if outer and extra["scale"] is None:
+                extra["scale"] = outer[1]
+                chain.append(n)
+                n = outer[0]
+                continue
             break
         else:
             return None
@@ -572,8 +616,12 @@ class Match:
         args = dict(norm_args(n))
         if op == "linear":
             x, w = args.get("input"), args.get("weight")
-            if args.get("bias") is not None:
-                return None
+            b = args.get("bias")
+            if b is not None:
+                if not (isinstance(b, fx.Node) and _rank(b) == 1 and int(cap.val(b).shape[0]) == width
+                        and cap.val(b).dtype == cap.val(n).dtype):
+                    return None
+                extra["bias"] = b
         elif op in ("mm", "matmul"):
             x, wt, w = args.get("self"), args.get("other"), None
             if isinstance(wt, fx.Node) and wt.op == "call_function" and _rank(wt) == 2:
@@ -597,7 +645,7 @@ class Match:
         if any(u not in inside for c in chain for u in c.users):
             return None            # the logits (or a view of them) are read elsewhere too
         upcast = want.dtype == torch.float32 and lv.dtype != torch.float32
-        return x, w, chain, upcast
+        return x, w, chain, upcast, extra
 
     def scalar(self, name):
         """A captured number (a literal, or a constant 0-d tensor), else None."""

@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import textwrap
 
 import torch
 import torch.nn.functional as F
@@ -437,14 +438,18 @@ def from_match(m):
     if head is None:
         return plain
     # the logits are an LM head's, read by the loss alone: the kernel computes them itself
-    hidden, weight, between, upcast = head
+    hidden, weight, between, upcast, extra = head
     hs = tuple(int(d) for d in hidden.meta["val"].shape)          # [*lead, K]
     m.rebind("hidden", hidden, through=between)
     m.rebind("weight", weight)
     spec_l = dict(spec, linear=True, **({"upcast": True} if upcast else {}))
-    return Fit(spec_l, hs + (int(x["shape"][1]),),
-               {"hidden": Ref("hidden"), "weight": Ref("weight"), "targets": targets},
-               post=post, fallback=plain)
+    args = {"hidden": Ref("hidden"), "weight": Ref("weight"), "targets": targets}
+    if extra["bias"] is not None:
+        m.rebind("bias", extra["bias"])
+        spec_l["bias"] = True
+        args["bias"] = Ref("bias")
+    spec_l.update({k: extra[k] for k in ("scale", "softcap") if extra[k] is not None})
+    return Fit(spec_l, hs + (int(x["shape"][1]),), args, post=post, fallback=plain)
 
 
 def _inputs_no_ignore(shape, dtype, device, gen, kind="normal"):
@@ -543,37 +548,71 @@ def _logits64(hidden, weight):
     return x @ w.t()                                               # [N, V]
 
 
-def _linear_reference(reduction):
-    def ref(hidden, weight, targets):
-        """cross_entropy(hidden @ weight^T, targets) in fp32 on the unrounded logits (fp64 for
-        fp64 operands: the ground truth)."""
-        return F.cross_entropy(_logits64(hidden, weight), targets.reshape(-1).long(),
+@dataclasses.dataclass(frozen=True)
+class Head:
+    """What the model does to the LM head's GEMM before the loss reads the logits:
+    l = softcap * tanh(scale * (hidden @ weight^T + bias) / softcap), each part optional
+    (a bias: Phi, GPT-J; a scale: Cohere's logit_scale, Granite's 1 / logits_scaling; a soft
+    cap: Gemma 2's final_logit_softcapping)."""
+    bias: bool = False
+    scale: float | None = None
+    softcap: float | None = None
+
+    @staticmethod
+    def of(spec: dict) -> "Head":
+        return Head(bool(spec.get("bias", False)), spec.get("scale"), spec.get("softcap"))
+
+    def apply(self, logits, bias=None):
+        """The transform on float logits [N, V] (fp64 in the reference, the model's dtype in
+        the baseline, where the model computes it)."""
+        if bias is not None:
+            logits = logits + bias.to(logits.dtype)
+        if self.scale is not None:
+            logits = logits * self.scale
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+
+def _linear_reference(reduction, head: Head = Head()):
+    def ref(hidden, weight, targets, bias=None):
+        """cross_entropy(head(hidden @ weight^T), targets) in fp32 on the unrounded logits
+        (fp64 for fp64 operands: the ground truth)."""
+        return F.cross_entropy(head.apply(_logits64(hidden, weight), bias), targets.reshape(-1).long(),
                                ignore_index=IGNORE_INDEX, reduction=reduction)
     return ref
 
 
-def _linear_baseline(upcast: bool, reduction):
-    def base(hidden, weight, targets):
-        """What the model runs: the LM head's GEMM writing the logits in its dtype (then
-        upcast to fp32 where the model does), the loss reading them."""
-        logits = F.linear(hidden, weight)
+def _linear_baseline(upcast: bool, reduction, head: Head = Head()):
+    def base(hidden, weight, targets, bias=None):
+        """What the model runs: the LM head's GEMM (and bias) writing the logits in its dtype,
+        the scale and soft cap in that dtype, an upcast to fp32 where the model does, the loss
+        reading them."""
+        logits = head.apply(F.linear(hidden, weight, bias))
         logits = logits.float() if upcast else logits
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1).long(),
                                ignore_index=IGNORE_INDEX, reduction=reduction)
     return base
 
 
-def _linear_bound(reduction):
-    def bound(hidden, weight, targets):
-        """Per row, max_j (|h| @ |W|^T)_j (a bound on every logit's magnitude and, times the
-        unit roundoff, on its rounding) times max(1, sqrt(K) / 8) (fp32 accumulation, as the
-        matmul family's bound), reduced as the loss is (mean over counted rows, sum, or per
-        row): a row's loss moves by at most twice its largest logit error."""
+def _linear_bound(reduction, head: Head = Head()):
+    def bound(hidden, weight, targets, bias=None):
+        """Per row, max_j (|h| @ |W|^T + |b|)_j * |scale| (a bound on every logit's magnitude
+        and, times the unit roundoff, on its rounding; the soft cap's tanh only shrinks an
+        error) times max(1, sqrt(K) / 8) (fp32 accumulation, as the matmul family's bound),
+        plus softcap / 4 for the fp32 tanh's own error (about 2^-21 * softcap: within the fp32
+        bound tolerance of 2^-18 times it), reduced as the loss is (mean over counted rows, sum,
+        or per row): a row's loss moves by at most twice its largest logit error."""
         k = hidden.shape[-1]
         x, w = hidden.reshape(-1, k).abs(), weight.abs()
         if x.dtype != torch.float64:
             x, w = x.float(), w.float()
-        per_row = (x @ w.t()).amax(dim=1) * max(1.0, math.sqrt(k) / 8.0) * 2.0   # [N]
+        mag = x @ w.t()
+        if bias is not None:
+            mag = mag + bias.abs().to(mag.dtype)
+        per_row = mag.amax(dim=1) * abs(head.scale or 1.0) * max(1.0, math.sqrt(k) / 8.0) * 2.0   # [N]
+        if head.softcap is not None:
+            per_row = per_row + head.softcap / 4.0
         counted = targets.reshape(-1) != IGNORE_INDEX
         per_row = torch.where(counted, per_row, 0.0)
         if reduction == "none":
@@ -622,6 +661,15 @@ def make_linear_inputs(shape, dtype, device, gen, kind="normal"):
             "weight": w.to(dtype).to(device), "targets": t.reshape(lead).to(device)}
 
 
+def make_linear_bias_inputs(shape, dtype, device, gen, kind="normal"):
+    """make_linear_inputs and a bias [V] (spread 0.5; 50 where kind is "huge")."""
+    inp = make_linear_inputs(shape, dtype, device, gen, kind)
+    v = linear_problem(shape)[2]
+    b = C.randn(gen, v) * (50.0 if kind == "huge" else 0.5)
+    inp["bias"] = b.to(C.as_dtype(dtype)).to(device)
+    return inp
+
+
 def linear_cost(shape, dtype):
     """(bytes, flops): hidden and the weight once, the targets, the 4-byte result; the GEMM's
     2*N*K*V flops plus the loss's 4 per logit. The logits are never written: compute bound."""
@@ -652,12 +700,44 @@ LINEAR_DEFAULT = {"block_m": 128, "block_n": 128, "block_k": 32, "group_m": 8, "
                   "num_stages": 3, "loads": "pointers", "epilogue": "whole", "use_exp2": False}
 
 
-def _lce_epilogue(p) -> str:
+def _head_src(head: Head) -> str:
+    """Source applying the model's head transform to the fp32 tile ``acc`` (vocab tile pid_n),
+    in the order the model applies it: bias, scale, soft cap."""
+    out = ""
+    if head.bias:
+        out += """hcols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+acc = acc + tl.load(bias_ptr + hcols, mask=hcols < N, other=0.0).to(tl.float32)[None, :]   # + bias [V]
+"""
+    if head.scale is not None:
+        out += f"acc = acc * {float(head.scale)!r}                      # the model's logit scale\n"
+    if head.softcap is not None:
+        c = float(head.softcap)
+        out += f"acc = _tanh(acc * {1.0 / c!r}) * {c!r}        # soft cap: c * tanh(l / c)\n"
+    return out
+
+
+# tanh in fp32 (the interpreter and every backend have exp): odd Taylor terms below |x| = 1/16,
+# where 1 - 2 / (exp(2|x|) + 1) would cancel (relative error < 1e-12 there), the exp form above
+# (absolute error a few fp32 ulps of 1), the sign restored
+_TANH_SRC = """
+@triton.jit
+def _tanh(x):
+    ax = tl.abs(x)
+    x2 = x * x
+    small = x * (1.0 + x2 * (-0.3333333333333333 + x2 * (0.13333333333333333 + x2 * -0.05396825396825397)))
+    big = 1.0 - 2.0 / (tl.exp(2.0 * ax) + 1.0)
+    big = tl.where(x < 0, -big, big)
+    return tl.where(ax < 0.0625, small, big)
+"""
+
+
+def _lce_epilogue(p, head: Head = Head()) -> str:
     """Source reducing the fp32 tile ``acc`` [BLOCK_M, BLOCK_N] (rows rm, vocab tile pid_n) to the
-    row partials and the target logits; epilogue "halves" works on two [BLOCK_M, BLOCK_N / 2]
-    halves (half the registers for the exp temporaries of a 128 x 256 tile)."""
+    row partials and the target logits (after the model's head transform, if any); epilogue
+    "halves" works on two [BLOCK_M, BLOCK_N / 2] halves (half the registers for the exp
+    temporaries of a 128 x 256 tile)."""
     e2 = p["use_exp2"]
-    head = """rows = rm.to(tl.int64)
+    head = _head_src(head) + """rows = rm.to(tl.int64)
 row_mask = rm < M
 t = tl.load(t_ptr + rows, mask=row_mask, other=IGNORE_INDEX)
 """
@@ -699,14 +779,14 @@ _LCE_ARGS = ("a_ptr, b_ptr, t_ptr, pm_ptr, ps_ptr, px_ptr, M, N, K, NT,\n"
              "               DOT_FP32: tl.constexpr, IGNORE_INDEX: tl.constexpr")
 
 
-def _lce_tile_kernel(p) -> str:
+def _lce_tile_kernel(p, head: Head = Head()) -> str:
     body = MM.plain_tile_head() + '''
 a_ptrs = a_ptr + ram[:, None] * stride_am + rk[None, :] * stride_ak          # hidden [BLOCK_M, BLOCK_K]
 b_ptrs = b_ptr + rk[:, None] * stride_bk + rbn[None, :] * stride_bn         # weight^T [BLOCK_K, BLOCK_N]
 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-''' + MM.k_loop([("acc", "b_ptrs", "b")]) + _lce_epilogue(p)
+''' + MM.k_loop([("acc", "b_ptrs", "b")]) + _lce_epilogue(p, head)
     return f'''@triton.jit
-def _lce_tiles({_LCE_ARGS}):
+def _lce_tiles({_LCE_ARGS.replace("b_ptr, t_ptr", "b_ptr, bias_ptr, t_ptr") if head.bias else _LCE_ARGS}):
     """One tile [BLOCK_M, BLOCK_N] of the logits a @ b (hidden [M, K] @ weight^T [K, N]) in an
     fp32 accumulator, reduced to each row's partial (m, s) for vocab tile pid_n (fp32
     workspaces [M, NT]) and, where the row's target is in the tile, its logit (px [M])."""
@@ -714,7 +794,7 @@ def _lce_tiles({_LCE_ARGS}):
 '''
 
 
-def _lce_tma_kernel(p) -> str:
+def _lce_tma_kernel(p, head: Head = Head()) -> str:
     ws = ", warp_specialize=True" if p["loads"] == "tma_ws" else ""
     body = f'''
 num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -727,9 +807,9 @@ for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, NUM_PROGS, flatten
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 {C.indent(MM.tma_kmajor_k_loop([("acc", "b_desc", "b")]), 4)}
     rm = off_m + tl.arange(0, BLOCK_M)
-{C.indent(_lce_epilogue(p), 4)}'''
+{C.indent(_lce_epilogue(p, head), 4)}'''
     return f'''@triton.jit
-def _lce_tiles_tma(a_desc, b_desc, t_ptr, pm_ptr, ps_ptr, px_ptr, M, N, K, NT, NUM_PROGS,
+def _lce_tiles_tma(a_desc, b_desc, {"bias_ptr, " if head.bias else ""}t_ptr, pm_ptr, ps_ptr, px_ptr, M, N, K, NT, NUM_PROGS,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    GROUP_M: tl.constexpr, IEEE: tl.constexpr, DOT_FP32: tl.constexpr,
                    IGNORE_INDEX: tl.constexpr):
@@ -797,14 +877,28 @@ def _lce_tma(x2, weight, t, part_m, part_s, part_x, bm, bn, bk, stages, ieee, do
 '''
 
 
-def _lce_launcher(p) -> str:
+def _lce_tma_host(head: Head) -> str:
+    if not head.bias:
+        return _LCE_TMA_HOST
+    src = _LCE_TMA_HOST.replace("def _lce_tma(x2, weight, t,", "def _lce_tma(x2, weight, bias, t,")
+    return src.replace("        t, part_m, part_s, part_x, N, V, K,", "        bias, t, part_m, part_s, part_x, N, V, K,")
+
+
+def _lce_launcher(p, head: Head = Head()) -> str:
     call = _LCE_POINTERS_CALL
     if p["loads"] != "pointers":
         call = ("if not _lce_tma(x2, weight, t, part_m, part_s, part_x, bm, bn, bk, stages, ieee,\n"
                 "                        dot_fp32):\n            " + call.replace("\n", "\n    "))
+    sig, check = "hidden, weight, targets", ""
+    if head.bias:
+        sig = "hidden, weight, targets, bias"
+        call = call.replace("x2, weight, t, part_m", "x2, weight, bias, t, part_m")
+        check = '''
+    if bias.shape != (V,) or bias.dtype != weight.dtype:
+        raise ValueError(f"bias must be [V={V}] in the weight's dtype, got {list(bias.shape)} {bias.dtype}")'''
     return f'''
 
-def kernel_fn(hidden, weight, targets):
+def kernel_fn({sig}):
     """Mean cross-entropy of the logits hidden @ weight^T (hidden [..., K], weight [V, K], any
     strides) against int64 targets [...] (-100 = ignored), the logits never stored; returns a
     0-d float32 tensor."""
@@ -813,7 +907,7 @@ def kernel_fn(hidden, weight, targets):
     if weight.dim() != 2 or weight.shape[1] != K:
         raise ValueError(f"weight must be [V, K={{K}}], got {{list(weight.shape)}}")
     if hidden.dtype != weight.dtype:
-        raise ValueError("hidden and weight must share a dtype")
+        raise ValueError("hidden and weight must share a dtype"){check}
     x2 = hidden.reshape(-1, K)           # [N, K]: a view whenever the leading dims can merge
     N = x2.shape[0]
     t = targets.reshape(-1).to(torch.int64).contiguous()   # [N]
@@ -842,15 +936,24 @@ def kernel_fn(hidden, weight, targets):
 '''
 
 
-def render_linear(params) -> str:
+def render_linear(params, head: Head = Head()) -> str:
     """Complete candidate source of the LM head + cross-entropy (spec {"linear": true}) for one
-    point of LINEAR_SPACE (missing params take LINEAR_DEFAULT values)."""
+    point of LINEAR_SPACE (missing params take LINEAR_DEFAULT values); ``head``: what the model
+    does to the logits before the loss (a bias, a scale, a soft cap), applied to each fp32 tile."""
     p = C.resolve(NAME, LINEAR_SPACE, LINEAR_DEFAULT, params)
     tma = p["loads"] != "pointers"
     how = {"pointers": "one program per tile, loads through pointers",
            "tma": "persistent TMA tiles (pointer tiles where descriptors are ruled out)",
            "tma_ws": "persistent TMA tiles, warp-specialized (pointer tiles where descriptors "
                      "are ruled out)"}[p["loads"]]
+    steps = [w for w, on in (("plus the bias b [V] (kernel_fn's last argument; V*itemsize more "
+                              "bytes)", head.bias),
+                             (f"times {head.scale!r}", head.scale is not None),
+                             (f"capped as c * tanh(l / c), c = {head.softcap!r}", head.softcap is not None))
+             if on]
+    transform = ("\n" + textwrap.fill("As the model computes them, the logits are hidden @ weight^T "
+                                        + ", then ".join(steps) + ", each fp32 tile transformed "
+                                        "before its reduction.", 96)) if steps else ""
     doc = f'''"""Cross-entropy candidate with the LM head fused in ({p["loads"]}): mean over counted rows of
 logsumexp(l[n, :]) - l[n, target[n]], l = hidden @ weight^T never stored, ignore_index = -100,
 as a 0-d fp32 tensor.
@@ -859,7 +962,7 @@ hidden [..., K] viewed as [N, K], weight [V, K] (nn.Linear's layout), targets in
 GEMM tile [BLOCK_M, BLOCK_N] (fp32 accumulator; fp32 operands without TF32) is reduced in
 registers to a partial (max, sum of exp) per row and the target's logit; a merge kernel combines
 the cdiv(V, BLOCK_N) partials of a row, a one-program kernel takes the mean in a fixed order.
-Bytes the op must move: (N*K + V*K)*itemsize + 8*N + 4; flops 2*N*K*V (+4 per logit).
+Bytes the op must move: (N*K + V*K)*itemsize + 8*N + 4; flops 2*N*K*V (+4 per logit).{transform}
 This variant: {how}; it writes and re-reads 8 bytes per (row, vocab tile).
 Point: {C.point_line(LINEAR_SPACE, p)}
 """
@@ -875,12 +978,13 @@ MERGE_ROWS = 16        # rows per program of the merge
 MERGE_CHUNK = 64       # partials per row a merge step reads
 MEAN_BLOCK = 1024      # lanes of the one-program mean
 '''
-    parts = [doc, MM.GEMM_HELPERS_SRC, "\n", _lce_tile_kernel(p), "\n", _lce_merge_kernel(p),
+    parts = [doc, MM.GEMM_HELPERS_SRC, _TANH_SRC if head.softcap is not None else "", "\n",
+             _lce_tile_kernel(p, head), "\n", _lce_merge_kernel(p),
              "\n", _MEAN_KERNEL]
     if tma:
         parts += [C.NUM_SMS_SRC, "\n\n", C.TMA_HELPERS_SRC, C.ROWS_OK_SRC, "\n\n",
-                  _lce_tma_kernel(p), _LCE_TMA_HOST]
-    parts.append(_lce_launcher(p))
+                  _lce_tma_kernel(p, head), _lce_tma_host(head)]
+    parts.append(_lce_launcher(p, head))
     return C.tidy("\n".join(parts))
 
 
@@ -897,27 +1001,38 @@ def _linear_openers(shape, dtype: str) -> tuple:
 def _configure_linear(spec: dict) -> Family:
     reduction = spec.get("reduction", "mean")
     upcast = bool(spec.get("upcast", False))
-    render = {"mean": render_linear, "sum": functools.partial(_render_sum, base=render_linear),
-              "none": functools.partial(_render_none, base=render_linear)}[reduction]
+    head = Head.of(spec)
+    base = functools.partial(render_linear, head=head)
+    render = {"mean": base, "sum": functools.partial(_render_sum, base=base),
+              "none": functools.partial(_render_none, base=base)}[reduction]
 
     def cost(shape, dtype):
         b, f = linear_cost(shape, dtype)
-        return (b - 4 + 4 * linear_problem(shape)[0], f) if reduction == "none" else (b, f)
+        n, _, v = linear_problem(shape)
+        b += v * C.itemsize(dtype) if head.bias else 0
+        f += n * v * (int(head.bias) + int(head.scale is not None) + 4 * int(head.softcap is not None))
+        return (b - 4 + 4 * n, f) if reduction == "none" else (b, f)
     what = {"mean": "mean", "sum": "summed", "none": "per-row"}[reduction]
+    args = LINEAR_ARGS + (("bias",) if head.bias else ())
+    logits = "hidden @ weight^T" + (" + bias" if head.bias else "")
+    logits = f"({logits}) * {head.scale!r}" if head.scale is not None else logits
+    logits = f"{head.softcap!r} * tanh(({logits}) / {head.softcap!r})" if head.softcap is not None else logits
     return dataclasses.replace(
-        FAMILY, signature="kernel_fn(hidden, weight, targets) with the LM head fused in",
-        arg_names=LINEAR_ARGS, reference=_linear_reference(reduction),
-        baseline=_linear_baseline(upcast, reduction), make_inputs=make_linear_inputs,
+        FAMILY, signature=f"kernel_fn({', '.join(args)}) with the LM head fused in",
+        arg_names=args, reference=_linear_reference(reduction, head),
+        baseline=_linear_baseline(upcast, reduction, head),
+        make_inputs=make_linear_bias_inputs if head.bias else make_linear_inputs,
         cost=cost, bench_shapes=LINEAR_BENCH_SHAPES, sweep_shapes=LINEAR_SWEEP_SHAPES,
         edge_shapes=LINEAR_EDGE_SHAPES, adversarial=LINEAR_ADVERSARIAL, space=LINEAR_SPACE,
-        default=LINEAR_DEFAULT, render=render, error_bound=_linear_bound(reduction),
+        default=LINEAR_DEFAULT, render=render, error_bound=_linear_bound(reduction, head),
         bound_tol=LINEAR_BOUND_TOL, openers_for=_linear_openers,
-        description=(f"The LM head fused into the {what} cross-entropy: loss of hidden @ "
-                     f"weight^T against int64 targets (ignore_index -100), the logits never "
+        description=(f"The LM head fused into the {what} cross-entropy: loss of the logits "
+                     f"{logits} against int64 targets (ignore_index -100), the logits never "
                      f"stored; fp32."),
         notes={"ignore_index": IGNORE_INDEX, "shape": "(*hidden.shape, V)",
                "weight": "[V, K], nn.Linear's layout", "bound": "compute"},
-        op_schema="(Tensor hidden, Tensor weight, Tensor targets) -> Tensor",
+        op_schema=("(Tensor hidden, Tensor weight, Tensor targets, Tensor bias) -> Tensor" if head.bias
+                   else "(Tensor hidden, Tensor weight, Tensor targets) -> Tensor"),
         spec=dict(spec))
 
 
@@ -927,14 +1042,24 @@ def configure(spec: dict) -> Family:
     "sum", the losses of the counted rows summed, or "none", the per-row losses (ignored rows
     0), as F.cross_entropy(reduction=...). ``spec["linear"]``: the LM head before the loss
     fused in, kernel_fn(hidden, weight, targets), the logits never stored (``upcast``: the
-    model casts its logits to fp32 before the loss, which its baseline does too)."""
-    if (set(spec) - {"ignore_index", "reduction", "linear", "upcast"}
+    model casts its logits to fp32 before the loss, which its baseline does too; ``bias``:
+    the head's bias, kernel_fn(hidden, weight, targets, bias); ``scale``: the logits times
+    that number; ``softcap``: c * tanh(logits / c) after the scale)."""
+    def number(key, positive):
+        v = spec.get(key)
+        return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)
+                             and math.isfinite(v) and (v > 0 if positive else v != 0))
+    head_keys = {"upcast", "bias", "scale", "softcap"}
+    if (set(spec) - {"ignore_index", "reduction", "linear"} - head_keys
             or spec.get("ignore_index", IGNORE_INDEX) not in (None, IGNORE_INDEX)
             or spec.get("reduction", "mean") not in ("mean", "sum", "none")
-            or spec.get("upcast") and not spec.get("linear")
-            or spec.get("linear") and spec.get("ignore_index", IGNORE_INDEX) is None):
+            or not spec.get("linear") and set(spec) & head_keys
+            or spec.get("linear") and spec.get("ignore_index", IGNORE_INDEX) is None
+            or spec.get("bias", False) not in (True, False)
+            or not number("scale", False) or not number("softcap", True)):
         raise ValueError(f"cross_entropy takes a spec {{ignore_index: None, reduction: sum|none, "
-                         f"linear: bool, upcast: bool (linear only)}}; got {spec!r}")
+                         f"linear: bool, and with linear: upcast: bool, bias: bool, scale: a "
+                         f"finite nonzero number, softcap: a positive number}}; got {spec!r}")
     if spec.get("linear"):
         return _configure_linear(spec)
     if not spec or spec == {"reduction": "mean"}:

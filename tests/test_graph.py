@@ -1898,26 +1898,29 @@ def test_an_lm_head_read_only_by_the_loss_is_fused_into_it(arch):
 
 # transformers decoders in the layouts they are written in (parallel attention and MLP, post-norms,
 # multi-query heads, alibi, mixture of experts, an LM head with a bias, scaled or soft-capped
-# logits), built from configs: (config, the loss's contract, how many norms read a residual sum)
+# logits), built from configs: (config, the loss's contract, how many norms read a residual sum).
+# Gemma 2's cap is 2 here (30 in its config) so that the tiny model's logits reach the tanh's bend.
 _H = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
           vocab_size=64)
 _ARCHS = {
     "GPTNeoX": (dict(_H, use_parallel_residual=True, rotary_pct=0.5), {"linear": True}, 2),
     "Falcon": (dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, vocab_size=64,
                     parallel_attn=True, multi_query=True), {"linear": True}, 2),
-    "Phi": (dict(_H, partial_rotary_factor=0.5), {}, 2),           # the head has a bias
+    "Phi": (dict(_H, partial_rotary_factor=0.5), {"linear": True, "bias": True}, 2),
     "Phi3": (dict(_H, num_key_value_heads=2, pad_token_id=0), {"linear": True}, 4),
-    "Gemma2": (dict(_H, num_key_value_heads=2, head_dim=8), {}, 4),  # soft-capped logits
+    "Gemma2": (dict(_H, num_key_value_heads=2, head_dim=8, final_logit_softcapping=2.0),
+               {"linear": True, "softcap": 2.0}, 4),
     "Qwen3": (dict(_H, num_key_value_heads=2, head_dim=8), {"linear": True}, 4),
     "Olmo2": (dict(_H, num_key_value_heads=2), {"linear": True}, 1),  # norms after the sublayers
     "GPTJ": (dict(n_embd=32, n_layer=2, n_head=4, vocab_size=64, rotary_dim=4, n_positions=16),
-             {}, 2),
+             {"linear": True, "bias": True}, 2),
     "OPT": (dict(hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4,
                  vocab_size=64, word_embed_proj_dim=32, max_position_embeddings=16),
             {"linear": True}, 1),
     "Mixtral": (dict(_H, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2),
                 {"linear": True}, 4),
-    "Cohere": (dict(_H, num_key_value_heads=2), {}, 2),            # logits * logit_scale
+    "Cohere": (dict(_H, num_key_value_heads=2), {"linear": True, "scale": 0.0625}, 2),
+    "Granite": (dict(_H, num_key_value_heads=2, logits_scaling=8.0), {"linear": True, "scale": 0.125}, 4),
     "GPTBigCode": (dict(n_embd=32, n_layer=2, n_head=4, vocab_size=64, n_positions=16,
                         multi_query=True), {"linear": True}, 4),
     "Bloom": (dict(hidden_size=32, n_layer=2, n_head=4, vocab_size=64), {"linear": True}, 4),
@@ -1930,8 +1933,8 @@ _ARCHS = {
 def test_transformers_decoders_in_every_layout_are_placed_whole_and_agree(arch):
     """Each decoder with labels, the loss alone returned: every family's match served by its
     starter, nothing skipped, the rewritten model's loss the original's. The LM head joins the
-    loss where the logits are the head's GEMM alone (a bias, a scale or a soft cap keep the plain
-    contract), and a norm joins the residual add it reads (parallel blocks have half as many)."""
+    loss with what the model does to its logits (a bias, a scale, a soft cap) in the kernel's
+    epilogue, and a norm joins the residual add it reads (parallel blocks have half as many)."""
     import transformers
     kw, ce_spec, residual = _ARCHS[arch]
     cfg = getattr(transformers, f"{arch}Config")(**kw)
@@ -1991,6 +1994,38 @@ def test_a_fused_lm_head_match_falls_back_to_the_plain_loss_kernel_a_run_kept():
     with torch.no_grad():
         got, want = opt(idx, tg), model(idx, tg)
     assert abs(got.item() - want.item()) <= 1e-5 * abs(want.item())
+
+
+@pytest.mark.parametrize("head", [{"bias": True}, {"scale": 0.5, "softcap": 3.0},
+                                  {"bias": True, "scale": -2.0, "reduction": "none"}],
+                         ids=["bias", "scale_softcap", "bias_negative_scale_none"])
+def test_the_lm_head_loss_with_the_models_logit_transform_passes_every_verifier_stage(head, tmp_path):
+    """A biased head (Phi, GPT-J), scaled logits (Cohere, Granite) and a soft cap (Gemma 2) in
+    the tiles' epilogue: the five stages (the "huge" inputs saturate the cap's tanh), the TMA
+    tiles too; the kernel's fp32 tanh matches torch's across its Taylor / exp seam; a spec
+    with a cap of 0 or a scale on the plain loss is refused in one line."""
+    from tests.kernel_helpers import passes_every_stage
+    spec = dict(head, linear=True)
+    fam = kernels.get("cross_entropy", spec)
+    assert fam.arg_names[-1] == ("bias" if head.get("bias") else "targets")
+    for point in ({}, {"loads": "tma", "block_n": 64, "block_k": 32, "epilogue": "halves"}):
+        fn = verify.load_candidate(fam.render(point), str(tmp_path))
+        passes_every_stage(fam, fn, (3, 5, 48, 300), "float32")
+    # logits on both sides of the seam at |l / c| = 1/16, and far out where tanh saturates
+    cap = 3.0
+    f = kernels.get("cross_entropy", {"linear": True, "softcap": cap, "reduction": "none"})
+    fn = verify.load_candidate(f.render({}), str(tmp_path))
+    l = torch.tensor([0.0, 1e-6, 0.187, 0.1875, 0.188, 0.5, -0.19, 3.0, -40.0, 1e4], dtype=torch.float64)
+    kw = {"hidden": l[:, None].float(), "weight": torch.tensor([[1.0], [0.0]]),
+          "targets": torch.zeros(len(l), dtype=torch.int64)}
+    got = fn(**kw).double()
+    capped = cap * torch.tanh(l / cap)
+    want = torch.logaddexp(capped, torch.zeros_like(capped)) - capped      # loss with logits (c, 0)
+    assert torch.allclose(got, want, rtol=2e-6, atol=2e-6), (got - want).abs().max()
+    for bad in ({"linear": True, "softcap": 0.0}, {"scale": 2.0}, {"linear": True, "scale": float("inf")},
+                {"linear": True, "bias": "yes"}):
+        with pytest.raises(ValueError, match="cross_entropy takes a spec"):
+            kernels.get("cross_entropy", bad)
 
 
 @pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow)])
