@@ -517,18 +517,32 @@ class Match:
         return node, 1, []
 
     def sum_of(self, name):
-        """(a, b) when the input ``name`` is bound to a + b (aten add, alpha 1) of two tensors
-        with its own shape and dtype, whose readers outside the match all come after the
-        match's output in the graph: a residual add the matched kernel can compute, handing
-        the sum to those readers (kernels/patterns.py ``Fit.outputs``). Else None."""
+        """(a, b, add) when the input ``name`` is bound to a + b (aten add, alpha 1) of two
+        tensors with the sum's shape and dtype, or to a view of that sum keeping its last dim
+        that alone reads it (OPT's blocks flatten the residual stream to [B*S, D] between the
+        add and the norm; a and b are then read through the same reshape), and the sum's
+        readers outside the match all come after the match's output in the graph: a residual
+        add the matched kernel can compute, handing the sum to those readers
+        (kernels/patterns.py ``Fit.outputs``); ``add`` is the add node where a view is between
+        (it joins the match), else None. Else None."""
         n = self.node(name)
-        if not (isinstance(n, fx.Node) and n.op == "call_function" and _opname(n.target) == "add"):
+        add = None
+        if (isinstance(n, fx.Node) and n.op == "call_function"
+                and _opname(n.target) in ("view", "reshape", "_unsafe_view")
+                and isinstance(n.args[0], fx.Node) and n.args[0].op == "call_function"
+                and _opname(n.args[0].target) == "add" and list(n.args[0].users) == [n]):
+            v, sv = cap.val(n), cap.val(n.args[0])
+            if (isinstance(v, torch.Tensor) and isinstance(sv, torch.Tensor) and v.dim() >= 1
+                    and sv.dim() >= 1 and v.shape[-1] == sv.shape[-1]):
+                add = n.args[0]
+        src = add if add is not None else n
+        if not (isinstance(src, fx.Node) and src.op == "call_function" and _opname(src.target) == "add"):
             return None
-        args = dict(norm_args(n))
+        args = dict(norm_args(src))
         a, b = args.get("self"), args.get("other")
         if args.get("alpha", 1) != 1 or not all(isinstance(t, fx.Node) for t in (a, b)):
             return None
-        want = cap.val(n)
+        want = cap.val(src)
         for t in (a, b):
             v = cap.val(t)
             if not (isinstance(v, torch.Tensor) and isinstance(want, torch.Tensor)
@@ -539,7 +553,7 @@ class Match:
         inside = set(self.nodes) | set(same)
         if any(u not in inside and order[u] < order[self.output] for x in same for u in x.users):
             return None            # read before the kernel would run: the sum must stay its own
-        return a, b
+        return a, b, add
 
     def _number(self, a):
         """A scalar operand: a literal, or a node the folder reduces to a one-element constant."""
@@ -929,9 +943,6 @@ def find(graph: cap.Graph, pats: list[Pattern] | None = None, probe: bool = True
                 m.fit = None
             if m.fit is None and not m.why_not:
                 continue                                  # a decoy: looks like it, is not it
-            for n in sorted(set(m.through), key=order.get, reverse=True):
-                if n not in claimed and all(u in nodes for u in n.users):
-                    nodes.add(n)                          # a GQA expansion read only by the match
             if m.fit is not None and m.fit.outputs:
                 also = [m.node(name) for name, _ in m.fit.outputs]
                 if any(n in claimed for n in also):
@@ -943,6 +954,9 @@ def find(graph: cap.Graph, pats: list[Pattern] | None = None, probe: bool = True
                 else:
                     nodes.update(also)    # computed by the kernel, read beside it (Fit.outputs)
                     nodes.update(a for n in also for a in aliases(n))
+            for n in sorted(set(m.through), key=order.get, reverse=True):
+                if n not in claimed and all(u in nodes for u in n.users):
+                    nodes.add(n)                          # read only by the match (a GQA expansion)
             m.nodes = sorted(nodes, key=order.get)
             if m.fit is not None and probe:
                 bad = probe_match(m)

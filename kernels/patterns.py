@@ -127,14 +127,17 @@ def odi(shape, dims: tuple) -> tuple[int, int, int]:
 
 def residual_fit(m, pair, spec: dict, shape, args: dict) -> Fit:
     """A norm's Fit (``spec``, ``shape``, ``args`` with x the norm's input) as the fused residual
-    contract, where x is the sum ``pair`` = (a, b) (``m.sum_of("x")``): the kernel reads a as x
+    contract, where x is the sum ``pair`` = (a, b, add) (``m.sum_of("x")``): the kernel reads a as x
     and b as ``residual`` and returns [h; y]; y goes on to the norm's readers (select 0, 1), h
     to the sum's (``outputs``); the plain fit of the norm of h is the fallback."""
+    a, b, add = pair
     m.rebind("h", m.node("x"))
-    m.rebind("x", pair[0])
-    m.rebind("r", pair[1])
+    m.rebind("x", a, through=[add] if add is not None else [])
+    m.rebind("r", b)
+    # under a view of the sum (OPT's), both terms are read through the view's shape
+    views = (("reshape", [int(d) for d in m.node("h").meta["val"].shape]),) if add is not None else ()
     plain = Fit(spec, tuple(shape), dict(args, x=Ref("h")))
-    return Fit(dict(spec, residual=True), tuple(shape), dict(args, residual=Ref("r")),
+    return Fit(dict(spec, residual=True), tuple(shape), dict(args, x=Ref("x", views), residual=Ref("r", views)),
                post=(("select", 0, 1),), outputs=(("h", (("select", 0, 0),)),), fallback=plain)
 
 

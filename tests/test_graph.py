@@ -1916,7 +1916,7 @@ _ARCHS = {
              {"linear": True, "bias": True}, 2),
     "OPT": (dict(hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4,
                  vocab_size=64, word_embed_proj_dim=32, max_position_embeddings=16),
-            {"linear": True}, 1),
+            {"linear": True}, 5),   # tokens + positions, then sums flattened to [B*S, D] before the norm
     "Mixtral": (dict(_H, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2),
                 {"linear": True}, 4),
     "Cohere": (dict(_H, num_key_value_heads=2), {"linear": True, "scale": 0.0625}, 2),
