@@ -254,6 +254,13 @@ def charts_png_zip(figures: dict[str, go.Figure], width: int = 1200, scale: floa
         # plotly starts one kaleido browser for the whole list; the figures' own heights are kept
         pio.write_images(list(figures.values()), paths, width=width, height=heights,
                          scale=scale)
+        # under load kaleido has returned with a file unwritten (a render that timed out in
+        # the browser): each missing one is rendered again on its own, once
+        for fig, p, h in zip(figures.values(), paths, heights):
+            if not os.path.exists(p):
+                pio.write_image(fig, p, width=width, height=h, scale=scale)
+            if not os.path.exists(p):
+                raise RuntimeError(f"kaleido wrote no PNG for the chart {os.path.basename(p)[:-4]!r}")
         buf = io.BytesIO()
         with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
             for p in paths:

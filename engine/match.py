@@ -579,11 +579,27 @@ class Match:
             return None
         return x, s
 
+    def _head_bias(self, n, width):
+        """(l, b) when ``n`` is l + b (alpha 1) for b a node holding [V] values ([V] or
+        [1, .., 1, V]) in l's dtype, V = ``width``."""
+        args = dict(norm_args(n))
+        if args.get("alpha", 1) != 1:
+            return None
+        for l, b in ((args.get("self"), args.get("other")), (args.get("other"), args.get("self"))):
+            lv, bv = cap.val(l), cap.val(b)
+            if (isinstance(l, fx.Node) and isinstance(b, fx.Node) and isinstance(lv, torch.Tensor)
+                    and isinstance(bv, torch.Tensor) and bv.dim() >= 1 and bv.numel() == width
+                    and int(bv.shape[-1]) == width and bv.dtype == lv.dtype
+                    and tuple(lv.shape) == tuple(cap.val(n).shape)):
+                return l, b
+        return None
+
     def linear_of(self, name):
         """An LM head whose logits only the loss reads, which the kernel can compute itself:
         ``name`` is c * tanh(s * (x @ w^T + b) / c) (aten linear, or mm / matmul of x by a 2-D w
         transposed; the bias b [V], the scale s and the soft cap c each optional: Phi and GPT-J
-        heads have a bias, Cohere and Granite scale their logits, Gemma 2 caps them), reached
+        heads have a bias, BART adds one to the head's output, Cohere and Granite scale their
+        logits, Gemma 2 caps them), reached
         through reshapes that keep the last dim and widening casts, every node from the layer on
         read by this match alone. Returns (x, w, nodes between, upcast, {"bias": node or None,
         "scale": float or None, "softcap": float or None}) (upcast: the logits reach the loss
@@ -623,6 +639,13 @@ class Match:
                 chain.append(n)
                 n = outer[0]
                 continue
+            # l + b, b a [V] (or [1, .., V]) tensor of l's dtype: BART's final_logits_bias
+            term = self._head_bias(n, width) if op == "add" and extra["bias"] is None else None
+            if term:
+                extra["bias"] = term[1]
+                chain.append(n)
+                n = term[0]
+                continue
             break
         else:
             return None
@@ -633,8 +656,8 @@ class Match:
             b = args.get("bias")
             if b is not None:
                 if not (isinstance(b, fx.Node) and _rank(b) == 1 and int(cap.val(b).shape[0]) == width
-                        and cap.val(b).dtype == cap.val(n).dtype):
-                    return None
+                        and cap.val(b).dtype == cap.val(n).dtype) or extra["bias"] is not None:
+                    return None            # two biases (the layer's and an add): not one head
                 extra["bias"] = b
         elif op in ("mm", "matmul"):
             x, wt, w = args.get("self"), args.get("other"), None

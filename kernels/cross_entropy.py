@@ -447,7 +447,8 @@ def from_match(m):
     if extra["bias"] is not None:
         m.rebind("bias", extra["bias"])
         spec_l["bias"] = True
-        args["bias"] = Ref("bias")
+        v = int(x["shape"][1])             # a [1, V] buffer added to the logits is read as [V]
+        args["bias"] = Ref("bias", (("reshape", [v]),) if extra["bias"].meta["val"].dim() != 1 else ())
     spec_l.update({k: extra[k] for k in ("scale", "softcap") if extra[k] is not None})
     return Fit(spec_l, hs + (int(x["shape"][1]),), args, post=post, fallback=plain)
 

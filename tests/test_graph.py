@@ -1957,6 +1957,63 @@ def test_transformers_decoders_in_every_layout_are_placed_whole_and_agree(arch):
     assert abs(got.item() - want.item()) <= 1e-5 * abs(want.item()), (got, want)
 
 
+_B = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+          vocab_size=64, max_position_embeddings=32)
+# encoders, encoder-decoders and a vision model with their task heads and labels:
+# (config class, config, model class, inputs, the loss's contract)
+_TASKS = {
+    "roberta_mlm": ("Roberta", _B, "RobertaForMaskedLM", "ids", {"linear": True, "bias": True}),
+    "bart_lm": ("Bart", dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                             decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                             vocab_size=64, max_position_embeddings=32),
+                "BartForConditionalGeneration", "ids", {"linear": True, "bias": True}),
+    "t5_lm": ("T5", dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, vocab_size=64,
+                         decoder_start_token_id=0, pad_token_id=0),
+              "T5ForConditionalGeneration", "ids", {"linear": True}),
+    "vit_classifier": ("ViT", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                   intermediate_size=64, image_size=16, patch_size=4, num_labels=10),
+                       "ViTForImageClassification", "pixels", {"linear": True, "bias": True}),
+}
+
+
+class _TaskLoss(nn.Module):
+    def __init__(self, m, kind):
+        super().__init__()
+        self.m, self.kind = m, kind
+
+    def forward(self, x, y):
+        if self.kind == "pixels":
+            return self.m(pixel_values=x, labels=y).loss
+        return self.m(input_ids=x, labels=y).loss
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                    reason="transformers is not installed (requirements-dev.txt)")
+@pytest.mark.parametrize("task", list(_TASKS))
+def test_transformers_encoders_seq2seq_and_vision_heads_join_their_loss_and_agree(task):
+    """A masked-LM head (its decoder bias), BART's LM head (final_logits_bias added to its
+    output), T5's (decoder output scaled before a bias-free head) and a ViT classifier: the
+    head joins the loss, every family's starter placed, the loss agrees."""
+    import transformers
+    cfg_name, kw, cls, kind, ce_spec = _TASKS[task]
+    torch.manual_seed(0)
+    model = _TaskLoss(getattr(transformers, cls)(getattr(transformers, f"{cfg_name}Config")(**kw)), kind).eval()
+    g = torch.Generator().manual_seed(0)
+    if kind == "pixels":
+        x, y = torch.randn(2, 3, 16, 16, generator=g), torch.randint(0, 10, (2,), generator=g)
+    else:
+        x, y = torch.randint(1, 64, (2, 8), generator=g), torch.randint(1, 64, (2, 8), generator=g)
+    cap, ms = found(model, x, y)
+    assert _ce_specs(ms) == [ce_spec]
+    pl, _ = place_starters(cap, ms)
+    assert not pl.skipped, pl.skipped
+    opt = place.optimized(cap, pl)
+    with torch.no_grad():
+        got, want = opt(x, y), model(x, y)
+    assert opt.calls == {"placed": 1, "original": 0, "guard_miss": 0}
+    assert abs(got.item() - want.item()) <= 1e-5 * abs(want.item()), (got, want)
+
+
 @pytest.mark.parametrize("both, by_hand, specs", [(False, False, [{"linear": True}]),
                                                   (False, True, [{"linear": True}]),
                                                   (True, False, [{}])],
