@@ -1268,6 +1268,12 @@ def from_match(m):
     else:
         q4, k4, v4 = tuple(q["shape"]), kshape, tuple(v["shape"])
     b, h, sq, d = q4
+    if (len(k4) == len(v4) == 4 and reps[0] == reps[1] and k4[:3] == v4[:3] and k4[0] == b
+            and k4[3] == d and v4[3] != d):
+        # multi-head latent attention (DeepSeek-V2/V3: q and k 192 wide, v 128) is attention,
+        # but the kernels hold one head dim for q, k, v and the output
+        raise NoFit(f"v's head dim {v4[3]} differs from q and k's {d}: the contract takes one "
+                    f"head dim for q, k and v")
     if reps[0] != reps[1] or k4 != v4 or k4[0] != b or k4[3] != d or len(k4) != 4:
         return None
     hkv, sk = k4[1], k4[2]

@@ -1924,6 +1924,11 @@ _ARCHS = {
     "GPTBigCode": (dict(n_embd=32, n_layer=2, n_head=4, vocab_size=64, n_positions=16,
                         multi_query=True), {"linear": True}, 4),
     "Bloom": (dict(hidden_size=32, n_layer=2, n_head=4, vocab_size=64), {"linear": True}, 4),
+    # multi-head latent attention (q, k 12 wide, v 8), routed experts after a dense first layer
+    "DeepseekV3": (dict(_H, num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=4,
+                        qk_nope_head_dim=8, v_head_dim=8, n_routed_experts=4, num_experts_per_tok=2,
+                        n_group=1, topk_group=1, moe_intermediate_size=16, first_k_dense_replace=1),
+                   {"linear": True}, 4),
 }
 
 
@@ -1948,8 +1953,15 @@ def test_transformers_decoders_in_every_layout_are_placed_whole_and_agree(arch):
     assert _ce_specs(ms) == [ce_spec]
     norms = [m for gm in ms.values() for m in gm if m.family in ("rmsnorm", "layernorm") and m.fit]
     assert sum(bool(m.fit.spec.get("residual")) for m in norms) == residual, families(ms)
+    att = [m for gm in ms.values() for m in gm if m.family == "attention"]
+    assert len(att) == 2, families(ms)
+    if arch == "DeepseekV3":       # recognized, and refused with the reason (one head dim)
+        assert all("v's head dim 8 differs from q and k's 12" in m.why_not for m in att), families(ms)
+    else:
+        assert all(m.placeable for m in att), families(ms)
     pl, _ = place_starters(cap, ms)
-    assert not pl.skipped, pl.skipped
+    # nothing skipped but DeepSeek's two attentions, each with its reason
+    assert [s["why"] for s in pl.skipped] == [m.why_not for m in att if m.why_not], pl.skipped
     opt = place.optimized(cap, pl)
     with torch.no_grad():
         got, want = opt(ids, labels), model(ids, labels)
