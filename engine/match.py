@@ -622,9 +622,10 @@ class Match:
                 chain.append(n)
                 n = n.args[0]
                 continue
-            # c * tanh(l / c): a soft cap, met first walking back (it is applied last)
+            # walking back, the kernel's order reversed: a soft cap c * tanh(l / c) (applied
+            # last), a scale, an added bias; one met out of that order ends the walk
             outer = self._head_scale(n) if op in ("mul", "div") else None
-            if outer and extra["scale"] is None and extra["softcap"] is None:
+            if outer and extra["scale"] is None and extra["softcap"] is None and extra["bias"] is None:
                 th = outer[0]
                 inner = (self._head_scale(th.args[0]) if th.op == "call_function"
                          and _opname(th.target) == "tanh" and isinstance(th.args[0], fx.Node)
@@ -634,7 +635,7 @@ class Match:
                     chain += [n, th, th.args[0]]
                     n = inner[0]
                     continue
-            if outer and extra["scale"] is None:
+            if outer and extra["scale"] is None and extra["bias"] is None:
                 extra["scale"] = outer[1]
                 chain.append(n)
                 n = outer[0]

@@ -2065,6 +2065,44 @@ def test_a_fused_lm_head_match_falls_back_to_the_plain_loss_kernel_a_run_kept():
     assert abs(got.item() - want.item()) <= 1e-5 * abs(want.item())
 
 
+class _HeadThen(nn.Module):
+    """A tied head whose logits get ``ops`` in that order before the loss."""
+    def __init__(self, ops):
+        super().__init__()
+        self.emb = nn.Embedding(101, 16)
+        self.b = nn.Parameter(torch.randn(101))
+        self.ops = ops
+
+    def forward(self, idx, t):
+        l = self.emb(idx) @ self.emb.weight.T
+        for op in self.ops:
+            l = {"bias": lambda l: l + self.b, "scale": lambda l: l * 0.5,
+                 "cap": lambda l: torch.tanh(l / 3.0) * 3.0}[op](l)
+        return F.cross_entropy(l.view(-1, 101), t.view(-1))
+
+
+@pytest.mark.parametrize("ops, spec", [
+    (("bias", "scale", "cap"), {"linear": True, "bias": True, "scale": 0.5, "softcap": 3.0}),
+    (("scale", "bias"), {}),            # a bias after the scale: not the kernel's order
+    (("cap", "scale"), {}),             # a scale after the cap
+    (("bias", "bias"), {}),             # two biases
+], ids=["in_order", "bias_after_scale", "scale_after_cap", "two_biases"])
+def test_the_logit_transforms_join_the_head_only_in_the_kernels_order(ops, spec):
+    """bias, then scale, then cap is the kernel's order; any other leaves the plain loss of
+    the logits (the head's GEMM and the transforms stay as the model has them), and either
+    way the rewritten model agrees."""
+    model = _HeadThen(ops).eval()
+    idx = torch.randint(0, 101, (3, 8), generator=torch.Generator().manual_seed(1))
+    tg = torch.randint(0, 101, (3, 8), generator=torch.Generator().manual_seed(2))
+    cap, ms = found(model, idx, tg)
+    assert _ce_specs(ms) == [spec]
+    pl, _ = place_starters(cap, ms)
+    opt = place.optimized(cap, pl)
+    with torch.no_grad():
+        got, want = opt(idx, tg), model(idx, tg)
+    assert abs(got.item() - want.item()) <= 1e-5 * abs(want.item()), (got, want)
+
+
 @pytest.mark.parametrize("head", [{"bias": True}, {"scale": 0.5, "softcap": 3.0},
                                   {"bias": True, "scale": -2.0, "reduction": "none"}],
                          ids=["bias", "scale_softcap", "bias_negative_scale_none"])
