@@ -1341,7 +1341,13 @@ def from_match(m):
             if torch.equal(hide, _hide_causal(sq, sk, "cpu")):
                 causal = True
             elif bool(hide.any()):
-                raise NoFit("a constant mask that is not the causal one: the contract has no other")
+                # any other constant mask (a sliding window: Gemma 3's local layers, Mistral's
+                # past its window; a prefix; blocks): the kernel reads it as a runtime mask
+                if causal:
+                    raise NoFit("a causal flag and a mask together: the contract takes one")
+                runtime = _runtime_mask(m, kind, sdpa, (b, h, sq, sk), rank, q["dtype"])
+                if runtime is None:
+                    return None
     if scale is None:
         scale = 1.0 / math.sqrt(d)
     views = ((("unsqueeze", 0),) if rank == 3 else ())

@@ -471,14 +471,30 @@ def test_decoy_does_not_match_its_lookalike_family(name):
     assert lookalike not in got, (name, families(ms))
 
 
-def test_a_constant_mask_that_is_not_causal_is_recognized_but_has_no_contract():
+@pytest.mark.parametrize("which", ["one_key", "sliding_window"])
+def test_a_constant_mask_that_is_not_causal_is_read_as_a_runtime_mask(which):
+    """A constant mask other than the causal one (one hidden key; a causal sliding window of 3,
+    as Gemma 3's local layers and Mistral build it) is attention with the mask read by the
+    kernel: placed, and the model agrees."""
     def fwd(s, q, k, v):
         return torch.softmax((q @ k.transpose(-2, -1) * 0.25).masked_fill(s.m, float("-inf")), -1) @ v
-    m = torch.zeros(8, 8, dtype=torch.bool)
-    m[0, 3] = True
-    _, ms = found(Fn(fwd, m=m), *_QKV())
+    if which == "one_key":
+        m = torch.zeros(8, 8, dtype=torch.bool)
+        m[0, 3] = True
+    else:
+        i = torch.arange(8)
+        m = (i[None, :] > i[:, None]) | (i[None, :] <= i[:, None] - 3)   # hidden: future, or 3 back
+    model = Fn(fwd, m=m)
+    inputs = _QKV()
+    cap, ms = found(model, *inputs)
     (att,) = [x for g in ms.values() for x in g if x.family == "attention"]
-    assert not att.placeable and "not the causal one" in att.why_not
+    assert att.placeable and att.fit.spec.get("mask") in ("keep", "hide"), att.why_not
+    pl, _ = place_starters(cap, ms)
+    assert [s["family"] for s in pl.sites] == ["attention"], pl.skipped
+    opt = place.optimized(cap, pl)
+    with torch.no_grad():
+        err, where = integrate.compare(integrate.flatten(opt(*inputs)), integrate.flatten(model(*inputs)))
+    assert err <= 1e-4, where
 
 
 def test_a_mask_written_in_place_is_never_folded():
