@@ -701,6 +701,13 @@ LINEAR_DEFAULT = {"block_m": 128, "block_n": 128, "block_k": 32, "group_m": 8, "
                   "num_stages": 3, "loads": "pointers", "epilogue": "whole", "use_exp2": False}
 
 
+def _head_steps(head: Head, bias_words: str) -> list:
+    """The head transform in words, in its order (for the candidate's docstrings)."""
+    return [w for w, on in ((bias_words, head.bias), (f"times {head.scale!r}", head.scale is not None),
+                            (f"capped at c = {head.softcap!r} (c * tanh(l / c))", head.softcap is not None))
+            if on]
+
+
 def _head_src(head: Head) -> str:
     """Source applying the model's head transform to the fp32 tile ``acc`` (vocab tile pid_n),
     in the order the model applies it: bias, scale, soft cap."""
@@ -890,7 +897,10 @@ def _lce_launcher(p, head: Head = Head()) -> str:
     if p["loads"] != "pointers":
         call = ("if not _lce_tma(x2, weight, t, part_m, part_s, part_x, bm, bn, bk, stages, ieee,\n"
                 "                        dot_fp32):\n            " + call.replace("\n", "\n    "))
-    sig, check = "hidden, weight, targets", ""
+    sig, check, also = "hidden, weight, targets", "", ""
+    steps = _head_steps(head, "plus bias [V]")
+    if steps:
+        also = "\n    The logits are hidden @ weight^T " + ", then ".join(steps) + "."
     if head.bias:
         sig = "hidden, weight, targets, bias"
         call = call.replace("x2, weight, t, part_m", "x2, weight, bias, t, part_m")
@@ -902,7 +912,7 @@ def _lce_launcher(p, head: Head = Head()) -> str:
 def kernel_fn({sig}):
     """Mean cross-entropy of the logits hidden @ weight^T (hidden [..., K], weight [V, K], any
     strides) against int64 targets [...] (-100 = ignored), the logits never stored; returns a
-    0-d float32 tensor."""
+    0-d float32 tensor.{also}"""
     K = hidden.shape[-1]
     V = weight.shape[0]
     if weight.dim() != 2 or weight.shape[1] != K:
@@ -947,11 +957,7 @@ def render_linear(params, head: Head = Head()) -> str:
            "tma": "persistent TMA tiles (pointer tiles where descriptors are ruled out)",
            "tma_ws": "persistent TMA tiles, warp-specialized (pointer tiles where descriptors "
                      "are ruled out)"}[p["loads"]]
-    steps = [w for w, on in (("plus the bias b [V] (kernel_fn's last argument; V*itemsize more "
-                              "bytes)", head.bias),
-                             (f"times {head.scale!r}", head.scale is not None),
-                             (f"capped as c * tanh(l / c), c = {head.softcap!r}", head.softcap is not None))
-             if on]
+    steps = _head_steps(head, "plus the bias b [V] (kernel_fn's last argument; V*itemsize more bytes)")
     transform = ("\n" + textwrap.fill("As the model computes them, the logits are hidden @ weight^T "
                                         + ", then ".join(steps) + ", each fp32 tile transformed "
                                         "before its reduction.", 96)) if steps else ""
