@@ -1940,6 +1940,8 @@ _ARCHS = {
     "GPTBigCode": (dict(n_embd=32, n_layer=2, n_head=4, vocab_size=64, n_positions=16,
                         multi_query=True), {"linear": True}, 4),
     "Bloom": (dict(hidden_size=32, n_layer=2, n_head=4, vocab_size=64), {"linear": True}, 4),
+    # sliding-window attention (a window of 4 over 8 tokens: a constant band mask), QK norms
+    "Gemma3Text": (dict(_H, num_key_value_heads=2, head_dim=8, sliding_window=4), {"linear": True}, 4),
     # multi-head latent attention (q, k 12 wide, v 8), routed experts after a dense first layer
     "DeepseekV3": (dict(_H, num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=4,
                         qk_nope_head_dim=8, v_head_dim=8, n_routed_experts=4, num_experts_per_tok=2,
@@ -1961,7 +1963,8 @@ def test_transformers_decoders_in_every_layout_are_placed_whole_and_agree(arch):
     cfg = getattr(transformers, f"{arch}Config")(**kw)
     cfg.use_cache = False
     torch.manual_seed(0)
-    model = _LossOnly(getattr(transformers, f"{arch}ForCausalLM")(cfg)).eval()
+    lm = getattr(transformers, "Gemma3ForCausalLM" if arch == "Gemma3Text" else f"{arch}ForCausalLM")
+    model = _LossOnly(lm(cfg)).eval()
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 64, (2, 8), generator=g)
     labels = torch.where(torch.rand(2, 8, generator=g) < 0.2, -100, torch.randint(0, 64, (2, 8), generator=g))
@@ -1975,6 +1978,8 @@ def test_transformers_decoders_in_every_layout_are_placed_whole_and_agree(arch):
         assert all("v's head dim 8 differs from q and k's 12" in m.why_not for m in att), families(ms)
     else:
         assert all(m.placeable for m in att), families(ms)
+    if arch == "Gemma3Text":       # the window's band mask, read by the kernel
+        assert all(m.fit.spec.get("mask") for m in att), families(ms)
     pl, _ = place_starters(cap, ms)
     # nothing skipped but DeepSeek's two attentions, each with its reason
     assert [s["why"] for s in pl.skipped] == [m.why_not for m in att if m.why_not], pl.skipped
