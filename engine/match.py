@@ -635,6 +635,10 @@ class Match:
                     chain += [n, th, th.args[0]]
                     n = inner[0]
                     continue
+            if outer and outer[1] == 1.0:   # times or over 1 (Granite's default logits_scaling)
+                chain.append(n)
+                n = outer[0]
+                continue
             if outer and extra["scale"] is None and extra["bias"] is None:
                 extra["scale"] = outer[1]
                 chain.append(n)

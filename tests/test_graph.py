@@ -2097,7 +2097,7 @@ class _HeadThen(nn.Module):
     def forward(self, idx, t):
         l = self.emb(idx) @ self.emb.weight.T
         for op in self.ops:
-            l = {"bias": lambda l: l + self.b, "scale": lambda l: l * 0.5,
+            l = {"bias": lambda l: l + self.b, "scale": lambda l: l * 0.5, "one": lambda l: l / 1.0,
                  "cap": lambda l: torch.tanh(l / 3.0) * 3.0}[op](l)
         return F.cross_entropy(l.view(-1, 101), t.view(-1))
 
@@ -2107,7 +2107,8 @@ class _HeadThen(nn.Module):
     (("scale", "bias"), {}),            # a bias after the scale: not the kernel's order
     (("cap", "scale"), {}),             # a scale after the cap
     (("bias", "bias"), {}),             # two biases
-], ids=["in_order", "bias_after_scale", "scale_after_cap", "two_biases"])
+    (("one", "bias"), {"linear": True, "bias": True}),   # times 1 (Granite's default): no scale
+], ids=["in_order", "bias_after_scale", "scale_after_cap", "two_biases", "times_one"])
 def test_the_logit_transforms_join_the_head_only_in_the_kernels_order(ops, spec):
     """bias, then scale, then cap is the kernel's order; any other leaves the plain loss of
     the logits (the head's GEMM and the transforms stay as the model has them), and either
