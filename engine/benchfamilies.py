@@ -25,7 +25,7 @@ kernel is faster).
 
 Without a GPU, kernels run under Triton's interpreter and every figure is an interpreter timing:
 the table says so ("interpreter: no GPU figures") and ``--quick`` keeps the shapes tiny; the code
-paths are the ones a GPU session runs.
+paths are the ones a GPU run takes.
 
 Kernels are loaded into this process: rendered starters, and sources from the database that the
 loop's verifier accepted; each passes the engine's static check before it is imported.

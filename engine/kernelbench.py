@@ -491,7 +491,7 @@ def cmd_kernelbench(a, log=print) -> int:
             + (f" ({r.why_not})" if r.why_not else "") + f", {r.seconds:.0f} s")
         results.append(r)
         if table is not None:
-            # several invocations (one device command each, several sessions) build one table:
+            # several invocations (one device command each, on several days) build one table:
             # every result is kept in <out>.jsonl as soon as it is in (a command stopped at its
             # limit keeps the problems it finished), a problem run again replaces its row, and
             # <out> is rewritten from all of them

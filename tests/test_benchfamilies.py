@@ -1,5 +1,5 @@
-"""``python -m engine bench``: on the CPU (interpreter) with --quick, every code path a GPU session
-runs: eager, torch.compile, the starter, the loop's best kernels from a database, the Markdown."""
+"""``python -m engine bench``: on the CPU (interpreter) with --quick, every code path a GPU run
+takes: eager, torch.compile, the starter, the loop's best kernels from a database, the Markdown."""
 import argparse
 from pathlib import Path
 

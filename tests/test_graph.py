@@ -1036,7 +1036,7 @@ def test_gpu_graph_profile_counts_every_device_microsecond_once():
 
 def test_kernelbench_fixed_sample_and_resume_across_commands(tmp_path, capsys):
     # --every N: the problems whose number is a multiple of N; --resume: the ones --out's
-    # .jsonl does not hold yet (a session's device time runs out; the next one goes on)
+    # .jsonl does not hold yet (the device time runs out; the next command goes on)
     from engine.cli import main as cli_main
     from engine.kernelbench import ProblemResult, _accumulate, problem_files
     folder = Path(__file__).parent / "kernelbench_problems"
