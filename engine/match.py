@@ -555,12 +555,18 @@ class Match:
             return None            # read before the kernel would run: the sum must stay its own
         return a, b, add
 
-    def _number(self, a):
-        """A scalar operand: a literal, or a node the folder reduces to a one-element constant."""
+    def _constant(self, a):
+        """A number an operand holds: a literal, or a node the folder reduces to a one-element
+        constant; else None."""
         v = self.folder.value(a) if isinstance(a, fx.Node) else a
         if isinstance(v, torch.Tensor):
-            v = v.item() if v.numel() == 1 and v.dim() == 0 else None
-        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+            v = v.item() if v.numel() == 1 else None
+        return v if isinstance(v, (int, float, bool)) else None
+
+    def _number(self, a):
+        """``_constant`` as a float (a bool is no number here)."""
+        v = self._constant(a)
+        return float(v) if v is not None and not isinstance(v, bool) else None
 
     def _head_scale(self, n):
         """(x, s) when ``n`` is x * s, s * x or x / d (s = 1/d) for a finite nonzero number."""
@@ -568,11 +574,11 @@ class Match:
         if op not in ("mul", "div") or len(n.args) != 2:
             return None
         a, b = n.args
+        nb = self._number(b)
         if op == "div":
-            x, d = a, self._number(b)
-            s = 1.0 / d if d not in (None, 0.0) else None
-        elif self._number(b) is not None:
-            x, s = a, self._number(b)
+            x, s = a, (1.0 / nb if nb not in (None, 0.0) else None)
+        elif nb is not None:
+            x, s = a, nb
         else:
             x, s = b, self._number(a)
         if s is None or not math.isfinite(s) or s == 0.0 or not isinstance(x, fx.Node):
@@ -625,7 +631,7 @@ class Match:
             # walking back, the kernel's order reversed: a soft cap c * tanh(l / c) (applied
             # last), a scale, an added bias; one met out of that order ends the walk
             outer = self._head_scale(n) if op in ("mul", "div") else None
-            if outer and extra["scale"] is None and extra["softcap"] is None and extra["bias"] is None:
+            if outer and all(v is None for v in extra.values()):
                 th = outer[0]
                 inner = (self._head_scale(th.args[0]) if th.op == "call_function"
                          and _opname(th.target) == "tanh" and isinstance(th.args[0], fx.Node)
@@ -691,12 +697,7 @@ class Match:
 
     def scalar(self, name):
         """A captured number (a literal, or a constant 0-d tensor), else None."""
-        v = self.captures.get(name, self.inputs.get(name))
-        if isinstance(v, fx.Node):
-            v = self.folder.value(v)
-        if isinstance(v, torch.Tensor):
-            v = v.item() if v.numel() == 1 else None
-        return v if isinstance(v, (int, float, bool)) else None
+        return self._constant(self.captures.get(name, self.inputs.get(name)))
 
     def op_args(self, opname: str) -> dict:
         """The arguments (schema names, defaults filled) of the matched op called ``opname``."""

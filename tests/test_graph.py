@@ -1871,6 +1871,17 @@ def _ce_specs(ms) -> list:
     return [m.fit.spec for g in ms.values() for m in g if m.family == "cross_entropy" and m.fit]
 
 
+def _placed_loss_agrees(cap, ms, model, *inputs):
+    """Every placeable match served by its starter; the rewritten model's loss is the
+    original's. Returns the Placement and the rewritten model."""
+    pl, _ = place_starters(cap, ms)
+    opt = place.optimized(cap, pl)
+    with torch.no_grad():
+        got, want = opt(*inputs), model(*inputs)
+    assert abs(got.item() - want.item()) <= 1e-5 * abs(want.item()), (got, want)
+    return pl, opt
+
+
 def _hf_lm(arch):
     import transformers
     if arch == "GPT2":
@@ -1980,14 +1991,10 @@ def test_transformers_decoders_in_every_layout_are_placed_whole_and_agree(arch):
         assert all(m.placeable for m in att), families(ms)
     if arch == "Gemma3Text":       # the window's band mask, read by the kernel
         assert all(m.fit.spec.get("mask") for m in att), families(ms)
-    pl, _ = place_starters(cap, ms)
+    pl, opt = _placed_loss_agrees(cap, ms, model, ids, labels)
     # nothing skipped but DeepSeek's two attentions, each with its reason
     assert [s["why"] for s in pl.skipped] == [m.why_not for m in att if m.why_not], pl.skipped
-    opt = place.optimized(cap, pl)
-    with torch.no_grad():
-        got, want = opt(ids, labels), model(ids, labels)
     assert opt.calls == {"placed": 1, "original": 0, "guard_miss": 0}
-    assert abs(got.item() - want.item()) <= 1e-5 * abs(want.item()), (got, want)
 
 
 _B = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
@@ -2038,13 +2045,9 @@ def test_transformers_encoders_seq2seq_and_vision_heads_join_their_loss_and_agre
         x, y = torch.randint(1, 64, (2, 8), generator=g), torch.randint(1, 64, (2, 8), generator=g)
     cap, ms = found(model, x, y)
     assert _ce_specs(ms) == [ce_spec]
-    pl, _ = place_starters(cap, ms)
+    pl, opt = _placed_loss_agrees(cap, ms, model, x, y)
     assert not pl.skipped, pl.skipped
-    opt = place.optimized(cap, pl)
-    with torch.no_grad():
-        got, want = opt(x, y), model(x, y)
     assert opt.calls == {"placed": 1, "original": 0, "guard_miss": 0}
-    assert abs(got.item() - want.item()) <= 1e-5 * abs(want.item()), (got, want)
 
 
 @pytest.mark.parametrize("both, by_hand, specs", [(False, False, [{"linear": True}]),
@@ -2118,11 +2121,7 @@ def test_the_logit_transforms_join_the_head_only_in_the_kernels_order(ops, spec)
     tg = torch.randint(0, 101, (3, 8), generator=torch.Generator().manual_seed(2))
     cap, ms = found(model, idx, tg)
     assert _ce_specs(ms) == [spec]
-    pl, _ = place_starters(cap, ms)
-    opt = place.optimized(cap, pl)
-    with torch.no_grad():
-        got, want = opt(idx, tg), model(idx, tg)
-    assert abs(got.item() - want.item()) <= 1e-5 * abs(want.item()), (got, want)
+    _placed_loss_agrees(cap, ms, model, idx, tg)
 
 
 @pytest.mark.parametrize("head", [{"bias": True}, {"scale": 0.5, "softcap": 3.0},

@@ -8,26 +8,16 @@ the loss: eager, torch.compile default and max-autotune-no-cudagraphs) and cuBLA
 triton.testing.do_bench medians (L2 flushed by do_bench), bf16, not the judge's timing.
 Writes $OUT/lm_head_points.json (docs/sweeps/h100_lm_head_points.json is this run's).
 """
-import importlib.util, json, os, sys, tempfile, time
-import torch, triton
-sys.path.insert(0, os.getcwd())
+import os, sys, time
+import torch
+sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kernels
 from kernels import cross_entropy as ce
-OUT = os.environ.get("OUT", tempfile.gettempdir())
+from sweeplib import bencher, load, peak_mb, recorder
 budget = float(sys.argv[1])
-rows, t0 = [], time.time()
-def emit(**r):
-    rows.append(r); print(r, flush=True)
-    json.dump(rows, open(f"{OUT}/lm_head_points.json", "w"), indent=1)
-def peak_mb(f):
-    """Memory a call allocates beyond what is live before it (MB): the logits and their copies."""
-    torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats(); before = torch.cuda.memory_allocated()
-    f(); torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - before) / 2**20
-def load(src, name):
-    path = os.path.join(tempfile.gettempdir(), f"lh_{name}.py"); open(path, "w").write(src)
-    spec = importlib.util.spec_from_file_location(name, path); m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); return m
-bench = lambda f: triton.testing.do_bench(f, warmup=10, rep=100, return_mode="median")
+t0 = time.time()
+emit = recorder("lm_head_points.json")
+bench = bencher(10, 100)
 fam = kernels.get("cross_entropy", {"linear": True, "upcast": True})
 A = dict(ce.LINEAR_DEFAULT, loads="tma", block_n=256, block_k=64, num_warps=8, num_stages=3)
 POINTS = [("tma 128x256x64 w8 s3 (kept)", A), ("+ halves", dict(A, epilogue="halves")),

@@ -10,24 +10,15 @@ memory each call allocates beyond its inputs (peak_mb).
 triton.testing.do_bench medians (L2 flushed by do_bench), bf16, not the judge's timing.
 Writes $OUT/lm_head_transforms.json.
 """
-import importlib.util, json, os, sys, tempfile, time
-import torch, triton
-sys.path.insert(0, os.getcwd())
+import os, sys, time
+import torch
+sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kernels
-OUT = os.environ.get("OUT", tempfile.gettempdir())
+from sweeplib import bencher, load, peak_mb, recorder
 budget = float(sys.argv[1])
-rows, t0 = [], time.time()
-def emit(**r):
-    rows.append(r); print(r, flush=True)
-    json.dump(rows, open(f"{OUT}/lm_head_transforms.json", "w"), indent=1)
-def peak_mb(f):
-    torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats(); before = torch.cuda.memory_allocated()
-    f(); torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - before) / 2**20
-def load(src, name):
-    path = os.path.join(tempfile.gettempdir(), f"lt_{name}.py"); open(path, "w").write(src)
-    spec = importlib.util.spec_from_file_location(name, path); m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); return m
-bench = lambda f: triton.testing.do_bench(f, warmup=10, rep=100, return_mode="median")
+t0 = time.time()
+emit = recorder("lm_head_transforms.json")
+bench = bencher(10, 100)
 POINT = dict(loads="tma", block_n=256, block_k=64, num_warps=8, num_stages=3)   # the kept LLaMA point
 CASES = [  # name, head spec, (tokens, K, V)
     ("Gemma-2-2B soft cap 30", {"softcap": 30.0}, (4096, 2304, 256000)),

@@ -13,21 +13,16 @@ triton.testing.do_bench medians (L2 flushed by do_bench), bf16, not the judge's 
 - host: host time a call of tiny problems (back-to-back calls, wall time / call).
 Writes $OUT/x1_<part>.json (docs/sweeps/h100_x1_<part>.json are this run's).
 """
-import importlib.util, json, os, sys, tempfile, time
+import os, sys, time
 import torch, triton
 import torch.nn.functional as F
-sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernels import attention as at, matmul as mm
-OUT = os.environ.get("OUT", tempfile.gettempdir())
+from sweeplib import bencher, load, recorder
 part = sys.argv[1]; budget = float(sys.argv[2])
-rows, t0 = [], time.time()
-def emit(**r):
-    rows.append(r); print(r, flush=True)
-    json.dump(rows, open(f"{OUT}/x1_{part}.json", "w"), indent=1)
-def load(src, name):
-    path = os.path.join(tempfile.gettempdir(), f"x1_{name}.py"); open(path, "w").write(src)
-    spec = importlib.util.spec_from_file_location(name, path); m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); return m
-bench = lambda f: triton.testing.do_bench(f, warmup=25, rep=150, return_mode="median")
+t0 = time.time()
+emit = recorder(f"x1_{part}.json")
+bench = bencher(25, 150)
 if part == "attn":
     P = lambda **k: dict(at.DEFAULT, **{**dict(use_exp2=True, loads="tma", causal_blocks="split", m_order="reverse"), **k})
     POINTS = [
