@@ -214,14 +214,16 @@ def from_profile(record: dict) -> tuple:
 _HUGE_SIGMA = math.sqrt(300.0)
 
 
-def make_inputs(shape, dtype, device, gen, kind="normal"):
-    """{q: [B, H, S, D], k, v: [B, Hkv, Sk, D] (v a transposed view), causal, scale} from ``gen``."""
+def make_inputs(shape, dtype, device, gen, kind="normal", v_dim=None):
+    """{q: [B, H, S, D], k: [B, Hkv, Sk, D], v: [B, Hkv, Sk, Dv] (a transposed view), causal,
+    scale} from ``gen``; Dv is ``v_dim`` (spec "v_head_dim"), else D."""
     dtype = C.as_dtype(dtype)
     b, h, s, d, hkv, causal = problem(shape)
     sk = keys_len(shape)
+    dv = v_dim or d
     q = C.randn(gen, b, h, s, d)
     k = C.randn(gen, b, hkv, sk, d)
-    v = C.randn(gen, b, sk, hkv, d)                                    # [B, Sk, Hkv, D]
+    v = C.randn(gen, b, sk, hkv, dv)                                   # [B, Sk, Hkv, Dv]
     if kind == "huge":
         q, k = q * _HUGE_SIGMA, k * _HUGE_SIGMA
     elif kind == "tiny":
@@ -234,7 +236,7 @@ def make_inputs(shape, dtype, device, gen, kind="normal"):
     elif kind == "constant_rows":
         k = k[:, :, :1, :].expand(b, hkv, sk, d).clone()              # equal scores along a row
     elif kind == "heavy_tail":
-        v = C.cauchy(gen, b * sk * hkv, d).reshape(b, sk, hkv, d).clamp(-1e4, 1e4)
+        v = C.cauchy(gen, b * sk * hkv, dv).reshape(b, sk, hkv, dv).clamp(-1e4, 1e4)
     elif kind != "normal":
         raise ValueError(f"unknown input kind {kind!r}; known: normal, {', '.join(ADVERSARIAL)}")
     v = v.to(dtype).to(device).transpose(1, 2)                         # [B, Hkv, Sk, D] view
@@ -283,13 +285,15 @@ BOUND_TOL = {
 }
 
 
-def cost(shape, dtype):
-    """(bytes, flops): read q, k, v once, write o once; 2*D flops per score for q @ k^T and as
-    many for p @ v, about 5 more per score for the softmax; causal visits S*(S+1)/2 scores."""
+def cost(shape, dtype, v_dim=None):
+    """(bytes, flops): read q, k, v once, write o once; 2*D flops per score for q @ k^T and 2*Dv
+    for p @ v (Dv: ``v_dim``, else D), about 5 more per score for the softmax; causal visits
+    S*(S+1)/2 scores."""
     item = C.itemsize(dtype)
     b, h, s, d, hkv, _ = problem(shape)
-    byts = (2 * b * h * s * d + 2 * b * hkv * keys_len(shape) * d) * item
-    return byts, _score_count(shape) * (4 * d + 5)
+    dv = v_dim or d
+    byts = (b * h * s + b * hkv * keys_len(shape)) * (d + dv) * item
+    return byts, _score_count(shape) * (2 * d + 2 * dv + 5)
 
 
 # (B, H, S, D, Hkv, causal). Llama-3-8B / Mistral-7B prefill (32 q heads, 8 kv heads, D 128) at
@@ -391,22 +395,25 @@ MAX_REGS_PER_THREAD = 192  # fp32 registers for the accumulator [BM, D] and scor
 
 ''' + C.SMEM_BUDGET_SRC + '''
 
-def _fit_attn(bm, bn, bd, stages, warps, sq, sk, itemsize, budget, q_tiles=1, mask_tiles=0):
+def _fit_attn(bm, bn, bd, stages, warps, sq, sk, itemsize, budget, q_tiles=1, mask_tiles=0,
+              bdv=None):
     """Clamp the query tile bm and key step bn to the sequence (min 16, the smallest tl.dot),
-    registers (bm * (bd + bn) fp32 within MAX_REGS_PER_THREAD per thread, plus ``mask_tiles``
-    [bm, bn] tiles of a runtime mask) and shared memory (``q_tiles`` copies of the q tile,
-    ``stages`` buffered K and V tiles [bn, bd] and p [bm, bn] on its way to the second dot;
-    stages drop first, then bn, then bm)."""
+    registers (bm * (bdv + bn) fp32 within MAX_REGS_PER_THREAD per thread: the accumulator
+    [bm, bdv] and the scores, plus ``mask_tiles`` [bm, bn] tiles of a runtime mask) and shared
+    memory (``q_tiles`` copies of the q tile [bm, bd], ``stages`` buffered K [bn, bd] and V
+    [bn, bdv] tiles and p [bm, bn] on its way to the second dot; stages drop first, then bn,
+    then bm). ``bdv``, v's padded head dim, is bd unless v's head dim is its own (MLA)."""
+    bdv = bd if bdv is None else bdv
     bm = min(bm, max(16, _pow2(sq)))
     bn = min(bn, max(16, _pow2(sk)))
-    while bm * (bd + (1 + mask_tiles) * bn) > MAX_REGS_PER_THREAD * 32 * warps and max(bm, bn) > 16:
+    while bm * (bdv + (1 + mask_tiles) * bn) > MAX_REGS_PER_THREAD * 32 * warps and max(bm, bn) > 16:
         if bm >= bn:
             bm //= 2
         else:
             bn //= 2
 
     def smem(s, n):
-        return (q_tiles * bm * bd + max(1, s) * 2 * n * bd + bm * n) * itemsize
+        return (q_tiles * bm * bd + max(1, s) * n * (bd + bdv) + bm * n) * itemsize
 
     while stages > 1 and smem(stages, bn) > budget:
         stages -= 1
@@ -417,12 +424,12 @@ def _fit_attn(bm, bn, bd, stages, warps, sq, sk, itemsize, budget, q_tiles=1, ma
     return bm, bn, stages
 '''
 
-_ARGS = ("q_ptr, k_ptr, v_ptr, o_ptr, qk_scale, H, GROUP, SQ, SK, D,\n"
+_ARGS = ("q_ptr, k_ptr, v_ptr, o_ptr, qk_scale, H, GROUP, SQ, SK, D, DV,\n"
          "          stride_qb, stride_qh, stride_qm, stride_qd,\n"
          "          stride_kb, stride_kh, stride_kn, stride_kd,\n"
          "          stride_vb, stride_vh, stride_vn, stride_vd,\n"
          "          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,\n"
-         "          CAUSAL: tl.constexpr, IEEE: tl.constexpr, DOT_FP32: tl.constexpr")
+         "          BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr, DOT_FP32: tl.constexpr")
 
 
 # a runtime mask's extra arguments: its pointer, the value hidden scores take (bool masks) and
@@ -440,7 +447,7 @@ def _args(mask, tma: bool, fold: bool = False) -> str:
 
 _TMA_ARGS = ("q_desc, k_desc, v_desc, o_desc, qk_scale, H, GROUP, SQ, SK,\n"
              "              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,\n"
-             "              CAUSAL: tl.constexpr, IEEE: tl.constexpr, DOT_FP32: tl.constexpr")
+             "              BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr, DOT_FP32: tl.constexpr")
 
 
 def _mask_src(p, mask) -> str:
@@ -491,13 +498,13 @@ def _step(p, masked: bool, tma: bool = False, mask=None, cap=None) -> str:
     if tma:
         loads = '''
 kt = tl.trans(k_desc.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D))   # [BLOCK_D, BLOCK_N]
-vt = v_desc.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D)             # [BLOCK_N, BLOCK_D]'''
+vt = v_desc.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_DV)           # [BLOCK_N, BLOCK_DV]'''
     else:
         loads = '''
 kt = tl.load(k_base + kn[None, :] * stride_kn + offs_d[:, None] * stride_kd,
              mask=(kn < SK)[None, :] & d_ok[:, None], other=0.0)   # [BLOCK_D, BLOCK_N]
-vt = tl.load(v_base + kn[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-             mask=(kn < SK)[:, None] & d_ok[None, :], other=0.0)   # [BLOCK_N, BLOCK_D]'''
+vt = tl.load(v_base + kn[:, None] * stride_vn + offs_dv[None, :] * stride_vd,
+             mask=(kn < SK)[:, None] & dv_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_DV]'''
     # both dots of fp32 tiles in the point's precision; bf16/fp16 tiles take the native dot
     dot, note = p["fp32_dot"], FP32_DOT_NOTE[p["fp32_dot"]]
     lines = ['''
@@ -631,21 +638,22 @@ for start_n in {"tl.range" if ws else "range"}(0, hi, BLOCK_N{ws}):
     hk = h // GROUP                                                # the key/value head (GQA)'''
         bases = '''q = q_desc.load([b, h, pid_m * BLOCK_M, 0]).reshape(BLOCK_M, BLOCK_D)  # zeros past Sq, D'''
         store = '''o_desc.store([b, h, pid_m * BLOCK_M, 0],
-                 o.to(o_desc.dtype).reshape(1, 1, BLOCK_M, BLOCK_D))  # clipped at Sq and D'''
+                 o.to(o_desc.dtype).reshape(1, 1, BLOCK_M, BLOCK_DV))  # clipped at Sq and Dv'''
     else:
         name, args = "_attn_fwd", _args(mask, False, folds(p, mask, cap))
         index = '''b = (bh // H).to(tl.int64)
     h = bh % H
     hk = (h // GROUP).to(tl.int64)                                 # the key/value head (GQA)'''
         bases = '''d_ok = offs_d < D
+    dv_ok = offs_dv < DV
     q_base = q_ptr + b * stride_qb + h.to(tl.int64) * stride_qh
     k_base = k_ptr + b * stride_kb + hk * stride_kh
     v_base = v_ptr + b * stride_vb + hk * stride_vh
     q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
                 mask=(offs_m < SQ)[:, None] & d_ok[None, :], other=0.0)   # [BLOCK_M, BLOCK_D]'''
-        store = '''o_base = o_ptr + (b * H + h) * SQ * D                          # o contiguous [B, H, SQ, D]
-    tl.store(o_base + offs_m[:, None] * D + offs_d[None, :], o.to(o_ptr.dtype.element_ty),
-             mask=(offs_m < SQ)[:, None] & d_ok[None, :])'''
+        store = '''o_base = o_ptr + (b * H + h) * SQ * DV                         # o contiguous [B, H, SQ, DV]
+    tl.store(o_base + offs_m[:, None] * DV + offs_dv[None, :], o.to(o_ptr.dtype.element_ty),
+             mask=(offs_m < SQ)[:, None] & dv_ok[None, :])'''
     return f'''@triton.jit
 def {name}({args}):
     """Program (query block, batch * H + head): o[rows] = softmax(q k^T * scale) v over the key
@@ -656,10 +664,11 @@ def {name}({args}):
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)               # [BLOCK_M] query positions
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)                               # v's and o's head dim
     {bases}{m_base}
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)     # running max
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)                    # running sum of p
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
 {C.indent(bounds, 4)}
 {C.indent(loops, 4)}
     {finish}
@@ -710,11 +719,10 @@ def _launcher(p, mask=None, fold: bool = False) -> str:
     fold_arg = " FOLD=qk_scale > 0," if fold else ""
     if tma:
         launch = f'''if tma:
-        q_blk, kv_blk = [1, 1, bm, bd], [1, 1, bn, bd]
-        descs = [TensorDescriptor.from_tensor(t, blk)
-                 for t, blk in ((q, q_blk), (k, kv_blk), (v, kv_blk), (o, q_blk))]
+        descs = [TensorDescriptor.from_tensor(t, blk) for t, blk in
+                 ((q, [1, 1, bm, bd]), (k, [1, 1, bn, bd]), (v, [1, 1, bn, bdv]), (o, [1, 1, bm, bdv]))]
         _attn_fwd_tma[grid](*descs, qk_scale, H, H // Hkv, SQ, SK, {margs}BLOCK_M=bm, BLOCK_N=bn,
-                            BLOCK_D=bd, CAUSAL=bool(causal), IEEE=ieee, DOT_FP32=dot_fp32,{fold_arg}
+                            BLOCK_D=bd, BLOCK_DV=bdv, CAUSAL=bool(causal), IEEE=ieee, DOT_FP32=dot_fp32,{fold_arg}
                             num_warps=NUM_WARPS, num_stages=stages)
         return o
     # no TMA on this GPU, or rows a descriptor cannot address: the pointer path
@@ -727,7 +735,7 @@ def _launcher(p, mask=None, fold: bool = False) -> str:
             if tma else "tma = False\n    ")
     # the operands' addresses are the one thing a plan depends on beyond shapes and strides
     aligned = ("all(t.data_ptr() % 16 == 0 for t in (q, k, v, o))" if tma else "False")
-    fit = "q.element_size(), _smem_budget(q.device))"
+    fit = "q.element_size(), _smem_budget(q.device), bdv=bdv)"
     if p["fp32_dot"] == "tf32x3":
         # fp32 tiles as three TF32 products: the pointer kernel keeps the q tile twice in shared
         # memory (compiled for sm_90: 2*bm*bd + stages*2*bn*bd fp32 elements at all 72 tiles
@@ -735,7 +743,7 @@ def _launcher(p, mask=None, fold: bool = False) -> str:
         # one-copy count said 204,800 and 229,376); the TMA kernel stays within one copy's count
         pick += ("q_tiles = 2 if q.dtype == torch.float32" + (" and not tma" if tma else "")
                  + " else 1\n    ")
-        fit = "q.element_size(), _smem_budget(q.device), q_tiles)"
+        fit = "q.element_size(), _smem_budget(q.device), q_tiles, bdv=bdv)"
     prep = ""
     if mask:
         # the mask's [BLOCK_M, BLOCK_N] tile (a float bias upcast to fp32) is one more score tile
@@ -759,32 +767,33 @@ def _plan(q, k, v, o):
     shared memory, the grid. A launch-bound model calls the kernel once a layer: its host work
     is then a dict lookup, the output's allocation, the descriptors and the launch."""
     B, H, SQ, D = q.shape
-    Hkv, SK = k.shape[1], k.shape[2]
+    Hkv, SK, DV = k.shape[1], k.shape[2], v.shape[3]
     if k.shape[0] != B or v.shape[0] != B or v.shape[1] != Hkv or v.shape[2] != SK:
         raise ValueError(f"k {{list(k.shape)}} / v {{list(v.shape)}} do not match q {{list(q.shape)}}")
-    if k.shape[3] != D or v.shape[3] != D:
-        raise ValueError("q, k and v must share the head dimension")
+    if k.shape[3] != D:
+        raise ValueError("q and k must share the head dimension")
     if Hkv < 1 or H % Hkv:
         raise ValueError(f"query heads ({{H}}) must be a multiple of key/value heads ({{Hkv}})")
-    if D > MAX_HEAD_DIM:
-        raise ValueError(f"head dimension {{D}} > {{MAX_HEAD_DIM}} is not supported")
-    if B == 0 or H == 0 or SQ == 0 or D == 0:
+    if max(D, DV) > MAX_HEAD_DIM:
+        raise ValueError(f"head dimension {{max(D, DV)}} > {{MAX_HEAD_DIM}} is not supported")
+    if B == 0 or H == 0 or SQ == 0 or D == 0 or DV == 0:
         return None
     # the interpreter's tl.dot cannot multiply bf16 tiles (numpy has none): upcast them there
     dot_fp32 = q.dtype == torch.bfloat16 and q.device.type == "cpu"
     ieee = q.dtype == torch.float32 or dot_fp32
-    bd = max(16, _pow2(D))
+    bd, bdv = max(16, _pow2(D)), max(16, _pow2(DV))
     {pick}bm, bn, stages = _fit_attn(BLOCK_M, BLOCK_N, bd, NUM_STAGES, NUM_WARPS, SQ, SK,
                                {fit}
-    return (Hkv, SK, dot_fp32, ieee, bd, tma, bm, bn, stages, (_cdiv(SQ, bm), B * H))
+    return (Hkv, SK, DV, dot_fp32, ieee, bd, bdv, tma, bm, bn, stages, (_cdiv(SQ, bm), B * H))
 
 
 def kernel_fn({sig}):
-    """Attention of q [B, H, Sq, D] over k, v [B, Hkv, Sk, D] (H % Hkv == 0, query head h reads
-    head h // (H // Hkv)); causal hides key j > i; scale None means 1/sqrt(D). Returns o
-    [B, H, Sq, D] contiguous in q's dtype. Any strides.{mdoc}"""
+    """Attention of q [B, H, Sq, D] over k [B, Hkv, Sk, D], v [B, Hkv, Sk, Dv] (H % Hkv == 0,
+    query head h reads head h // (H // Hkv); Dv is D but where v's head dim is its own, as in
+    multi-head latent attention); causal hides key j > i; scale None means 1/sqrt(D). Returns
+    o [B, H, Sq, Dv] contiguous in q's dtype. Any strides.{mdoc}"""
     B, H, SQ, D = q.shape
-    o = torch.empty((B, H, SQ, D), dtype=q.dtype, device=q.device)
+    o = torch.empty((B, H, SQ, v.shape[3]), dtype=q.dtype, device=q.device)
     key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device,
            {aligned})
     plan = _PLANS.get(key, False)
@@ -794,16 +803,16 @@ def kernel_fn({sig}):
         plan = _PLANS[key] = _plan(q, k, v, o)
     if plan is None:                   # an empty problem
         return o
-    Hkv, SK, dot_fp32, ieee, bd, tma, bm, bn, stages, grid = plan
+    Hkv, SK, DV, dot_fp32, ieee, bd, bdv, tma, bm, bn, stages, grid = plan
     if scale is None:
         scale = 1.0 / D ** 0.5
     scale = float(scale)
     qk_scale = {scale}
-    {prep}{launch}_attn_fwd[grid](q, k, v, o, qk_scale, H, H // Hkv, SQ, SK, D,
+    {prep}{launch}_attn_fwd[grid](q, k, v, o, qk_scale, H, H // Hkv, SQ, SK, D, DV,
                     q.stride(0), q.stride(1), q.stride(2), q.stride(3),
                     k.stride(0), k.stride(1), k.stride(2), k.stride(3),
                     v.stride(0), v.stride(1), v.stride(2), v.stride(3),
-                    {margs}BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, CAUSAL=bool(causal), IEEE=ieee,
+                    {margs}BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, BLOCK_DV=bdv, CAUSAL=bool(causal), IEEE=ieee,
                     DOT_FP32=dot_fp32,{fold_arg} num_warps=NUM_WARPS, num_stages=stages)
     return o
 '''
@@ -823,11 +832,12 @@ def render(params, mask=None, cap=None) -> str:
                          "on the tensor cores.", 96)
     doc = f'''"""Attention candidate ({p["block_m"]}x{p["block_n"]} blocks, {p["causal_blocks"]}, exp2={p["use_exp2"]}): o = softmax(scale * q k^T) v.
 
-q [B, H, Sq, D], k, v [B, Hkv, Sk, D] (grouped-query: head h reads h // (H // Hkv)), any
-strides; o contiguous in q's dtype. Flash attention: online softmax over key blocks, fp32 scores
+q [B, H, Sq, D], k [B, Hkv, Sk, D], v [B, Hkv, Sk, Dv] (grouped-query: head h reads
+h // (H // Hkv); Dv = D unless v's head dim is its own), any strides; o [B, H, Sq, Dv]
+contiguous in q's dtype. Flash attention: online softmax over key blocks, fp32 scores
 and accumulators, p rounded to v's dtype for p @ v.
 {loop}
-Bytes the op must move: (2*B*H*Sq + 2*B*Hkv*Sk)*D*itemsize; q is read once, each key/value
+Bytes the op must move: (B*H*Sq + B*Hkv*Sk)*(D + Dv)*itemsize; q is read once, each key/value
 block once per query block (from L2 mostly).
 Point: {C.point_line(SPACE, p)}
 """
@@ -1016,9 +1026,9 @@ def make_mask(kind: str, dims: str, shape, dtype, device, gen, input_kind="norma
     return out.to(dtype).to(device)
 
 
-def _masked_cost(dims: str, kind: str):
+def _masked_cost(dims: str, kind: str, v_dim=None):
     def cost_fn(shape, dtype):
-        byts, flops = cost(shape, dtype)
+        byts, flops = cost(shape, dtype, v_dim)
         b, h, s, _, _, _ = problem(shape)
         n = math.prod(mask_shape(dims, b, h, s, keys_len(shape)))
         return byts + n * (1 if kind != "bias" else C.itemsize(dtype)), flops + _score_count(shape)
@@ -1052,8 +1062,10 @@ def _masked_family(spec: dict) -> Family:
     reference_fn = by_hand_masked(kind, fill, cap) if by else sdpa_masked(kind)
     extra = MASK_ADVERSARIAL[kind]
 
+    v_dim = spec.get("v_head_dim")
+
     def make(shape, dtype, device, gen, kind="normal"):
-        inp = make_inputs(shape, dtype, device, gen, "normal" if kind in extra else kind)
+        inp = make_inputs(shape, dtype, device, gen, "normal" if kind in extra else kind, v_dim)
         inp["causal"] = causal
         inp["mask"] = make_mask(mask["kind"], dims, shape, dtype, device, gen, kind)
         return inp
@@ -1066,7 +1078,7 @@ def _masked_family(spec: dict) -> Family:
     return dataclasses.replace(
         FAMILY, signature="kernel_fn(q, k, v, causal, scale, mask)",
         arg_names=ARG_NAMES + ("mask",), reference=reference_fn, make_inputs=make,
-        cost=_masked_cost(dims, kind), bench_shapes=shapes(BENCH_SHAPES),
+        cost=_masked_cost(dims, kind, v_dim), bench_shapes=shapes(BENCH_SHAPES),
         sweep_shapes=shapes(SWEEP_SHAPES), edge_shapes=shapes(EDGE_SHAPES),
         adversarial=ADVERSARIAL + extra, render=lambda params: render(params, mask=mask, cap=cap),
         description=f"Scaled dot-product attention with GQA and a runtime mask: {what}, shape "
@@ -1268,13 +1280,10 @@ def from_match(m):
     else:
         q4, k4, v4 = tuple(q["shape"]), kshape, tuple(v["shape"])
     b, h, sq, d = q4
-    if (len(k4) == len(v4) == 4 and reps[0] == reps[1] and k4[:3] == v4[:3] and k4[0] == b
-            and k4[3] == d and v4[3] != d):
-        # multi-head latent attention (DeepSeek-V2/V3: q and k 192 wide, v 128) is attention,
-        # but the kernels hold one head dim for q, k, v and the output
-        raise NoFit(f"v's head dim {v4[3]} differs from q and k's {d}: the contract takes one "
-                    f"head dim for q, k and v")
-    if reps[0] != reps[1] or k4 != v4 or k4[0] != b or k4[3] != d or len(k4) != 4:
+    # v's head dim may be its own: multi-head latent attention (DeepSeek-V2/V3, Kimi K2: q and
+    # k 192 wide, their rotary part included, v 128) is spec "v_head_dim"
+    if (reps[0] != reps[1] or len(k4) != 4 or len(v4) != 4 or k4[:3] != v4[:3] or k4[0] != b
+            or k4[3] != d):
         return None
     hkv, sk = k4[1], k4[2]
     if sdpa and reps[0] == 1 and m.scalar("enable_gqa") is not True and hkv != h:
@@ -1283,8 +1292,8 @@ def from_match(m):
         return None
     if q["dtype"] != k["dtype"] or q["dtype"] != v["dtype"] or m.out_meta()["dtype"] != q["dtype"]:
         raise NoFit("q, k, v and the output in different dtypes: the contract takes one")
-    if d > MAX_HEAD_DIM:
-        raise NoFit(f"head dim {d} > {MAX_HEAD_DIM}: the kernels hold a [BLOCK_M, D] tile")
+    if max(d, v4[3]) > MAX_HEAD_DIM:
+        raise NoFit(f"head dim {max(d, v4[3])} > {MAX_HEAD_DIM}: the kernels hold a [BLOCK_M, D] tile")
     # the mask: none, or a constant one; causal when it hides exactly the future keys
     if sdpa:
         causal = bool(m.scalar("is_causal"))
@@ -1355,6 +1364,8 @@ def from_match(m):
             "causal": Ref.lit(bool(causal)), "scale": Ref.lit(float(scale))}
     # a hand-written match is timed against the model's own way of computing it (by_hand)
     spec = {} if sdpa else {"written": "by_hand"}
+    if v4[3] != d:
+        spec["v_head_dim"] = int(v4[3])
     if not sdpa and capped:
         cap_in, cap_out = m.scalar("cap_in"), m.scalar("cap_out")
         if cap_in is None or cap_in != cap_out or not cap_in > 0:
@@ -1376,10 +1387,28 @@ def configure(spec: dict):
     ``reference`` as ever, whose baselines time ``by_hand`` (the computation the model wrote).
     "mask" (with "mask_dims", and "fill" for a bool mask written by hand) adds the runtime mask
     argument (see "runtime masks" above)."""
-    unknown = set(spec) - {"written", "mask", "mask_dims", "fill", "softcap", "causal"}
+    unknown = set(spec) - {"written", "mask", "mask_dims", "fill", "softcap", "causal", "v_head_dim"}
     if unknown or spec.get("written", "by_hand") != "by_hand":
         raise ValueError(f"attention takes the spec keys written ('by_hand'), mask, mask_dims, "
-                         f"fill, softcap and causal, not {spec!r}")
+                         f"fill, softcap, causal and v_head_dim, not {spec!r}")
+    dv = spec.get("v_head_dim")
+    if dv is not None and (isinstance(dv, bool) or not isinstance(dv, int)
+                           or not 1 <= dv <= MAX_HEAD_DIM):
+        raise ValueError(f"v_head_dim is v's head dim, an integer from 1 to {MAX_HEAD_DIM}: {spec!r}")
+    family = _configure(spec)
+    if dv is None:
+        return family
+    return dataclasses.replace(
+        family, make_inputs=functools.partial(family.make_inputs, v_dim=dv)
+        if "mask" not in spec else family.make_inputs,
+        cost=functools.partial(cost, v_dim=dv) if "mask" not in spec else family.cost,
+        description=family.description + f" v's head dim is {dv}, its own (multi-head latent "
+                    f"attention): o is [B, H, Sq, {dv}].",
+        notes=dict(family.notes, v_head_dim=dv))
+
+
+def _configure(spec: dict):
+    """``configure``'s family before v's own head dim (spec checked there)."""
     if "causal" in spec and (spec["causal"] is not True or spec.get("mask") != "bias"
                              or spec.get("written") != "by_hand"):
         raise ValueError(f"causal (true) comes with a bias mask on an attention written by hand: {spec!r}")
@@ -1399,7 +1428,8 @@ def configure(spec: dict):
             error_bound=functools.partial(error_bound, cap=float(cap)),
             render=lambda params: render(params, cap=float(cap)),
             description=FAMILY.description + f" Scores soft-capped: {cap:g} * tanh(s / {cap:g}).")
-    return dataclasses.replace(FAMILY, spec=dict(spec), baseline=by_hand)
+    written = spec.get("written") == "by_hand"      # else an SDPA call: SDPA is its baseline
+    return dataclasses.replace(FAMILY, spec=dict(spec), baseline=by_hand if written else None)
 
 
 FAMILY = dataclasses.replace(

@@ -1,5 +1,5 @@
-"""Attention with a runtime mask: the contract's mask argument (spec "mask", "mask_dims",
-"fill"), the rendered kernels against the float64 reference with realistic and adversarial
+"""Attention's widened contracts: a runtime mask (spec "mask", "mask_dims", "fill"), a soft
+cap ("softcap") and v's own head dim ("v_head_dim", multi-head latent attention). The mask argument: the rendered kernels against the float64 reference with realistic and adversarial
 masks, the five verifier stages, and models whose mask is computed from their inputs (a padding
 mask by hand, SDPA's attn_mask, a tiny BERT called with attention_mask) matched, placed, and
 agreeing with the original. CPU, Triton's interpreter, tiny shapes."""
@@ -43,6 +43,8 @@ def tol_ratio(fam, out, inputs) -> float:
     expected = fam.reference(**f64).to(out.dtype)
     dt = inputs["q"].dtype
     (atol, rtol), stol = fam.tolerance[dt], fam.bound_tol[dt]
+    if out.shape != expected.shape:                # the judge refuses another shape first
+        return math.inf
     extra = stol * fam.error_bound(**f64)
     ok, _, why = verify.compare(out, expected, atol, rtol, extra)
     if not ok:
@@ -632,3 +634,75 @@ def test_segformer_attention_over_pooled_keys_is_matched_placed_and_agrees():
     px = torch.randn(1, 3, 32, 32, generator=gen(5))
     (att,) = one_attention_placed_and_agreeing(model, px, out=lambda o: o.last_hidden_state)
     assert tuple(att.fit.shape) == (1, 2, 81, 8, 2, 0, 16), att.fit.shape
+
+
+# ---- v's own head dim (multi-head latent attention: DeepSeek-V2/V3, Kimi K2) -------------------
+
+MLA = {"v_head_dim": 16}                                            # q, k 24 wide (the shapes' D)
+MLA_HAND_BIAS = {"written": "by_hand", "mask": "bias", "mask_dims": "b11k", "v_head_dim": 8}
+MLA_SHAPES = ((2, 4, 20, 24, 2, 1), (1, 2, 33, 24, 1, 0))
+
+
+def test_v_head_dim_contract_inputs_cost_baseline_and_spec_checks():
+    fam = kernels.get("attention", MLA)
+    inp = fam.make_inputs((2, 4, 20, 24, 2, 1), torch.float32, DEVICE, gen(1))
+    assert inp["q"].shape[-1] == inp["k"].shape[-1] == 24 and inp["v"].shape[-1] == 16
+    assert fam.reference(**inp).shape == (2, 4, 20, 16)
+    # bytes: q and o once, k and v once (D + Dv per row); flops: 2*D + 2*Dv + 5 a score
+    byts, flops = fam.cost((2, 4, 20, 24, 2, 1), torch.float32)
+    assert byts == (2 * 4 * 20 + 2 * 2 * 20) * (24 + 16) * 4
+    assert flops == 2 * 4 * (20 * 21 // 2) * (2 * 24 + 2 * 16 + 5)
+    assert fam.baseline_op() is attention.reference                  # an SDPA call's baseline is SDPA
+    assert kernels.get("attention", dict(MLA, written="by_hand")).baseline_op() is attention.by_hand
+    masked = kernels.get("attention", MLA_HAND_BIAS)
+    assert masked.make_inputs(SHAPE, torch.float32, DEVICE, gen(1))["v"].shape[-1] == 8
+    assert masked.cost(SHAPE, torch.float32)[0] < kernels.get(
+        "attention", {k: v for k, v in MLA_HAND_BIAS.items() if k != "v_head_dim"}).cost(SHAPE, torch.float32)[0]
+    for bad in (0, 257, 16.0, True, "16"):
+        with pytest.raises(ValueError, match="v_head_dim"):
+            kernels.get("attention", {"v_head_dim": bad})
+
+
+@pytest.mark.parametrize("spec", [MLA, MLA_HAND_BIAS], ids=["sdpa", "hand_bias"])
+def test_kernels_with_v_s_own_head_dim_agree_and_a_kernel_that_reads_v_at_q_s_width_is_rejected(spec, cand_dir):
+    """Pointer, exp2 with the split loop, and TMA points, fp32/fp16/bf16: o [B, H, S, Dv] within
+    the bound. A kernel that returns o at q's head dim (as a one-head-dim kernel does) is
+    rejected."""
+    fam = kernels.get("attention", spec)
+    shapes = MLA_SHAPES if "mask" not in spec else (SHAPE,)
+    for params in POINTS:
+        fn = load_candidate(fam.render(params), cand_dir)
+        for shape in shapes:
+            for dt in DTYPES:
+                inp = fam.make_inputs(shape, dt, DEVICE, gen(5))
+                out = fn(**inp)
+                assert out.shape[-1] == spec["v_head_dim"]
+                assert tol_ratio(fam, out, inp) <= 1.0, (params, shape, dt)
+    src = fam.render({})
+    bad = src.replace("o = torch.empty((B, H, SQ, v.shape[3])", "o = torch.empty((B, H, SQ, D)")
+    assert bad != src
+    inp = fam.make_inputs(shapes[0], torch.float32, DEVICE, gen(6))
+    assert tol_ratio(fam, load_candidate(bad, cand_dir)(**inp), inp) > 1.0
+
+
+@pytest.mark.slow
+def test_v_head_dim_starter_passes_the_five_stages(cand_dir):
+    starter_passes_the_five_stages(kernels.get("attention", MLA), [2, 4, 24, 24, 2, 1], cand_dir)
+
+
+def _mla_by_hand(self, q, k, v):
+    # DeepSeek's eager attention: q and k carry a rotary part v does not
+    w = torch.matmul(q, k.transpose(2, 3)) * 0.2
+    w = w + self.causal
+    return torch.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype) @ v
+
+
+def test_attention_with_v_s_own_head_dim_is_matched_placed_and_agrees():
+    q, k = (torch.randn(2, 4, 8, 12, generator=gen(i)) for i in range(2))
+    v = torch.randn(2, 4, 8, 8, generator=gen(2))
+    for model, spec in (
+            (Fn(lambda s, q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)), {"v_head_dim": 8}),
+            (Fn(_mla_by_hand, causal=torch.full((8, 8), float("-inf")).triu(1)),
+             {"written": "by_hand", "v_head_dim": 8})):
+        (att,) = one_attention_placed_and_agreeing(model, q, k, v)
+        assert att.fit.spec == spec and tuple(att.fit.shape[:4]) == (2, 4, 8, 12), att.fit

@@ -1,6 +1,6 @@
 """Exploratory sweeps of the matmul and attention families' points against the vendor kernels.
 
-    python docs/sweeps/points.py gemm [SECONDS] [--points "NAME;NAME;..."] > log
+    python docs/sweeps/points.py gemm [SECONDS] [--points "NAME;NAME;..."] [--shapes "MxKxN;..."] > log
     python docs/sweeps/points.py attention [SECONDS] [--points "NAME;..."]
 
 Each point is rendered from its name, loaded, checked against torch's result and timed with
@@ -100,8 +100,11 @@ def main() -> None:
             rows.append(dict(shape=shp, point=name, error=repr(e)[:300]))
         print(rows[-1], flush=True)
 
+    shapes = GEMM_SHAPES
+    if "--shapes" in sys.argv:
+        shapes = [tuple(int(x) for x in t.split("x")) for t in sys.argv[sys.argv.index("--shapes") + 1].split(";")]
     if what == "gemm":
-        for (M, K, N) in GEMM_SHAPES:
+        for (M, K, N) in shapes:
             a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
             b = torch.randn(N, K, device="cuda", dtype=torch.bfloat16).t()
             ref = torch.matmul(a, b)
