@@ -34,6 +34,11 @@ causal mask (ALiBi as MPT writes it: spec "causal": true, family shapes ending i
 kernels add the bias, then hide the future keys and skip the blocks above the diagonal); every
 other masked contract's family shapes end in causal 0 (SDPA takes one or the other).
 
+v's own head dim (spec "v_head_dim": Dv; multi-head latent attention, DeepSeek-V2/V3 and Kimi
+K2: q and k 192 wide with their rotary part, v 128): v is [B, Hkv, Sk, Dv] and o [B, H, Sq, Dv];
+the family shape's D stays q's and k's. The kernels read v's width from v, so every point
+serves it; the reference is SDPA (which takes it), cost and inputs follow Dv.
+
 Soft cap (spec "softcap": c, on a hand-written match; Gemma 2's attn_logit_softcapping): the
 scaled scores become c * tanh(s / c) before the mask and the softmax. The reference and the
 baseline are the model's own computation (``by_hand_capped``; SDPA has no cap); the kernels cap
@@ -82,6 +87,12 @@ Search space (``SPACE``), rendered by ``render`` into one self-contained candida
   warp-specialization pass fails on this loop with 4 warps (H100); with 8 it ran at 0.83x SDPA
   at 4 x 32 x 4096 x 128, no faster than the same point without it. The interpreter runs the
   loop as written (the CPU tests check its values).
+- split_d: a head dim as two power-of-2 parts (``_split_dim``: 192 = 128 + 64, 96 = 64 + 32,
+  80 = 64 + 16; 128 = 64 + 64), q @ k^T as two dots into the same scores and p @ v into two
+  accumulators, where one power-of-2 tile pads with zeros (192 to 256: a third more q @ k^T
+  work; 80 to 128). The TMA kernel reads the second parts through descriptors on views from
+  the first part's width on (a second part with no column there takes the pointer kernel).
+  Openers for such a head dim start with it (``openers_for``).
 - fp32_dot (fp32 operands only: bf16/fp16 tiles never take that branch): "ieee" (full fp32) or
   "tf32x3" (three TF32 products, the operands split in registers), for q @ k^T and p @ v alike.
   Not plain "tf32" (10-bit mantissas, ~2^-11 a product): the contract is fp32 attention (the
@@ -328,10 +339,12 @@ SPACE = {
     "fp32_dot": ["ieee", "tf32x3"],
     "fold_scale": [False, True],
     "warp_specialize": [False, True],
+    "split_d": [False, True],
 }
 DEFAULT = {"block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 2,
            "causal_blocks": "skip", "use_exp2": False, "m_order": "forward", "loads": "pointers",
-           "fp32_dot": "ieee", "fold_scale": False, "warp_specialize": False}
+           "fp32_dot": "ieee", "fold_scale": False, "warp_specialize": False,
+           "split_d": False}
 
 
 # What the rendered source says its fp32 dots compute (docstring), and the comment on its fp32
@@ -377,8 +390,14 @@ HALF_OPENERS = ({"block_m": 64, "block_n": 64, "num_stages": 3, "use_exp2": True
 
 def openers_for(shape, dtype: str) -> tuple:
     """The first moves for a target: HALF_OPENERS for bf16/fp16 (fp32 starts on the tensor
-    cores at FP32_START, default_for)."""
-    return () if str(dtype).removeprefix("torch.") == "float32" else HALF_OPENERS
+    cores at FP32_START, default_for); where the head dim is no power of 2 (80, 96, 192), each
+    with the head dim in two parts first (split_d: no zero padding in the dots)."""
+    if str(dtype).removeprefix("torch.") == "float32":
+        return ()
+    d = problem(shape)[3]
+    if d > 16 and d & (d - 1):
+        return tuple(dict(o, split_d=True) for o in HALF_OPENERS) + HALF_OPENERS
+    return HALF_OPENERS
 
 
 def default_for(shape, dtype: str) -> dict:
@@ -424,6 +443,17 @@ def _fit_attn(bm, bn, bd, stages, warps, sq, sk, itemsize, budget, q_tiles=1, ma
     return bm, bn, stages
 '''
 
+_SPLIT_DIM_SRC = '''
+
+def _split_dim(n):
+    """A head dim n as two power-of-2 tile widths (hi, lo), hi + lo >= n, hi the largest power of
+    2 below the padded width: 192 -> (128, 64), 96 -> (64, 32), 80 -> (64, 16), 128 -> (64,
+    64). One tile pads 192 to 256 (a third more q @ k^T work) and 80 to 128."""
+    hi = max(16, _pow2(n) // 2)
+    return hi, max(16, _pow2(n - hi)) if n > hi else 16
+'''
+
+
 _ARGS = ("q_ptr, k_ptr, v_ptr, o_ptr, qk_scale, H, GROUP, SQ, SK, D, DV,\n"
          "          stride_qb, stride_qh, stride_qm, stride_qd,\n"
          "          stride_kb, stride_kh, stride_kn, stride_kd,\n"
@@ -437,8 +467,13 @@ _ARGS = ("q_ptr, k_ptr, v_ptr, o_ptr, qk_scale, H, GROUP, SQ, SK, D, DV,\n"
 _MASK_ARGS = ("m_ptr, fill, stride_mb, stride_mh, stride_mm, stride_mn,\n          ")
 
 
-def _args(mask, tma: bool, fold: bool = False) -> str:
+def _args(mask, tma: bool, fold: bool = False, split: bool = False) -> str:
     base = (_TMA_ARGS if tma else _ARGS) + (", FOLD: tl.constexpr" if fold else "")
+    if split:     # the head dims' second parts: their descriptors, their widths
+        if tma:
+            base = base.replace("o_desc, qk_scale", "o_desc, q2_desc, k2_desc, v2_desc, o2_desc, qk_scale")
+        base = base.replace("BLOCK_DV: tl.constexpr,",
+                            "BLOCK_DV: tl.constexpr, BLOCK_D2: tl.constexpr, BLOCK_DV2: tl.constexpr,")
     if not mask:
         return base
     cut = base.index("BLOCK_M")
@@ -495,16 +530,27 @@ def _step(p, masked: bool, tma: bool = False, mask=None, cap=None) -> str:
     the key mask still applies). A runtime ``mask`` applies to every block, masked or not."""
     e2 = p["use_exp2"]
     exp = (lambda a: f"tl.exp2({a})") if e2 else (lambda a: f"tl.exp({a})")
+    split = bool(p.get("split_d"))
     if tma:
         loads = '''
 kt = tl.trans(k_desc.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D))   # [BLOCK_D, BLOCK_N]
 vt = v_desc.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_DV)           # [BLOCK_N, BLOCK_DV]'''
+        if split:
+            loads += '''
+kt2 = tl.trans(k2_desc.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D2))  # dims BLOCK_D on
+vt2 = v2_desc.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_DV2)'''
     else:
         loads = '''
 kt = tl.load(k_base + kn[None, :] * stride_kn + offs_d[:, None] * stride_kd,
              mask=(kn < SK)[None, :] & d_ok[:, None], other=0.0)   # [BLOCK_D, BLOCK_N]
 vt = tl.load(v_base + kn[:, None] * stride_vn + offs_dv[None, :] * stride_vd,
              mask=(kn < SK)[:, None] & dv_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_DV]'''
+        if split:
+            loads += '''
+kt2 = tl.load(k_base + kn[None, :] * stride_kn + offs_d2[:, None] * stride_kd,
+              mask=(kn < SK)[None, :] & d2_ok[:, None], other=0.0)  # [BLOCK_D2, BLOCK_N]
+vt2 = tl.load(v_base + kn[:, None] * stride_vn + offs_dv2[None, :] * stride_vd,
+              mask=(kn < SK)[:, None] & dv2_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_DV2]'''
     # both dots of fp32 tiles in the point's precision; bf16/fp16 tiles take the native dot
     dot, note = p["fp32_dot"], FP32_DOT_NOTE[p["fp32_dot"]]
     lines = ['''
@@ -518,6 +564,15 @@ if IEEE:                           # {note}
     s = tl.dot(qd, kt, s, input_precision="{dot}")
 else:
     s = tl.dot(qd, kt, s)''']
+    if split:      # the head dim's second part, into the same scores
+        lines.append(f'''qd2 = q2
+if DOT_FP32:
+    qd2 = qd2.to(tl.float32)
+    kt2 = kt2.to(tl.float32)
+if IEEE:
+    s = tl.dot(qd2, kt2, s, input_precision="{dot}")
+else:
+    s = tl.dot(qd2, kt2, s)''')
     if folds(p, mask, cap):
         # FOLD (qk_scale > 0): the raw scores' row max scaled once a row, each score scaled in
         # its exponent's argument (one FMA); otherwise the scaled scores, as below
@@ -569,7 +624,18 @@ def folds(p, mask=None, cap=None) -> bool:
 
 
 def _update_src(p, exp, dot: str, note: str) -> str:
-    """The online-softmax update after pr and alpha: the running sum, p @ v, the running max."""
+    """The online-softmax update after pr and alpha: the running sum, p @ v (and p @ v's second
+    part into acc2 with split_d), the running max."""
+    second = ""
+    if p.get("split_d"):
+        second = f'''
+if DOT_FP32:
+    vt2 = vt2.to(tl.float32)
+acc2 = acc2 * alpha[:, None]
+if IEEE:
+    acc2 = tl.dot(pv, vt2, acc2, input_precision="{dot}")
+else:
+    acc2 = tl.dot(pv, vt2, acc2)'''
     return f'''
 l_i = l_i * alpha + tl.sum(pr, axis=1)
 pv = pr.to(vt.dtype)                                               # p rounded to v's dtype
@@ -580,7 +646,7 @@ acc = acc * alpha[:, None]
 if IEEE:                           # {note}
     acc = tl.dot(pv, vt, acc, input_precision="{dot}")
 else:
-    acc = tl.dot(pv, vt, acc)
+    acc = tl.dot(pv, vt, acc){second}
 m_i = m_new'''
 
 
@@ -626,21 +692,29 @@ for start_n in {"tl.range" if ws else "range"}(0, hi, BLOCK_N{ws}):
     if mask:
         m_base = ("\n    m_base = m_ptr + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh"
                   "   # the mask's [Sq, Sk] plane")
+    split = bool(p.get("split_d"))
     if mask and mask["safe"]:
         # a row whose keys are all masked: SDPA's output there is 0, not 0 / 0 (acc is 0 too)
         finish = "o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]       # all-masked rows: 0"
+        if split:
+            finish += "\n    o2 = acc2 / tl.where(l_i == 0.0, 1.0, l_i)[:, None]"
     else:
-        finish = "o = acc / l_i[:, None]"
+        finish = "o = acc / l_i[:, None]" + ("\n    o2 = acc2 / l_i[:, None]" if split else "")
     if tma:
-        name, args = "_attn_fwd_tma", _args(mask, True, folds(p, mask, cap))
+        name, args = "_attn_fwd_tma", _args(mask, True, folds(p, mask, cap), split)
         index = '''b = bh // H
     h = bh % H
     hk = h // GROUP                                                # the key/value head (GQA)'''
         bases = '''q = q_desc.load([b, h, pid_m * BLOCK_M, 0]).reshape(BLOCK_M, BLOCK_D)  # zeros past Sq, D'''
         store = '''o_desc.store([b, h, pid_m * BLOCK_M, 0],
                  o.to(o_desc.dtype).reshape(1, 1, BLOCK_M, BLOCK_DV))  # clipped at Sq and Dv'''
+        if split:  # the second parts' descriptors start at dims BLOCK_D and BLOCK_DV
+            bases += '''
+    q2 = q2_desc.load([b, h, pid_m * BLOCK_M, 0]).reshape(BLOCK_M, BLOCK_D2)'''
+            store += '''
+    o2_desc.store([b, h, pid_m * BLOCK_M, 0], o2.to(o2_desc.dtype).reshape(1, 1, BLOCK_M, BLOCK_DV2))'''
     else:
-        name, args = "_attn_fwd", _args(mask, False, folds(p, mask, cap))
+        name, args = "_attn_fwd", _args(mask, False, folds(p, mask, cap), split)
         index = '''b = (bh // H).to(tl.int64)
     h = bh % H
     hk = (h // GROUP).to(tl.int64)                                 # the key/value head (GQA)'''
@@ -654,6 +728,19 @@ for start_n in {"tl.range" if ws else "range"}(0, hi, BLOCK_N{ws}):
         store = '''o_base = o_ptr + (b * H + h) * SQ * DV                         # o contiguous [B, H, SQ, DV]
     tl.store(o_base + offs_m[:, None] * DV + offs_dv[None, :], o.to(o_ptr.dtype.element_ty),
              mask=(offs_m < SQ)[:, None] & dv_ok[None, :])'''
+        if split:
+            bases += '''
+    offs_d2 = BLOCK_D + tl.arange(0, BLOCK_D2)                     # the head dims' second parts
+    offs_dv2 = BLOCK_DV + tl.arange(0, BLOCK_DV2)
+    d2_ok = offs_d2 < D
+    dv2_ok = offs_dv2 < DV
+    q2 = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d2[None, :] * stride_qd,
+                 mask=(offs_m < SQ)[:, None] & d2_ok[None, :], other=0.0)  # [BLOCK_M, BLOCK_D2]'''
+            store += '''
+    tl.store(o_base + offs_m[:, None] * DV + offs_dv2[None, :], o2.to(o_ptr.dtype.element_ty),
+             mask=(offs_m < SQ)[:, None] & dv2_ok[None, :])'''
+    acc2 = ("\n    acc2 = tl.zeros([BLOCK_M, BLOCK_DV2], dtype=tl.float32)   # o's dims BLOCK_DV on"
+            if split else "")
     return f'''@triton.jit
 def {name}({args}):
     """Program (query block, batch * H + head): o[rows] = softmax(q k^T * scale) v over the key
@@ -668,7 +755,7 @@ def {name}({args}):
     {bases}{m_base}
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)     # running max
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)                    # running sum of p
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32){acc2}
 {C.indent(bounds, 4)}
 {C.indent(loops, 4)}
     {finish}
@@ -714,15 +801,21 @@ _MASK_LAUNCH = ("mk, fill, mk.stride(0), mk.stride(1), mk.stride(2), mk.stride(3
 def _launcher(p, mask=None, fold: bool = False) -> str:
     scale = "scale * 1.4426950408889634   # log2(e): exp2 of base-2 scores" if p["use_exp2"] else "scale"
     tma = p["loads"] == "tma"
+    split = bool(p.get("split_d"))
     margs = _MASK_LAUNCH if mask else ""
+    widths = "BLOCK_D=bd, BLOCK_DV=bdv, BLOCK_D2=bd2, BLOCK_DV2=bdv2," if split else "BLOCK_D=bd, BLOCK_DV=bdv,"
+    parts = ""
+    if split:    # the second parts' descriptors: views from dims bd and bdv on (16-byte aligned)
+        parts = (",\n                  (q[..., bd:], [1, 1, bm, bd2]), (k[..., bd:], [1, 1, bn, bd2]),"
+                 "\n                  (v[..., bdv:], [1, 1, bn, bdv2]), (o[..., bdv:], [1, 1, bm, bdv2])")
     # the scale folds into the exponent only where it is positive (max(c * s) = c * max(s))
     fold_arg = " FOLD=qk_scale > 0," if fold else ""
     if tma:
         launch = f'''if tma:
         descs = [TensorDescriptor.from_tensor(t, blk) for t, blk in
-                 ((q, [1, 1, bm, bd]), (k, [1, 1, bn, bd]), (v, [1, 1, bn, bdv]), (o, [1, 1, bm, bdv]))]
+                 ((q, [1, 1, bm, bd]), (k, [1, 1, bn, bd]), (v, [1, 1, bn, bdv]), (o, [1, 1, bm, bdv]){parts})]
         _attn_fwd_tma[grid](*descs, qk_scale, H, H // Hkv, SQ, SK, {margs}BLOCK_M=bm, BLOCK_N=bn,
-                            BLOCK_D=bd, BLOCK_DV=bdv, CAUSAL=bool(causal), IEEE=ieee, DOT_FP32=dot_fp32,{fold_arg}
+                            {widths} CAUSAL=bool(causal), IEEE=ieee, DOT_FP32=dot_fp32,{fold_arg}
                             num_warps=NUM_WARPS, num_stages=stages)
         return o
     # no TMA on this GPU, or rows a descriptor cannot address: the pointer path
@@ -733,9 +826,11 @@ def _launcher(p, mask=None, fold: bool = False) -> str:
     # tile is fitted: the two kernels keep different tiles in shared memory)
     pick = ("tma = _has_tma(q.device) and all(_rows_ok(t) for t in (q, k, v, o))\n    "
             if tma else "tma = False\n    ")
+    if tma and split:    # a descriptor for each second part, which must hold a column
+        pick = pick.replace("tma = _has_tma", "tma = D > bd and DV > bdv and _has_tma")
     # the operands' addresses are the one thing a plan depends on beyond shapes and strides
     aligned = ("all(t.data_ptr() % 16 == 0 for t in (q, k, v, o))" if tma else "False")
-    fit = "q.element_size(), _smem_budget(q.device), bdv=bdv)"
+    fit = "q.element_size(), _smem_budget(q.device), bdv=bdv + bdv2)"
     if p["fp32_dot"] == "tf32x3":
         # fp32 tiles as three TF32 products: the pointer kernel keeps the q tile twice in shared
         # memory (compiled for sm_90: 2*bm*bd + stages*2*bn*bd fp32 elements at all 72 tiles
@@ -743,13 +838,17 @@ def _launcher(p, mask=None, fold: bool = False) -> str:
         # one-copy count said 204,800 and 229,376); the TMA kernel stays within one copy's count
         pick += ("q_tiles = 2 if q.dtype == torch.float32" + (" and not tma" if tma else "")
                  + " else 1\n    ")
-        fit = "q.element_size(), _smem_budget(q.device), q_tiles, bdv=bdv)"
+        fit = "q.element_size(), _smem_budget(q.device), q_tiles, bdv=bdv + bdv2)"
     prep = ""
     if mask:
         # the mask's [BLOCK_M, BLOCK_N] tile (a float bias upcast to fp32) is one more score tile
         fit = fit[:-1] + ", mask_tiles=1)"
         prep = _mask_prep(p, mask)
     sig = "q, k, v, causal, scale, mask" if mask else "q, k, v, causal, scale"
+    if split:    # q/k's and v's head dims each as two power-of-2 parts (192: 128 + 64; 80: 64 + 16)
+        dims = "(bd, bd2), (bdv, bdv2) = _split_dim(D), _split_dim(DV)   # each head dim in two parts"
+    else:        # one power-of-2 tile each, zeros past D (192 pads to 256)
+        dims = "bd, bdv, bd2, bdv2 = max(16, _pow2(D)), max(16, _pow2(DV)), 0, 0"
     mdoc = ""
     if mask:
         mdoc = {"bias": "\n    mask: a float bias added to the scaled scores (in fp32)",
@@ -781,10 +880,10 @@ def _plan(q, k, v, o):
     # the interpreter's tl.dot cannot multiply bf16 tiles (numpy has none): upcast them there
     dot_fp32 = q.dtype == torch.bfloat16 and q.device.type == "cpu"
     ieee = q.dtype == torch.float32 or dot_fp32
-    bd, bdv = max(16, _pow2(D)), max(16, _pow2(DV))
-    {pick}bm, bn, stages = _fit_attn(BLOCK_M, BLOCK_N, bd, NUM_STAGES, NUM_WARPS, SQ, SK,
+    {dims}
+    {pick}bm, bn, stages = _fit_attn(BLOCK_M, BLOCK_N, bd + bd2, NUM_STAGES, NUM_WARPS, SQ, SK,
                                {fit}
-    return (Hkv, SK, DV, dot_fp32, ieee, bd, bdv, tma, bm, bn, stages, (_cdiv(SQ, bm), B * H))
+    return (Hkv, SK, DV, dot_fp32, ieee, bd, bdv, bd2, bdv2, tma, bm, bn, stages, (_cdiv(SQ, bm), B * H))
 
 
 def kernel_fn({sig}):
@@ -803,7 +902,7 @@ def kernel_fn({sig}):
         plan = _PLANS[key] = _plan(q, k, v, o)
     if plan is None:                   # an empty problem
         return o
-    Hkv, SK, DV, dot_fp32, ieee, bd, bdv, tma, bm, bn, stages, grid = plan
+    Hkv, SK, DV, dot_fp32, ieee, bd, bdv, bd2, bdv2, tma, bm, bn, stages, grid = plan
     if scale is None:
         scale = 1.0 / D ** 0.5
     scale = float(scale)
@@ -812,7 +911,7 @@ def kernel_fn({sig}):
                     q.stride(0), q.stride(1), q.stride(2), q.stride(3),
                     k.stride(0), k.stride(1), k.stride(2), k.stride(3),
                     v.stride(0), v.stride(1), v.stride(2), v.stride(3),
-                    {margs}BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, BLOCK_DV=bdv, CAUSAL=bool(causal), IEEE=ieee,
+                    {margs}BLOCK_M=bm, BLOCK_N=bn, {widths} CAUSAL=bool(causal), IEEE=ieee,
                     DOT_FP32=dot_fp32,{fold_arg} num_warps=NUM_WARPS, num_stages=stages)
     return o
 '''
@@ -852,7 +951,7 @@ NUM_STAGES = {p["num_stages"]}        # software-pipelining depth of the key loo
                           "o = softmax(scale * q k^T + mask) v.", 1)
     if cap is not None:
         doc = doc.replace("q k^T", f"{cap:g} * tanh(q k^T * scale / {cap:g})", 1)
-    parts = [doc, _HELPERS_SRC, "\n", _kernel(p, mask=mask, cap=cap)]
+    parts = [doc, _HELPERS_SRC + (_SPLIT_DIM_SRC if p["split_d"] else ""), "\n", _kernel(p, mask=mask, cap=cap)]
     if p["loads"] == "tma":      # tiles through tensor descriptors where the GPU has TMA
         parts += ["\n", C.TMA_HELPERS_SRC, C.ROWS_OK_SRC, "\n", _kernel(p, tma=True, mask=mask, cap=cap)]
     return C.tidy("\n".join(parts + [_launcher(p, mask, folds(p, mask, cap))]))

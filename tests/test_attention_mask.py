@@ -670,7 +670,7 @@ def test_kernels_with_v_s_own_head_dim_agree_and_a_kernel_that_reads_v_at_q_s_wi
     rejected."""
     fam = kernels.get("attention", spec)
     shapes = MLA_SHAPES if "mask" not in spec else (SHAPE,)
-    for params in POINTS:
+    for params in POINTS + ({"split_d": True}, {"loads": "tma", "split_d": True, "block_m": 16}):
         fn = load_candidate(fam.render(params), cand_dir)
         for shape in shapes:
             for dt in DTYPES:

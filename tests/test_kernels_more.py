@@ -1284,7 +1284,7 @@ def test_attention_launch_plan_is_worked_out_once_per_shape_and_alignment(cand_d
         plans = [p for key, p in mod._PLANS.items() if key[0] == q.shape]
         out = fn(q_odd, k, v, False, None)
         assert len(fits) == 2 and torch.equal(out, first)
-        tma_flags = sorted(p[5] for key, p in mod._PLANS.items() if key[0] == q.shape)
+        tma_flags = sorted(p[9] for key, p in mod._PLANS.items() if key[0] == q.shape)
         assert len(plans) == 1 and len(tma_flags) == 2 and tma_flags[0] is False
         if DEVICE == "cpu":                            # the interpreter runs descriptors
             assert tma_flags == [False, True]
@@ -1383,3 +1383,32 @@ def test_attention_warp_specialized_key_loop_passes_the_five_verifier_stages(cau
     assert sum("warp_specialize=True" in ln for ln in loops) == 1, loops
     fn = load_candidate(src, cand_dir)
     passes_every_stage(fam, fn, shape, "bfloat16", seed=5)
+
+
+@pytest.mark.parametrize("loads,shape,mask", [("tma", [2, 4, 40, 80, 2, 1], None),
+                                              ("pointers", [1, 4, 33, 96, 2, 0], None),
+                                              ("tma", [2, 4, 20, 48, 2, 0], "bias")])
+def test_attention_head_dim_in_two_parts_passes_the_five_verifier_stages(loads, shape, mask, cand_dir):
+    """split_d: a head dim that is no power of 2 as two power-of-2 parts (80: 64 + 16, 96: 64 +
+    32, 48: 32 + 16), two dots into the scores and two accumulators, instead of one tile padded
+    with zeros (80 and 96 to 128: Phi-2's and Phi-3's heads). The TMA kernel reads the second
+    parts through descriptors on views from the first part's width on. Every verifier stage,
+    causal and not, with a runtime bias; the plan's widths are the parts."""
+    from kernels import attention as at
+    point = dict(at.DEFAULT, **dict(at.HALF_OPENERS[0], loads=loads, split_d=True))
+    if mask is None:
+        fam = FAMILIES["attention"].for_target(shape, "bfloat16")
+    else:
+        fam = kernels.get("attention", {"mask": "bias", "mask_dims": "b11k"})
+    src = fam.render(point)
+    assert "_split_dim(D)" in src and "acc2" in src and "_split_dim" not in at.render(dict(point, split_d=False))
+    fn = load_candidate(src, cand_dir)
+    passes_every_stage(fam, fn, shape, "bfloat16", seed=5)
+    mod = sys.modules[fn.__module__]
+    d = shape[3]
+    assert mod._split_dim(d) == {80: (64, 16), 96: (64, 32), 48: (32, 16)}[d]
+    assert mod._split_dim(192) == (128, 64) and mod._split_dim(128) == (64, 64)
+    plans = [p for key, p in mod._PLANS.items() if key[0][3] == d and p is not None]
+    hi, lo = mod._split_dim(d)
+    assert plans and all(p[5:9] == (hi, hi, lo, lo) for p in plans), plans    # (bd, bdv, bd2, bdv2)
+    assert any(p[9] for p in plans) == (loads == "tma")
