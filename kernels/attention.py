@@ -446,11 +446,16 @@ def _fit_attn(bm, bn, bd, stages, warps, sq, sk, itemsize, budget, q_tiles=1, ma
 _SPLIT_DIM_SRC = '''
 
 def _split_dim(n):
-    """A head dim n as two power-of-2 tile widths (hi, lo), hi + lo >= n, hi the largest power of
-    2 below the padded width: 192 -> (128, 64), 96 -> (64, 32), 80 -> (64, 16), 128 -> (64,
-    64). One tile pads 192 to 256 (a third more q @ k^T work) and 80 to 128."""
-    hi = max(16, _pow2(n) // 2)
-    return hi, max(16, _pow2(n - hi)) if n > hi else 16
+    """A head dim n as two power-of-2 tile widths (hi, lo), hi + lo >= n, where two parts pad
+    less than one tile: 192 -> (128, 64), 96 -> (64, 32), 80 -> (64, 16); else one tile and
+    no second part (lo 0): 128 -> (128, 0), 112 -> (128, 0). One tile pads 192 to 256 (a
+    third more q @ k^T work) and 80 to 128."""
+    full = max(16, _pow2(n))
+    hi = full // 2
+    if hi < 16 or n <= hi:
+        return full, 0
+    lo = max(16, _pow2(n - hi))
+    return (hi, lo) if hi + lo < full else (full, 0)
 '''
 
 
@@ -535,10 +540,12 @@ def _step(p, masked: bool, tma: bool = False, mask=None, cap=None) -> str:
         loads = '''
 kt = tl.trans(k_desc.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D))   # [BLOCK_D, BLOCK_N]
 vt = v_desc.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_DV)           # [BLOCK_N, BLOCK_DV]'''
-        if split:
+        if split:    # the second parts (width 0: none; a compile-time branch)
             loads += '''
-kt2 = tl.trans(k2_desc.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D2))  # dims BLOCK_D on
-vt2 = v2_desc.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_DV2)'''
+if BLOCK_D2 > 0:
+    kt2 = tl.trans(k2_desc.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D2))  # dims BLOCK_D on
+if BLOCK_DV2 > 0:
+    vt2 = v2_desc.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_DV2)'''
     else:
         loads = '''
 kt = tl.load(k_base + kn[None, :] * stride_kn + offs_d[:, None] * stride_kd,
@@ -547,10 +554,12 @@ vt = tl.load(v_base + kn[:, None] * stride_vn + offs_dv[None, :] * stride_vd,
              mask=(kn < SK)[:, None] & dv_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_DV]'''
         if split:
             loads += '''
-kt2 = tl.load(k_base + kn[None, :] * stride_kn + offs_d2[:, None] * stride_kd,
-              mask=(kn < SK)[None, :] & d2_ok[:, None], other=0.0)  # [BLOCK_D2, BLOCK_N]
-vt2 = tl.load(v_base + kn[:, None] * stride_vn + offs_dv2[None, :] * stride_vd,
-              mask=(kn < SK)[:, None] & dv2_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_DV2]'''
+if BLOCK_D2 > 0:
+    kt2 = tl.load(k_base + kn[None, :] * stride_kn + offs_d2[:, None] * stride_kd,
+                  mask=(kn < SK)[None, :] & d2_ok[:, None], other=0.0)  # [BLOCK_D2, BLOCK_N]
+if BLOCK_DV2 > 0:
+    vt2 = tl.load(v_base + kn[:, None] * stride_vn + offs_dv2[None, :] * stride_vd,
+                  mask=(kn < SK)[:, None] & dv2_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_DV2]'''
     # both dots of fp32 tiles in the point's precision; bf16/fp16 tiles take the native dot
     dot, note = p["fp32_dot"], FP32_DOT_NOTE[p["fp32_dot"]]
     lines = ['''
@@ -565,14 +574,15 @@ if IEEE:                           # {note}
 else:
     s = tl.dot(qd, kt, s)''']
     if split:      # the head dim's second part, into the same scores
-        lines.append(f'''qd2 = q2
-if DOT_FP32:
-    qd2 = qd2.to(tl.float32)
-    kt2 = kt2.to(tl.float32)
-if IEEE:
-    s = tl.dot(qd2, kt2, s, input_precision="{dot}")
-else:
-    s = tl.dot(qd2, kt2, s)''')
+        lines.append(f'''if BLOCK_D2 > 0:
+    qd2 = q2
+    if DOT_FP32:
+        qd2 = qd2.to(tl.float32)
+        kt2 = kt2.to(tl.float32)
+    if IEEE:
+        s = tl.dot(qd2, kt2, s, input_precision="{dot}")
+    else:
+        s = tl.dot(qd2, kt2, s)''')
     if folds(p, mask, cap):
         # FOLD (qk_scale > 0): the raw scores' row max scaled once a row, each score scaled in
         # its exponent's argument (one FMA); otherwise the scaled scores, as below
@@ -629,13 +639,14 @@ def _update_src(p, exp, dot: str, note: str) -> str:
     second = ""
     if p.get("split_d"):
         second = f'''
-if DOT_FP32:
-    vt2 = vt2.to(tl.float32)
-acc2 = acc2 * alpha[:, None]
-if IEEE:
-    acc2 = tl.dot(pv, vt2, acc2, input_precision="{dot}")
-else:
-    acc2 = tl.dot(pv, vt2, acc2)'''
+if BLOCK_DV2 > 0:
+    if DOT_FP32:
+        vt2 = vt2.to(tl.float32)
+    acc2 = acc2 * alpha[:, None]
+    if IEEE:
+        acc2 = tl.dot(pv, vt2, acc2, input_precision="{dot}")
+    else:
+        acc2 = tl.dot(pv, vt2, acc2)'''
     return f'''
 l_i = l_i * alpha + tl.sum(pr, axis=1)
 pv = pr.to(vt.dtype)                                               # p rounded to v's dtype
@@ -697,9 +708,10 @@ for start_n in {"tl.range" if ws else "range"}(0, hi, BLOCK_N{ws}):
         # a row whose keys are all masked: SDPA's output there is 0, not 0 / 0 (acc is 0 too)
         finish = "o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]       # all-masked rows: 0"
         if split:
-            finish += "\n    o2 = acc2 / tl.where(l_i == 0.0, 1.0, l_i)[:, None]"
+            finish += "\n    if BLOCK_DV2 > 0:\n        o2 = acc2 / tl.where(l_i == 0.0, 1.0, l_i)[:, None]"
     else:
-        finish = "o = acc / l_i[:, None]" + ("\n    o2 = acc2 / l_i[:, None]" if split else "")
+        finish = "o = acc / l_i[:, None]" + (
+            "\n    if BLOCK_DV2 > 0:\n        o2 = acc2 / l_i[:, None]" if split else "")
     if tma:
         name, args = "_attn_fwd_tma", _args(mask, True, folds(p, mask, cap), split)
         index = '''b = bh // H
@@ -710,9 +722,11 @@ for start_n in {"tl.range" if ws else "range"}(0, hi, BLOCK_N{ws}):
                  o.to(o_desc.dtype).reshape(1, 1, BLOCK_M, BLOCK_DV))  # clipped at Sq and Dv'''
         if split:  # the second parts' descriptors start at dims BLOCK_D and BLOCK_DV
             bases += '''
-    q2 = q2_desc.load([b, h, pid_m * BLOCK_M, 0]).reshape(BLOCK_M, BLOCK_D2)'''
+    if BLOCK_D2 > 0:
+        q2 = q2_desc.load([b, h, pid_m * BLOCK_M, 0]).reshape(BLOCK_M, BLOCK_D2)'''
             store += '''
-    o2_desc.store([b, h, pid_m * BLOCK_M, 0], o2.to(o2_desc.dtype).reshape(1, 1, BLOCK_M, BLOCK_DV2))'''
+    if BLOCK_DV2 > 0:
+        o2_desc.store([b, h, pid_m * BLOCK_M, 0], o2.to(o2_desc.dtype).reshape(1, 1, BLOCK_M, BLOCK_DV2))'''
     else:
         name, args = "_attn_fwd", _args(mask, False, folds(p, mask, cap), split)
         index = '''b = (bh // H).to(tl.int64)
@@ -730,16 +744,19 @@ for start_n in {"tl.range" if ws else "range"}(0, hi, BLOCK_N{ws}):
              mask=(offs_m < SQ)[:, None] & dv_ok[None, :])'''
         if split:
             bases += '''
-    offs_d2 = BLOCK_D + tl.arange(0, BLOCK_D2)                     # the head dims' second parts
-    offs_dv2 = BLOCK_DV + tl.arange(0, BLOCK_DV2)
-    d2_ok = offs_d2 < D
-    dv2_ok = offs_dv2 < DV
-    q2 = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d2[None, :] * stride_qd,
-                 mask=(offs_m < SQ)[:, None] & d2_ok[None, :], other=0.0)  # [BLOCK_M, BLOCK_D2]'''
+    if BLOCK_D2 > 0:                                               # the head dims' second parts
+        offs_d2 = BLOCK_D + tl.arange(0, BLOCK_D2)
+        d2_ok = offs_d2 < D
+        q2 = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d2[None, :] * stride_qd,
+                     mask=(offs_m < SQ)[:, None] & d2_ok[None, :], other=0.0)  # [BLOCK_M, BLOCK_D2]
+    if BLOCK_DV2 > 0:
+        offs_dv2 = BLOCK_DV + tl.arange(0, BLOCK_DV2)
+        dv2_ok = offs_dv2 < DV'''
             store += '''
-    tl.store(o_base + offs_m[:, None] * DV + offs_dv2[None, :], o2.to(o_ptr.dtype.element_ty),
-             mask=(offs_m < SQ)[:, None] & dv2_ok[None, :])'''
-    acc2 = ("\n    acc2 = tl.zeros([BLOCK_M, BLOCK_DV2], dtype=tl.float32)   # o's dims BLOCK_DV on"
+    if BLOCK_DV2 > 0:
+        tl.store(o_base + offs_m[:, None] * DV + offs_dv2[None, :], o2.to(o_ptr.dtype.element_ty),
+                 mask=(offs_m < SQ)[:, None] & dv2_ok[None, :])'''
+    acc2 = ("\n    if BLOCK_DV2 > 0:\n        acc2 = tl.zeros([BLOCK_M, BLOCK_DV2], dtype=tl.float32)   # o's dims BLOCK_DV on"
             if split else "")
     return f'''@triton.jit
 def {name}({args}):
@@ -805,15 +822,17 @@ def _launcher(p, mask=None, fold: bool = False) -> str:
     margs = _MASK_LAUNCH if mask else ""
     widths = "BLOCK_D=bd, BLOCK_DV=bdv, BLOCK_D2=bd2, BLOCK_DV2=bdv2," if split else "BLOCK_D=bd, BLOCK_DV=bdv,"
     parts = ""
-    if split:    # the second parts' descriptors: views from dims bd and bdv on (16-byte aligned)
-        parts = (",\n                  (q[..., bd:], [1, 1, bm, bd2]), (k[..., bd:], [1, 1, bn, bd2]),"
-                 "\n                  (v[..., bdv:], [1, 1, bn, bdv2]), (o[..., bdv:], [1, 1, bm, bdv2])")
+    if split:    # the second parts' descriptors: views from dims bd and bdv on (16-byte aligned);
+        # a part of width 0 passes the first part's descriptor, which the kernel never reads
+        parts = ("\n        descs += [TensorDescriptor.from_tensor(t[..., w:], blk) if blk[-1] else descs[i]"
+                 "\n                  for i, (t, w, blk) in enumerate(((q, bd, [1, 1, bm, bd2]), (k, bd, [1, 1, bn, bd2]),"
+                 "\n                                                   (v, bdv, [1, 1, bn, bdv2]), (o, bdv, [1, 1, bm, bdv2])))]")
     # the scale folds into the exponent only where it is positive (max(c * s) = c * max(s))
     fold_arg = " FOLD=qk_scale > 0," if fold else ""
     if tma:
         launch = f'''if tma:
         descs = [TensorDescriptor.from_tensor(t, blk) for t, blk in
-                 ((q, [1, 1, bm, bd]), (k, [1, 1, bn, bd]), (v, [1, 1, bn, bdv]), (o, [1, 1, bm, bdv]){parts})]
+                 ((q, [1, 1, bm, bd]), (k, [1, 1, bn, bd]), (v, [1, 1, bn, bdv]), (o, [1, 1, bm, bdv]))]{parts}
         _attn_fwd_tma[grid](*descs, qk_scale, H, H // Hkv, SQ, SK, {margs}BLOCK_M=bm, BLOCK_N=bn,
                             {widths} CAUSAL=bool(causal), IEEE=ieee, DOT_FP32=dot_fp32,{fold_arg}
                             num_warps=NUM_WARPS, num_stages=stages)
@@ -826,8 +845,6 @@ def _launcher(p, mask=None, fold: bool = False) -> str:
     # tile is fitted: the two kernels keep different tiles in shared memory)
     pick = ("tma = _has_tma(q.device) and all(_rows_ok(t) for t in (q, k, v, o))\n    "
             if tma else "tma = False\n    ")
-    if tma and split:    # a descriptor for each second part, which must hold a column
-        pick = pick.replace("tma = _has_tma", "tma = D > bd and DV > bdv and _has_tma")
     # the operands' addresses are the one thing a plan depends on beyond shapes and strides
     aligned = ("all(t.data_ptr() % 16 == 0 for t in (q, k, v, o))" if tma else "False")
     fit = "q.element_size(), _smem_budget(q.device), bdv=bdv + bdv2)"

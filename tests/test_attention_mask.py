@@ -638,20 +638,20 @@ def test_segformer_attention_over_pooled_keys_is_matched_placed_and_agrees():
 
 # ---- v's own head dim (multi-head latent attention: DeepSeek-V2/V3, Kimi K2) -------------------
 
-MLA = {"v_head_dim": 16}                                            # q, k 24 wide (the shapes' D)
+MLA = {"v_head_dim": 32}      # q, k 48 wide (the shapes' D): with split_d 32 + 16, v one part
 MLA_HAND_BIAS = {"written": "by_hand", "mask": "bias", "mask_dims": "b11k", "v_head_dim": 8}
-MLA_SHAPES = ((2, 4, 20, 24, 2, 1), (1, 2, 33, 24, 1, 0))
+MLA_SHAPES = ((2, 4, 20, 48, 2, 1), (1, 2, 33, 48, 1, 0))
 
 
 def test_v_head_dim_contract_inputs_cost_baseline_and_spec_checks():
     fam = kernels.get("attention", MLA)
-    inp = fam.make_inputs((2, 4, 20, 24, 2, 1), torch.float32, DEVICE, gen(1))
-    assert inp["q"].shape[-1] == inp["k"].shape[-1] == 24 and inp["v"].shape[-1] == 16
-    assert fam.reference(**inp).shape == (2, 4, 20, 16)
+    inp = fam.make_inputs((2, 4, 20, 48, 2, 1), torch.float32, DEVICE, gen(1))
+    assert inp["q"].shape[-1] == inp["k"].shape[-1] == 48 and inp["v"].shape[-1] == 32
+    assert fam.reference(**inp).shape == (2, 4, 20, 32)
     # bytes: q and o once, k and v once (D + Dv per row); flops: 2*D + 2*Dv + 5 a score
-    byts, flops = fam.cost((2, 4, 20, 24, 2, 1), torch.float32)
-    assert byts == (2 * 4 * 20 + 2 * 2 * 20) * (24 + 16) * 4
-    assert flops == 2 * 4 * (20 * 21 // 2) * (2 * 24 + 2 * 16 + 5)
+    byts, flops = fam.cost((2, 4, 20, 48, 2, 1), torch.float32)
+    assert byts == (2 * 4 * 20 + 2 * 2 * 20) * (48 + 32) * 4
+    assert flops == 2 * 4 * (20 * 21 // 2) * (2 * 48 + 2 * 32 + 5)
     assert fam.baseline_op() is attention.reference                  # an SDPA call's baseline is SDPA
     assert kernels.get("attention", dict(MLA, written="by_hand")).baseline_op() is attention.by_hand
     masked = kernels.get("attention", MLA_HAND_BIAS)

@@ -1407,7 +1407,7 @@ def test_attention_head_dim_in_two_parts_passes_the_five_verifier_stages(loads, 
     mod = sys.modules[fn.__module__]
     d = shape[3]
     assert mod._split_dim(d) == {80: (64, 16), 96: (64, 32), 48: (32, 16)}[d]
-    assert mod._split_dim(192) == (128, 64) and mod._split_dim(128) == (64, 64)
+    assert mod._split_dim(192) == (128, 64) and mod._split_dim(128) == (128, 0) and mod._split_dim(112) == (128, 0)
     plans = [p for key, p in mod._PLANS.items() if key[0][3] == d and p is not None]
     hi, lo = mod._split_dim(d)
     assert plans and all(p[5:9] == (hi, hi, lo, lo) for p in plans), plans    # (bd, bdv, bd2, bdv2)
