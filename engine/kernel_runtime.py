@@ -138,97 +138,11 @@ def load_kernel_file(path: str, family: str, dtype, device_type: str, shapes, to
         except BaseException:
             sys.modules.pop(mod_name, None)
             raise
-        fast_launches(module)
     fn = getattr(module, "kernel_fn", None)
     if not callable(fn):
         raise ValueError(f"{path} defines no kernel_fn")
     return Kernel(family, fn, dtype, device_type, [list(s) for s in shapes], tuple(tolerance),
                   name or family, digest, spec=dict(contract or {}), schema=schema)
-
-
-# ---- launches straight through the compiled kernel ------------------------------------------------
-# Triton's JITFunction.run binds and specializes every argument in Python on every call (Triton
-# 3.6): a launch-bound model pays it per op. An H100's host, back-to-back tiny calls
-# (docs/benchmarks.md): the attention launcher through TMA 91 us a call, 21 us with its kernel
-# launched through the compiled kernel; the pointer kernel 57 against 10; a persistent TMA matmul
-# 70 against 17. ``fast_launches`` wraps every kernel a loaded source launches (not the @jit
-# helpers other kernels call): the first call with a specialization goes through Triton, which
-# compiles and returns the compiled kernel; later calls with the same specialization launch that
-# compiled kernel directly (CompiledKernel[grid](*args), Triton's launch hooks included). The
-# judge verifies and times candidates loaded this way, so what is verified is what runs.
-
-class _Launched:
-    """kernel[grid](*args, **kwargs) through the compiled kernel once Triton has compiled it
-    for this specialization. The key holds each argument as Triton specializes on it, and more:
-    a tensor's dtype, device and 16-byte alignment, an int's or bool's value, a descriptor's
-    base, shape, strides and block, a float's type only; and the launch options. A grid
-    function, arguments left to their defaults, an unhashable argument or a Triton whose launch
-    returns no compiled kernel: Triton's own path every call."""
-
-    def __init__(self, fn):
-        self.fn = fn
-        self.names = tuple(fn.arg_names)
-        self.compiled: dict = {}
-
-    def __getitem__(self, grid):
-        if callable(grid):
-            return self.fn[grid]
-        return lambda *args, **kwargs: self._launch(grid, args, kwargs)
-
-    def _launch(self, grid, args, kwargs):
-        try:
-            params = args + tuple(kwargs[n] for n in self.names[len(args):])
-            key = (tuple(map(_spec_key, params)),
-                   tuple((n, v) for n, v in kwargs.items() if n not in self.names))
-            hit = self.compiled.get(key)
-        except (KeyError, TypeError):
-            return self.fn[grid](*args, **kwargs)
-        if hit:
-            g = tuple(grid) + (1, 1)
-            hit[g[:3]](*params)
-            return hit
-        kernel = self.fn[grid](*args, **kwargs)
-        if hit is None:
-            if len(self.compiled) > 256:      # a bound on a long-lived process's cache
-                self.compiled.clear()
-            self.compiled[key] = kernel if hasattr(kernel, "packed_metadata") else False
-        return kernel
-
-    def __getattr__(self, name):               # the kernel's own attributes (src, arg_names, ...)
-        return getattr(self.fn, name)
-
-
-def _spec_key(a):
-    if isinstance(a, torch.Tensor):
-        return (a.dtype, a.get_device(), a.data_ptr() % 16 == 0)
-    if isinstance(a, float):
-        return float
-    if hasattr(a, "block_shape") and hasattr(a, "base"):     # a host tensor descriptor
-        b = a.base
-        return (b.dtype, b.get_device(), b.data_ptr() % 16 == 0, tuple(a.shape), tuple(a.strides),
-                tuple(a.block_shape), getattr(a, "padding", None))
-    return a
-
-
-def fast_launches(module) -> list[str]:
-    """Wrap each @triton.jit kernel ``module`` launches (a JITFunction no other @jit function of
-    the module names) in ``_Launched``; the names wrapped. Under the interpreter, or without
-    Triton's JITFunction, nothing."""
-    jit = sys.modules.get("triton.runtime.jit")
-    cls = getattr(jit, "JITFunction", None)
-    if cls is None or os.environ.get("TRITON_INTERPRET") == "1":
-        return []
-    import re
-    fns = {n: f for n, f in vars(module).items() if isinstance(f, cls) and hasattr(f, "arg_names")}
-    srcs = {n: getattr(f, "src", "") or "" for n, f in fns.items()}
-    wrapped = []
-    for n, f in fns.items():
-        called = re.compile(rf"\b{re.escape(n)}\b")
-        if any(called.search(src) for m, src in srcs.items() if m != n):
-            continue                          # a helper another kernel calls: left as Triton's
-        setattr(module, n, _Launched(f))
-        wrapped.append(n)
-    return wrapped
 
 
 def _need_interpreter() -> None:

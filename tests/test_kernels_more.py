@@ -9,7 +9,6 @@ are tiny; with a GPU the same tests run the compiled kernels.
 from __future__ import annotations
 
 import ast
-import importlib.util
 import math
 import sys
 
@@ -1413,77 +1412,3 @@ def test_attention_head_dim_in_two_parts_passes_the_five_verifier_stages(loads, 
     hi, lo = mod._split_dim(d)
     assert plans and all(p[5:9] == (hi, hi, lo, lo) for p in plans), plans    # (bd, bdv, bd2, bdv2)
     assert any(p[9] for p in plans) == (loads == "tma")
-
-
-# ---- launches through the compiled kernel (engine/kernel_runtime.py fast_launches) ------------
-
-class _FakeCompiled:
-    """Stands in for Triton's CompiledKernel, which only a GPU build returns: records launches."""
-    packed_metadata = ()
-
-    def __init__(self, log):
-        self.log = log
-
-    def __getitem__(self, grid):
-        return lambda *args: self.log.append(("direct", grid, args))
-
-
-class _FakeJIT:
-    """Stands in for a JITFunction: kernel[grid](*args, **kwargs) 'compiles' and launches."""
-    arg_names = ["x_ptr", "n", "scale", "BLOCK"]
-
-    def __init__(self):
-        self.log = []
-
-    def __getitem__(self, grid):
-        def run(*args, **kwargs):
-            self.log.append(("triton", grid, args, kwargs))
-            return _FakeCompiled(self.log)
-        return run
-
-
-def test_launches_go_through_the_compiled_kernel_per_specialization():
-    """The first call of a specialization goes through Triton; later calls with the same one
-    launch the compiled kernel with every argument in signature order; a new alignment, int or
-    constexpr value, dtype or launch option goes through Triton again; a float does not."""
-    from engine.kernel_runtime import _Launched
-    fake = _FakeJIT()
-    k = _Launched(fake)
-    x = torch.zeros(64)
-    k[(4,)](x, 8, 0.5, BLOCK=16, num_warps=4)
-    k[(4,)](x, 8, 0.25, BLOCK=16, num_warps=4)                      # same specialization
-    assert [e[0] for e in fake.log] == ["triton", "direct"]
-    assert fake.log[1][1] == (4, 1, 1) and fake.log[1][2] == (x, 8, 0.25, 16)
-    k[(4,)](x[1:], 8, 0.5, BLOCK=16, num_warps=4)                   # 4 bytes past 16-byte alignment
-    k[(4,)](x, 9, 0.5, BLOCK=16, num_warps=4)                       # another int
-    k[(4,)](x, 8, 0.5, BLOCK=32, num_warps=4)                       # another constexpr
-    k[(4,)](x, 8, 0.5, BLOCK=16, num_warps=8)                       # another option
-    k[(4,)](x.half(), 8, 0.5, BLOCK=16, num_warps=4)                # another dtype
-    assert [e[0] for e in fake.log[2:]] == ["triton"] * 5
-    k[(2, 3)](x, 9, 1.0, BLOCK=16, num_warps=4)                     # known: straight, grid padded
-    assert fake.log[-1][:2] == ("direct", (2, 3, 1))
-    k[lambda meta: (1,)](x, 8, 0.5, BLOCK=16, num_warps=4)          # a grid function: Triton's
-    k[(4,)](x, 8, 0.5, num_warps=4)                                 # BLOCK left out: Triton's
-    assert [e[0] for e in fake.log[-2:]] == ["triton", "triton"]
-
-
-def test_fast_launches_wraps_launched_kernels_not_the_helpers_they_call(tmp_path, monkeypatch):
-    """Only what host code launches is wrapped: a @jit helper another kernel calls stays
-    Triton's (its caller's compile must find a JITFunction). Under the interpreter nothing."""
-    from engine import kernel_runtime as rt
-    src = tmp_path / "kmod.py"
-    src.write_text(
-        "import triton.language as tl\n"
-        "from triton.runtime.jit import JITFunction\n\n\n"
-        "def _helper(x):\n    return x * 2\n\n\n"
-        "def _kernel(x_ptr, n, BLOCK: tl.constexpr):\n    y = _helper(tl.load(x_ptr))\n\n\n"
-        "def _other(x_ptr):\n    pass\n\n\n"
-        "_helper = JITFunction(_helper)\n_kernel = JITFunction(_kernel)\n_other = JITFunction(_other)\n")
-    spec = importlib.util.spec_from_file_location("kmod_fast", src)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    assert rt.fast_launches(mod) == []                  # the tests run interpreted
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    assert sorted(rt.fast_launches(mod)) == ["_kernel", "_other"]
-    assert isinstance(mod._kernel, rt._Launched) and not isinstance(mod._helper, rt._Launched)
-    assert mod._kernel.arg_names == ["x_ptr", "n", "BLOCK"]
