@@ -1199,14 +1199,23 @@ def test_matmul_fill_halves_the_tile_of_a_narrow_output_only():
     LLaMA-3-8B's 1024-wide K/V projection of 2048 tokens goes from 64 tiles of 128 x 256 to 128
     of 128 x 128 on 132 SMs; the 4096-wide ones, any 16384-row one and BERT-base's 4096 x 768
     output (96 tiles: halving would make two waves of half the work) keep their tile. An
-    unfilled point renders no rule."""
+    unfilled point renders no rule. A halved tile takes the pipeline stages the shared memory
+    it frees holds, up to 5 (H100's 227 KB: 128 x 128 x 64 bf16 tiles, 32 KB a stage); a tile
+    left whole keeps its stages."""
     from kernels import matmul as mm
     src = mm.render(dict(mm.DEFAULT, **mm.HALF_PERSISTENT))
-    assert src.count("bm, bn = _fill_tiles(bm, bn, M, N, batch, _num_sms(a.device))") == 2
+    assert src.count("bm, bn, stages = _fill_tiles(bm, bn, bk, stages, M, N, batch, _num_sms(a.device),") == 2
     assert "_fill_tiles" not in mm.render(dict(mm.DEFAULT, **dict(mm.HALF_PERSISTENT, fill=False)))
     ns = {}
     exec("import math\n_cdiv = lambda a, b: -(-a // b)\n" + mm.FILL_SRC, ns)
-    fill = ns["_fill_tiles"]
+    h100 = 232448
+    assert ns["_fill_tiles"](128, 256, 64, 3, 2048, 1024, 1, 132, 2, h100) == (128, 128, 5)
+    assert ns["_fill_tiles"](128, 256, 64, 3, 2048, 4096, 1, 132, 2, h100) == (128, 256, 3)
+    assert ns["_fill_tiles"](128, 256, 64, 3, 2048, 1024, 1, 132, 4, h100) == (128, 128, 3)   # fp32: 64 KB a stage
+    assert ns["_fill_tiles"](128, 256, 64, 3, 2048, 1024, 1, 132, 2, 64 * 1024) == (128, 128, 3)  # never fewer
+
+    def fill(bm, bn, M, N, batch, sms):
+        return ns["_fill_tiles"](bm, bn, 64, 3, M, N, batch, sms, 2, h100)[:2]
     assert fill(128, 256, 2048, 1024, 1, 132) == (128, 128)
     assert fill(128, 256, 2048, 4096, 1, 132) == (128, 256)
     assert fill(128, 256, 16384, 1024, 1, 132) == (128, 256)
