@@ -412,12 +412,13 @@ def _bshd_post(m) -> tuple:
 def _complex_fit(m, x, style):
     """Meta's LLaMA spelling: x [B, S, H, Dh] as Dh/2 complex pairs times f [1, S, 1, Dh/2]
     (cos + i sin), computed in fp32 and cast back to x's dtype: the interleaved contract on
-    the transposed view of x, its tables the real and imaginary parts of f, each twice. The
-    "pairs" spelling: the same product on real pairs, f [1, S, 1, Dh/2, 2] of (cos, sin)."""
+    the transposed view of x, its tables the real and imaginary parts of f, each twice; with
+    the heads before the positions (DeepSeek-V2: x [B, H, S, Dh], f [1, 1, S, Dh/2]) on x as it
+    is. The "pairs" spelling: the same product on real pairs, f [.., Dh/2, 2] of (cos, sin)."""
     shape = tuple(x["shape"])
     if len(shape) != 4:
-        raise NoFit(f"x of rank {len(shape)}: the contract takes x [B, S, H, Dh] here")
-    b, s, h, dh = shape
+        raise NoFit(f"x of rank {len(shape)}: the contract takes x [B, S, H, Dh] or [B, H, S, Dh] here")
+    b, a1, a2, dh = shape
     f = m.meta("f")
     pairs = style == "pairs"
     if f is None or (pairs and (not f["dtype"].is_floating_point or tuple(f["shape"])[-1:] != (2,))):
@@ -426,9 +427,14 @@ def _complex_fit(m, x, style):
         return None
     lead = tuple(f["shape"])[:-1] if pairs else tuple(f["shape"])
     fs = (1,) * (4 - len(lead)) + lead
-    if len(fs) != 4 or fs != (1, s, 1, dh // 2):
-        raise NoFit(f"freqs_cis {list(f['shape'])} does not broadcast as [1, S, 1, Dh/2] over x "
-                    f"{list(shape)}: the contract takes one table for every batch row and head")
+    if fs == (1, a1, 1, dh // 2):            # Meta's layout: x [B, S, H, Dh]
+        s, h, heads_first = a1, a2, False
+    elif fs == (1, 1, a2, dh // 2):          # the heads first: x [B, H, S, Dh]
+        h, s, heads_first = a1, a2, True
+    else:
+        raise NoFit(f"freqs_cis {list(f['shape'])} broadcasts neither as [1, S, 1, Dh/2] nor as "
+                    f"[1, 1, S, Dh/2] over x {list(shape)}: the contract takes one table for "
+                    f"every batch row and head")
     out = m.out_meta()
     if out is None or out["dtype"] != x["dtype"]:
         raise NoFit("the complex product stays in float32 after the match (no cast back to x's "
@@ -439,6 +445,9 @@ def _complex_fit(m, x, style):
         real = (("reshape", [s, dh // 2, 2]),) if pairs else (("reshape", [s, dh // 2]),
                                                               ("view_as_real",))
         return Ref("f", real + (("select", -1, part), ("repeat_interleave", 2, -1), ("to", dt)))
+    if heads_first:
+        return Fit({"style": "interleaved"}, (b, h, s, dh),
+                   {"x": Ref("x"), "cos": table(0), "sin": table(1)})
     return Fit({"style": "interleaved"}, (b, h, s, dh),
                {"x": Ref("x", (("transpose", 1, 2),)), "cos": table(0), "sin": table(1)},
                post=_bshd_post(m))

@@ -274,6 +274,13 @@ def _rot_complex(self, x):
     return y.view(x.shape[0], x.shape[1], -1)
 
 
+def _rot_complex_heads_first(self, x):
+    # DeepSeek-V2: the same complex product on x [B, H, S, Dh], freqs [1, 1, S, Dh/2]
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    y = torch.view_as_real(xc * self.freqs.unsqueeze(0).unsqueeze(0)).flatten(3)
+    return y.type_as(x)
+
+
 def _rot_pairs(self, x):
     # the complex product on real pairs (gpt-fast): a cache of (cos, sin) per pair [S, Dh/2, 2]
     xs = x.float().reshape(*x.shape[:-1], -1, 2)
@@ -370,6 +377,9 @@ REAL = {
                               ("cross_entropy", {"reduction": "none"})),
     "rotary_complex_meta_llama": (_rot_complex, {"freqs": torch.polar(torch.ones(8, 8), _COS[:, :8].acos())},
                                   lambda: (torch.randn(2, 8, 4, 16),), ("rotary", {"style": "interleaved"})),
+    "rotary_complex_heads_first_deepseek_v2": (
+        _rot_complex_heads_first, {"freqs": torch.polar(torch.ones(8, 8), _COS[:, :8].acos())},
+        lambda: (torch.randn(2, 4, 8, 16),), ("rotary", {"style": "interleaved"})),
     "rotary_pairs_gpt_fast": (_rot_pairs, {"cache": torch.stack((_COS[:, :8], _SIN[:, :8]), -1)},
                               lambda: (torch.randn(2, 8, 4, 16),), ("rotary", {"style": "interleaved"})),
     "rotary_interleaved_gptj_layout": (_rot_gptj, {"cos": _COS, "sin": _SIN},
@@ -1958,6 +1968,12 @@ _ARCHS = {
                         qk_nope_head_dim=8, v_head_dim=8, n_routed_experts=4, num_experts_per_tok=2,
                         n_group=1, topk_group=1, moe_intermediate_size=16, first_k_dense_replace=1),
                    {"linear": True}, 4),
+    # MLA again (q, k 48 wide: 32 + 16 rotary; v 32), its rotary as complex pairs with the
+    # heads before the positions (x [B, H, S, Dh], freqs [1, 1, S, Dh/2])
+    "DeepseekV2": (dict(_H, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=32,
+                        qk_rope_head_dim=16, v_head_dim=32, n_routed_experts=4, num_experts_per_tok=2,
+                        n_shared_experts=1, moe_intermediate_size=16, first_k_dense_replace=1, n_group=1,
+                        topk_group=1), {"linear": True}, 4),
 }
 
 
@@ -1986,8 +2002,9 @@ def test_transformers_decoders_in_every_layout_are_placed_whole_and_agree(arch):
     att = [m for gm in ms.values() for m in gm if m.family == "attention"]
     assert len(att) == 2, families(ms)
     assert all(m.placeable for m in att), families(ms)
-    if arch == "DeepseekV3":       # multi-head latent attention: v 8 wide against q and k's 12
-        assert all(m.fit.spec.get("v_head_dim") == 8 and m.fit.shape[3] == 12 for m in att), families(ms)
+    if arch.startswith("Deepseek"):  # multi-head latent attention: v narrower than q and k
+        dv, d = (8, 12) if arch == "DeepseekV3" else (32, 48)
+        assert all(m.fit.spec.get("v_head_dim") == dv and m.fit.shape[3] == d for m in att), families(ms)
     if arch == "Gemma3Text":       # the window's band mask, read by the kernel
         assert all(m.fit.spec.get("mask") for m in att), families(ms)
     pl, opt = _placed_loss_agrees(cap, ms, model, ids, labels)

@@ -1421,3 +1421,15 @@ def test_attention_head_dim_in_two_parts_passes_the_five_verifier_stages(loads, 
     hi, lo = mod._split_dim(d)
     assert plans and all(p[5:9] == (hi, hi, lo, lo) for p in plans), plans    # (bd, bdv, bd2, bdv2)
     assert any(p[9] for p in plans) == (loads == "tma")
+
+
+def test_attention_targets_whose_head_dim_is_no_power_of_2_open_with_it_in_two_parts():
+    """openers_for: bf16/fp16 targets at head dims 80, 96, 192 open with SPLIT_OPENERS (split_d,
+    the measured points) before the plain openers; powers of 2 and fp32 targets as before."""
+    from kernels import attention as at
+    for d in (80, 96, 192):
+        ops = at.openers_for((1, 8, 256, d, 8, 1), "bfloat16")
+        assert ops[:2] == at.SPLIT_OPENERS and ops[2:] == at.HALF_OPENERS
+        assert all(o["split_d"] for o in at.SPLIT_OPENERS)
+    assert at.openers_for((1, 8, 256, 128, 8, 1), "bfloat16") == at.HALF_OPENERS
+    assert at.openers_for((1, 8, 256, 96, 8, 1), "float32") == ()
