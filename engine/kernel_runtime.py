@@ -913,6 +913,34 @@ class Site:
         return not (torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad
                                                     for v in values))
 
+    def conform(self, values):
+        """``values`` with each tensor that arrives in another layout than the dense one the
+        site was placed for copied into it, or None where anything else differs. The graph's
+        fake values and the real run can disagree on a layout: ``x.to(dtype)`` to the dtype x
+        has is a fresh contiguous tensor when the graph is captured and x itself (a strided
+        slice: the probabilities of an attention with sinks, the sink column cut off) when it
+        runs. The kernel then gets the layout it was verified and placed for."""
+        out = list(values)
+        for i, (v, want) in enumerate(zip(values, self.args)):
+            if want is None or not isinstance(v, torch.Tensor):
+                continue
+            shape, dtype, stride, dev = want
+            if (tuple(v.shape) == shape and v.dtype == dtype and v.device.type == dev
+                    and not same_layout(shape, tuple(v.stride()), stride)
+                    and same_layout(shape, stride, _dense(shape))):
+                out[i] = v.contiguous()
+        out = tuple(out)
+        return out if self.fits(out) else None
+
+
+def _dense(shape) -> tuple:
+    """The contiguous strides of ``shape``."""
+    strides, n = [], 1
+    for d in reversed(shape):
+        strides.append(n)
+        n *= max(1, d)
+    return tuple(reversed(strides))
+
 
 def same_layout(shape, a, b) -> bool:
     """Strides ``a`` and ``b`` address a tensor of ``shape`` alike: equal on every dim longer
@@ -975,8 +1003,12 @@ def site_call(site_id: int, *args):
     """What a placed node runs: the site's kernel on its arguments (see above)."""
     site = SITES[site_id]
     if not site.fits(args):
-        got = [(tuple(a.shape), a.dtype, tuple(a.stride())) if isinstance(a, torch.Tensor) else a for a in args]
-        raise GuardMiss(f"site {site_id} ({site.kernel.name}) got {got}, placed for {site.args}")
+        fitted = site.conform(args)
+        if fitted is None:
+            got = [(tuple(a.shape), a.dtype, tuple(a.stride())) if isinstance(a, torch.Tensor) else a
+                   for a in args]
+            raise GuardMiss(f"site {site_id} ({site.kernel.name}) got {got}, placed for {site.args}")
+        args = fitted
     if torch.compiler.is_compiling():
         return site.op(*args)
     return site.kernel.fn(*args).contiguous()

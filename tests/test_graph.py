@@ -2197,3 +2197,82 @@ def test_the_fused_lm_head_loss_passes_every_verifier_stage(dtype, tmp_path):
     # the logits are never written: the cost is the operands', and the GEMM's flops
     nbytes, flops = fam.cost((16384, 4096, 128256), "bfloat16")
     assert nbytes < 16384 * 128256 * 2 and flops >= 2 * 16384 * 4096 * 128256
+
+
+def _with_sinks(self, q, k, v):
+    # attention with a learned sink column as transformers writes it (GPT-OSS, MiMo-V2-Flash):
+    # the sink joins the softmax and is cut off after it; dropout with p = 0 is a fresh
+    # contiguous tensor in the captured graph and the strided slice itself at run time
+    s = (q @ k.transpose(-1, -2)) * 0.25
+    s = torch.cat([s, self.sink.reshape(1, -1, 1, 1).expand(*s.shape[:-1], 1)], -1)
+    s = s - s.max(dim=-1, keepdim=True).values
+    p = F.dropout(torch.softmax(s, dim=-1, dtype=s.dtype)[..., :-1], p=0.0, training=False).to(v.dtype)
+    return torch.matmul(p, v)
+
+
+def test_attention_with_sinks_written_out_is_placed_and_agrees():
+    """The sink pattern (softmax over the scores and a sink column, the column cut off, p @ v):
+    the softmax and both products placed, the call served by the rewritten graph."""
+    model = Fn(_with_sinks, sink=torch.randn(4)).eval()
+    q, k, v = (torch.randn(2, 4, 8, 16, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    with torch.no_grad():
+        cap, ms = found(model, q, k, v)
+    pl, _ = place_starters(cap, ms)
+    assert sorted(s["family"] for s in pl.sites) == ["matmul", "matmul", "softmax"], pl.skipped
+    opt = place.optimized(cap, pl)
+    with torch.no_grad():
+        ref, got = model(q, k, v), opt(q, k, v)
+    assert opt.calls == {"placed": 1, "original": 0, "guard_miss": 0}
+    err, where = integrate.compare(integrate.flatten(got), integrate.flatten(ref))
+    assert err <= 1e-5, where
+
+
+def test_a_site_copies_a_strided_argument_into_the_dense_layout_it_was_placed_for():
+    """The graph's fake values and the run can disagree on a layout (transformers' MiMo-V2-Flash:
+    the sink-cut probabilities are contiguous in the captured graph, a strided view when the
+    graph runs): a site placed for the dense layout copies such an argument into it rather than
+    miss its guard (which sent the whole call to the original model); a site placed for a
+    strided layout, or another shape, still misses."""
+    dense = rt.Site(0, None, (((8, 12, 12), torch.float32, (144, 12, 1), "cpu"),
+                              ((8, 12, 16), torch.float32, (192, 16, 1), "cpu")), ((8, 12, 16), torch.float32))
+    strided = torch.randn(8, 12, 13)[..., :12]
+    other = torch.randn(8, 12, 16)
+    assert not dense.fits((strided, other))
+    fitted = dense.conform((strided, other))
+    assert fitted is not None and fitted[0].is_contiguous() and torch.equal(fitted[0], strided)
+    assert fitted[1] is other                                  # what fits is passed as it is
+    assert dense.conform((torch.randn(8, 12, 13), other)) is None
+    assert dense.conform((strided.double(), other)) is None
+    placed_strided = rt.Site(0, None, (((8, 12, 12), torch.float32, (156, 13, 1), "cpu"),), ((8, 12, 12), torch.float32))
+    assert placed_strided.conform((strided.contiguous(),)) is None
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers is not installed")
+def test_mimo_v2_flash_with_attention_sinks_is_placed_and_served_by_the_rewritten_graph():
+    import transformers
+    if not hasattr(transformers, "MiMoV2FlashConfig"):
+        pytest.skip("this transformers has no MiMo-V2-Flash")
+    cfg = transformers.MiMoV2FlashConfig()
+    for key, val in dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=16, vocab_size=64, moe_intermediate_size=32,
+                         n_routed_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
+                         sliding_window=8, use_cache=False, pad_token_id=0, bos_token_id=1,
+                         eos_token_id=2, tie_word_embeddings=False).items():
+        if hasattr(cfg, key):
+            setattr(cfg, key, val)
+    for key in ("layer_types", "mlp_layer_types"):
+        if isinstance(getattr(cfg, key, None), list):
+            setattr(cfg, key, getattr(cfg, key)[:2])
+    torch.manual_seed(0)
+    model = _LossOnly(transformers.MiMoV2FlashForCausalLM(cfg)).eval()
+    ids = torch.randint(3, 64, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        cap, ms = found(model, ids, ids)
+    pl, _ = place_starters(cap, ms)
+    assert "softmax" in {s["family"] for s in pl.sites} and not pl.skipped, pl.skipped
+    opt = place.optimized(cap, pl)
+    with torch.no_grad():
+        ref, got = model(ids, ids), opt(ids, ids)
+    assert opt.calls == {"placed": 1, "original": 0, "guard_miss": 0}
+    err, where = integrate.compare(integrate.flatten(got), integrate.flatten(ref))
+    assert err <= 1e-4, where
