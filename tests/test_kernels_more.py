@@ -1433,3 +1433,16 @@ def test_attention_targets_whose_head_dim_is_no_power_of_2_open_with_it_in_two_p
         assert all(o["split_d"] for o in at.SPLIT_OPENERS)
     assert at.openers_for((1, 8, 256, 128, 8, 1), "bfloat16") == at.HALF_OPENERS
     assert at.openers_for((1, 8, 256, 96, 8, 1), "float32") == ()
+
+
+def test_an_fp32_attention_target_with_an_odd_head_dim_starts_split_and_passes_the_five_stages(cand_dir):
+    """fp32 targets start at FP32_START (tf32x3), with split_d where the head dim is no power
+    of 2 (KernelBench's MinGPT attention: 96); the starter passes every verifier stage there
+    (causal, GQA) and a power-of-2 head dim starts as before."""
+    from kernels import attention as at
+    shape = [1, 4, 33, 96, 2, 1]
+    fam = FAMILIES["attention"].for_target(shape, "float32")
+    assert fam.default == dict(at.DEFAULT, **at.FP32_START, split_d=True)
+    assert FAMILIES["attention"].for_target([1, 4, 33, 64, 2, 1], "float32").default == \
+        dict(at.DEFAULT, **at.FP32_START)
+    passes_every_stage(fam, load_candidate(fam.starter(), cand_dir), shape, "float32", seed=5)
