@@ -741,7 +741,7 @@ for start_n in {"tl.range" if ws else "range"}(0, hi, BLOCK_N{ws}):
                  o.to(o_desc.dtype).reshape(1, 1, BLOCK_M, BLOCK_DV))  # clipped at Sq and Dv'''
         if split:  # the second parts' descriptors start at dims BLOCK_D and BLOCK_DV
             bases += '''
-    if BLOCK_D2 > 0:
+    if BLOCK_D2 > 0:                         # the head dim's second part (0: none, decided at compile time)
         q2 = q2_desc.load([b, h, pid_m * BLOCK_M, 0]).reshape(BLOCK_M, BLOCK_D2)'''
             store += '''
     if BLOCK_DV2 > 0:
@@ -763,7 +763,7 @@ for start_n in {"tl.range" if ws else "range"}(0, hi, BLOCK_N{ws}):
              mask=(offs_m < SQ)[:, None] & dv_ok[None, :])'''
         if split:
             bases += '''
-    if BLOCK_D2 > 0:                                               # the head dims' second parts
+    if BLOCK_D2 > 0:                     # the head dims' second parts (0: none, decided at compile time)
         offs_d2 = BLOCK_D + tl.arange(0, BLOCK_D2)
         d2_ok = offs_d2 < D
         q2 = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d2[None, :] * stride_qd,
