@@ -927,13 +927,13 @@ class Site:
             shape, dtype, stride, dev = want
             if (tuple(v.shape) == shape and v.dtype == dtype and v.device.type == dev
                     and not same_layout(shape, tuple(v.stride()), stride)
-                    and same_layout(shape, stride, _dense(shape))):
+                    and same_layout(shape, stride, _dense_strides(shape))):
                 out[i] = v.contiguous()
         out = tuple(out)
         return out if self.fits(out) else None
 
 
-def _dense(shape) -> tuple:
+def _dense_strides(shape) -> tuple:
     """The contiguous strides of ``shape``."""
     strides, n = [], 1
     for d in reversed(shape):

@@ -88,11 +88,12 @@ Search space (``SPACE``), rendered by ``render`` into one self-contained candida
   at 4 x 32 x 4096 x 128, no faster than the same point without it. The interpreter runs the
   loop as written (the CPU tests check its values).
 - split_d: a head dim as two power-of-2 parts (``_split_dim``: 192 = 128 + 64, 96 = 64 + 32,
-  80 = 64 + 16; 128 = 64 + 64), q @ k^T as two dots into the same scores and p @ v into two
-  accumulators, where one power-of-2 tile pads with zeros (192 to 256: a third more q @ k^T
-  work; 80 to 128). The TMA kernel reads the second parts through descriptors on views from
-  the first part's width on (a second part with no column there takes the pointer kernel).
-  Openers for such a head dim start with it (``openers_for``).
+  80 = 64 + 16), q @ k^T as two dots into the same scores and p @ v into two accumulators,
+  where one power-of-2 tile pads with zeros (192 to 256: a third more q @ k^T work; 80 to
+  128); a dim one tile holds without padding (128, MLA's v) keeps one tile, its second part
+  of width 0 left out at compile time. The TMA kernel reads the second parts through
+  descriptors on views from the first part's width on. Targets with such a head dim start
+  with it (``openers_for``, ``default_for``).
 - fp32_dot (fp32 operands only: bf16/fp16 tiles never take that branch): "ieee" (full fp32) or
   "tf32x3" (three TF32 products, the operands split in registers), for q @ k^T and p @ v alike.
   Not plain "tf32" (10-bit mantissas, ~2^-11 a product): the contract is fp32 attention (the
@@ -250,7 +251,7 @@ def make_inputs(shape, dtype, device, gen, kind="normal", v_dim=None):
         v = C.cauchy(gen, b * sk * hkv, dv).reshape(b, sk, hkv, dv).clamp(-1e4, 1e4)
     elif kind != "normal":
         raise ValueError(f"unknown input kind {kind!r}; known: normal, {', '.join(ADVERSARIAL)}")
-    v = v.to(dtype).to(device).transpose(1, 2)                         # [B, Hkv, Sk, D] view
+    v = v.to(dtype).to(device).transpose(1, 2)                         # [B, Hkv, Sk, Dv] view
     return {"q": q.to(dtype).to(device), "k": k.to(dtype).to(device), "v": v,
             "causal": causal, "scale": 1.0 / math.sqrt(d)}
 
@@ -881,7 +882,7 @@ def _launcher(p, mask=None, fold: bool = False) -> str:
         fit = fit[:-1] + ", mask_tiles=1)"
         prep = _mask_prep(p, mask)
     sig = "q, k, v, causal, scale, mask" if mask else "q, k, v, causal, scale"
-    if split:    # q/k's and v's head dims each as two power-of-2 parts (192: 128 + 64; 80: 64 + 16)
+    if split:    # each head dim in two power-of-2 parts where that pads less (192: 128 + 64)
         dims = "(bd, bd2), (bdv, bdv2) = _split_dim(D), _split_dim(DV)   # each head dim in two parts"
     else:        # one power-of-2 tile each, zeros past D (192 pads to 256)
         dims = "bd, bdv, bd2, bdv2 = max(16, _pow2(D)), max(16, _pow2(DV)), 0, 0"
@@ -1161,8 +1162,8 @@ def make_mask(kind: str, dims: str, shape, dtype, device, gen, input_kind="norma
     return out.to(dtype).to(device)
 
 
-def _masked_cost(dims: str, kind: str, v_dim=None):
-    def cost_fn(shape, dtype):
+def _masked_cost(dims: str, kind: str):
+    def cost_fn(shape, dtype, v_dim=None):
         byts, flops = cost(shape, dtype, v_dim)
         b, h, s, _, _, _ = problem(shape)
         n = math.prod(mask_shape(dims, b, h, s, keys_len(shape)))
@@ -1197,9 +1198,7 @@ def _masked_family(spec: dict) -> Family:
     reference_fn = by_hand_masked(kind, fill, cap) if by else sdpa_masked(kind)
     extra = MASK_ADVERSARIAL[kind]
 
-    v_dim = spec.get("v_head_dim")
-
-    def make(shape, dtype, device, gen, kind="normal"):
+    def make(shape, dtype, device, gen, kind="normal", v_dim=None):
         inp = make_inputs(shape, dtype, device, gen, "normal" if kind in extra else kind, v_dim)
         inp["causal"] = causal
         inp["mask"] = make_mask(mask["kind"], dims, shape, dtype, device, gen, kind)
@@ -1213,7 +1212,7 @@ def _masked_family(spec: dict) -> Family:
     return dataclasses.replace(
         FAMILY, signature="kernel_fn(q, k, v, causal, scale, mask)",
         arg_names=ARG_NAMES + ("mask",), reference=reference_fn, make_inputs=make,
-        cost=_masked_cost(dims, kind, v_dim), bench_shapes=shapes(BENCH_SHAPES),
+        cost=_masked_cost(dims, kind), bench_shapes=shapes(BENCH_SHAPES),
         sweep_shapes=shapes(SWEEP_SHAPES), edge_shapes=shapes(EDGE_SHAPES),
         adversarial=ADVERSARIAL + extra, render=lambda params: render(params, mask=mask, cap=cap),
         description=f"Scaled dot-product attention with GQA and a runtime mask: {what}, shape "
@@ -1521,7 +1520,8 @@ def configure(spec: dict):
     """The contract under ``spec``: {"written": "by_hand"} is the plain contract, judged against
     ``reference`` as ever, whose baselines time ``by_hand`` (the computation the model wrote).
     "mask" (with "mask_dims", and "fill" for a bool mask written by hand) adds the runtime mask
-    argument (see "runtime masks" above)."""
+    argument (see "runtime masks" above); "v_head_dim" gives v (and o) their own head dim, bound
+    into any of those contracts' inputs and cost."""
     unknown = set(spec) - {"written", "mask", "mask_dims", "fill", "softcap", "causal", "v_head_dim"}
     if unknown or spec.get("written", "by_hand") != "by_hand":
         raise ValueError(f"attention takes the spec keys written ('by_hand'), mask, mask_dims, "
@@ -1534,9 +1534,8 @@ def configure(spec: dict):
     if dv is None:
         return family
     return dataclasses.replace(
-        family, make_inputs=functools.partial(family.make_inputs, v_dim=dv)
-        if "mask" not in spec else family.make_inputs,
-        cost=functools.partial(cost, v_dim=dv) if "mask" not in spec else family.cost,
+        family, make_inputs=functools.partial(family.make_inputs, v_dim=dv),
+        cost=functools.partial(family.cost, v_dim=dv),
         description=family.description + f" v's head dim is {dv}, its own (multi-head latent "
                     f"attention): o is [B, H, Sq, {dv}].",
         notes=dict(family.notes, v_head_dim=dv))

@@ -445,12 +445,9 @@ def _complex_fit(m, x, style):
         real = (("reshape", [s, dh // 2, 2]),) if pairs else (("reshape", [s, dh // 2]),
                                                               ("view_as_real",))
         return Ref("f", real + (("select", -1, part), ("repeat_interleave", 2, -1), ("to", dt)))
-    if heads_first:
-        return Fit({"style": "interleaved"}, (b, h, s, dh),
-                   {"x": Ref("x"), "cos": table(0), "sin": table(1)})
-    return Fit({"style": "interleaved"}, (b, h, s, dh),
-               {"x": Ref("x", (("transpose", 1, 2),)), "cos": table(0), "sin": table(1)},
-               post=_bshd_post(m))
+    x_ref = Ref("x") if heads_first else Ref("x", (("transpose", 1, 2),))
+    return Fit({"style": "interleaved"}, (b, h, s, dh), {"x": x_ref, "cos": table(0), "sin": table(1)},
+               post=() if heads_first else _bshd_post(m))
 
 
 def from_match(m):

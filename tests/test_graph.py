@@ -2201,8 +2201,7 @@ def test_the_fused_lm_head_loss_passes_every_verifier_stage(dtype, tmp_path):
 
 def _with_sinks(self, q, k, v):
     # attention with a learned sink column as transformers writes it (GPT-OSS, MiMo-V2-Flash):
-    # the sink joins the softmax and is cut off after it; dropout with p = 0 is a fresh
-    # contiguous tensor in the captured graph and the strided slice itself at run time
+    # the sink joins the softmax and is cut off after it, then dropout (p = 0) and a cast
     s = (q @ k.transpose(-1, -2)) * 0.25
     s = torch.cat([s, self.sink.reshape(1, -1, 1, 1).expand(*s.shape[:-1], 1)], -1)
     s = s - s.max(dim=-1, keepdim=True).values
