@@ -6,7 +6,8 @@ again in the worker before it is imported. It parses the source with size and de
 walks it once, with an explicit stack (no recursion), and accepts only:
 
 - imports of ``torch``, ``triton`` (``triton.language`` and its libdevice, ``triton.tools.
-  tensor_descriptor``), ``math``, ``typing``, ``functools``, ``itertools`` and ``__future__``;
+  tensor_descriptor``, Gluon's language, its Hopper TMA / mbarrier / wgmma modules and its
+  tensor descriptor), ``math``, ``typing``, ``functools``, ``itertools`` and ``__future__``;
 - module names used only as the root of an attribute chain (``tl.load``), never as values (so no
   module can be passed around, rebound or reached under another name), and each chain allowed by
   its module's table below: torch offers allocation, dtypes and device queries, never an op;
@@ -17,9 +18,10 @@ walks it once, with an explicit stack (no recursion), and accepts only:
   tensor methods): no attribute that starts with an underscore, so nothing reaches a module,
   a frame, a class or a function's globals;
 - no classes, ``global``/``nonlocal``, attribute assignment or deletion, generators or
-  ``async``; decorators only ``triton.jit``, ``triton.autotune`` and ``triton.heuristics`` (and
-  ``functools`` caches), with no callbacks in them except heuristics lambdas that compute
-  launch constants from ``args[...]``.
+  ``async``; decorators only ``triton.jit`` (and Gluon's ``gluon.jit``, whose bodies are device
+  code under the same rules), ``triton.autotune`` and ``triton.heuristics`` (and ``functools``
+  caches), with no callbacks in them except heuristics lambdas that compute launch constants
+  from ``args[...]``.
 
 What passes still runs under the runtime guard (engine/verify.py) as a second line: every PyTorch
 op a candidate executes outside its Triton kernels is recorded and rejects it. The check is
@@ -79,11 +81,38 @@ MODULES: dict[str, set | str] = {
     "itertools": {"product", "chain", "accumulate", "repeat", "count", "islice", "permutations",
                   "combinations", "pairwise", "starmap", "zip_longest"},
     "__future__": {"annotations"},
+    # Gluon (Triton >= 3.5): the same device code one level down (warp groups, shared memory,
+    # mbarriers, TMA and wgmma written out), on Hopper; its host side offers layouts and
+    # tensor descriptors only
+    "triton.experimental": {"gluon"},
+    "triton.experimental.gluon": {"jit"},
+    "triton.experimental.gluon.language": "device",
+    "triton.experimental.gluon.language.nvidia": {"hopper"},
+    "triton.experimental.gluon.language.nvidia.hopper": {"fence_async_shared", "warpgroup_mma",
+                                                         "warpgroup_mma_wait"},
+    "triton.experimental.gluon.language.nvidia.hopper.tma": {
+        "async_copy_global_to_shared", "async_copy_shared_to_global", "async_load", "async_store",
+        "store_wait"},
+    "triton.experimental.gluon.language.nvidia.hopper.mbarrier": {
+        "init", "expect", "wait", "arrive", "invalidate", "MBarrierLayout"},
+    "triton.experimental.gluon.nvidia": {"hopper"},
+    "triton.experimental.gluon.nvidia.hopper": {"TensorDescriptor", "TensorDescriptor.from_tensor"},
 }
+# Gluon's language module: device code as triton.language, less what hands out its internals
+GL_INTERNALS = TL_INTERNALS | {"aggregate_replace", "base_type", "base_value", "distributed_type",
+                               "shared_memory_descriptor", "shared_memory_descriptor_type",
+                               "tuple", "tuple_type", "to_tensor", "amd", "nvidia", "fpsan"}
+DEVICE_INTERNALS = {"triton.experimental.gluon.language": GL_INTERNALS}
 # the submodule a dotted name leads into (for chains and from-imports)
 SUBMODULES = {"torch.cuda", "torch.version", "triton.language", "triton.language.math", "triton.language.extra",
               "triton.language.extra.libdevice", "triton.language.extra.cuda.libdevice",
-              "triton.language.extra.hip.libdevice", "triton.tools.tensor_descriptor"}
+              "triton.language.extra.hip.libdevice", "triton.tools.tensor_descriptor",
+              "triton.experimental", "triton.experimental.gluon", "triton.experimental.gluon.language",
+              "triton.experimental.gluon.language.nvidia",
+              "triton.experimental.gluon.language.nvidia.hopper",
+              "triton.experimental.gluon.language.nvidia.hopper.tma",
+              "triton.experimental.gluon.language.nvidia.hopper.mbarrier",
+              "triton.experimental.gluon.nvidia", "triton.experimental.gluon.nvidia.hopper"}
 
 BUILTINS = {"range", "len", "min", "max", "abs", "int", "float", "bool", "str", "tuple", "list",
             "dict", "set", "frozenset", "enumerate", "zip", "reversed", "sorted", "sum", "any",
@@ -107,7 +136,7 @@ HOST_ATTRS = {
     "multi_processor_count", "shared_memory_per_block_optin", "max_shared_memory_per_block_optin",
     "L2_cache_size", "total_memory", "name", "major", "minor", "warp_size",
     "regs_per_multiprocessor", "max_threads_per_multi_processor", "gcnArchName",
-    "from_tensor", "block_shape", "base", "strides",
+    "from_tensor", "block_shape", "base", "strides", "get_default_for",
     "bit_length", "is_integer", "real",
 }
 # attributes of values inside @triton.jit bodies: Triton's tensor methods and type queries
@@ -121,12 +150,15 @@ DEVICE_ATTRS = {
     "is_floating", "is_int", "is_int_signed", "is_fp16", "is_bf16", "is_fp32", "is_fp64",
     "is_fp8", "scalar", "int_bitwidth", "is_ptr", "is_block", "block_shape", "strides",
     "cast", "unsqueeze", "squeeze", "item_size", "itemsize",
+    # Gluon's shared memory and descriptors: a buffer of a ring, its block's type and bytes
+    "index", "block_type", "nbytes", "layout",
 }
 # Triton decorator and config arguments that take callables: none may be given
 CALLBACK_KWARGS = {"prune_configs_by", "pre_hook", "post_hook", "perf_model",
                    "early_config_prune", "do_bench", "launch_metadata", "repr"}
 DECORATORS = {"triton.jit", "triton.autotune", "triton.heuristics", "functools.lru_cache",
-              "functools.cache"}
+              "functools.cache", "triton.experimental.gluon.jit"}
+JIT_DECORATORS = {"triton.jit", "triton.experimental.gluon.jit"}   # their bodies are device code
 
 _FORBIDDEN_NODES = {
     ast.ClassDef: "class definitions", ast.Global: "global statements",
@@ -198,7 +230,8 @@ def _module_allows(module: str, rest: str) -> str | None:
         return f"module:{full}"
     if rule == "device":
         first = rest.split(".")[0]
-        if first.startswith("_") or first in TL_INTERNALS or not first[:1].isalpha():
+        if first.startswith("_") or first in DEVICE_INTERNALS.get(module, TL_INTERNALS) \
+                or not first[:1].isalpha():
             return None
         return "leaf" if "." not in rest else None
     if rest in rule:
@@ -339,7 +372,7 @@ class _Checker:
                     names.append(name)
                     if isinstance(d, ast.Call):
                         self.check_decorator_call(name, d)
-                if "triton.jit" in names:
+                if JIT_DECORATORS & set(names):
                     self.uses_jit = True
                     for inner in ast.walk(node):
                         if inner is not node:
@@ -351,7 +384,7 @@ class _Checker:
                         if kw.arg in CALLBACK_KWARGS or kw.arg is None:
                             self.fail(kw.value, f"{name} may not be given "
                                                 f"{kw.arg or '**kwargs'}: no callbacks")
-                if name == "triton.jit":
+                if name in JIT_DECORATORS:
                     self.uses_jit = True
         stack = [(self.tree, None)]     # pre-order, in source order: the first offence is named
         while stack:
@@ -360,7 +393,7 @@ class _Checker:
             stack.extend((c, node) for c in reversed(list(ast.iter_child_nodes(node))))
 
     def check_decorator_call(self, name: str, call: ast.Call) -> None:
-        if name == "triton.jit":
+        if name in JIT_DECORATORS:
             for kw in call.keywords:
                 if not _literal(kw.value):
                     self.fail(kw.value, "triton.jit options must be literal constants")
@@ -575,7 +608,9 @@ def rules_text() -> str:
     torch_names = sorted(n for n in TORCH if "." not in n and n not in _DTYPES)
     return (
         f"imports only {', '.join(IMPORTABLE)} (triton.language, its libdevice, "
-        f"triton.tools.tensor_descriptor.TensorDescriptor); from torch only dtypes, "
+        f"triton.tools.tensor_descriptor.TensorDescriptor; on Hopper, Gluon: "
+        f"triton.experimental.gluon.jit and .language, its nvidia.hopper tma / mbarrier / "
+        f"warpgroup_mma, gluon.nvidia.hopper.TensorDescriptor); from torch only dtypes, "
         f"{', '.join(torch_names)}, torch.cuda device queries and torch.version; modules only as "
         f"`module.name` (never rebound, passed or returned); tensors on the host only "
         f"{', '.join(sorted(HOST_ATTRS & {'shape', 'stride', 'dtype', 'device', 'view', 'reshape', 'contiguous', 'transpose', 'permute', 'expand', 'unsqueeze', 'squeeze', 'flatten', 'to', 'clone', 'copy_', 'new_empty', 'numel', 'dim', 'data_ptr', 'is_contiguous', 'element_size'}))} "

@@ -124,6 +124,7 @@ SIGNATURE = "kernel_fn(q, k, v, causal, scale)"
 ARG_NAMES = ("q", "k", "v", "causal", "scale")
 ADVERSARIAL = ("huge", "tiny", "mixed_scale", "constant_rows", "heavy_tail")
 MAX_HEAD_DIM = 256
+WS_HEAD_DIMS = (64, 128, 256)    # the head dims of the warp-specialized kernel (loads "ws")
 
 
 def reference(q, k, v, causal, scale):
@@ -336,7 +337,7 @@ SPACE = {
     "causal_blocks": ["mask_all", "skip", "split"],
     "use_exp2": [False, True],
     "m_order": ["forward", "reverse"],
-    "loads": ["pointers", "tma"],
+    "loads": ["pointers", "tma", "ws"],
     "fp32_dot": ["ieee", "tf32x3"],
     "fold_scale": [False, True],
     "warp_specialize": [False, True],
@@ -400,13 +401,24 @@ SPLIT_OPENERS = ({"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3
                  dict(HALF_OPENERS[0], split_d=True))
 
 
+# Hopper's warp-specialized Gluon kernel (loads "ws") opens where it applies (head dim 64, 128
+# or 256): on an H200 (do_bench, bf16, 4 x 32 x 4096 x 128, GQA 8) 128-key blocks and a ring of
+# 3 K/V tiles ran causal attention in 934 us against SDPA's 895 and HALF_OPENERS[0]'s 1,154; at
+# head dim 64 it was slower than that Triton point (773 against 688 us), which the search keeps
+# there. Elsewhere than on Hopper the point runs its Triton TMA kernel (this tile).
+WS_OPENER = dict(HALF_OPENERS[0], loads="ws", block_n=128)
+
+
 def openers_for(shape, dtype: str) -> tuple:
     """The first moves for a target: HALF_OPENERS for bf16/fp16 (fp32 starts on the tensor
-    cores at FP32_START, default_for); where the head dim is no power of 2 (80, 96, 192),
-    SPLIT_OPENERS first (split_d: no zero padding in the dots)."""
+    cores at FP32_START, default_for), WS_OPENER first at the head dims the warp-specialized
+    kernel takes; where the head dim is no power of 2 (80, 96, 192), SPLIT_OPENERS first
+    (split_d: no zero padding in the dots)."""
     if str(dtype).removeprefix("torch.") == "float32":
         return ()
-    return SPLIT_OPENERS + HALF_OPENERS if _odd_head_dim(shape) else HALF_OPENERS
+    if _odd_head_dim(shape):
+        return SPLIT_OPENERS + HALF_OPENERS
+    return ((WS_OPENER,) if problem(shape)[3] in WS_HEAD_DIMS else ()) + HALF_OPENERS
 
 
 def _odd_head_dim(shape) -> bool:
@@ -835,9 +847,9 @@ _MASK_LAUNCH = ("mk, fill, mk.stride(0), mk.stride(1), mk.stride(2), mk.stride(3
                 "                    ")
 
 
-def _launcher(p, mask=None, fold: bool = False) -> str:
+def _launcher(p, mask=None, fold: bool = False, ws: bool = False) -> str:
     scale = "scale * 1.4426950408889634   # log2(e): exp2 of base-2 scores" if p["use_exp2"] else "scale"
-    tma = p["loads"] == "tma"
+    tma = p["loads"] in ("tma", "ws")
     split = bool(p.get("split_d"))
     margs = _MASK_LAUNCH if mask else ""
     widths = "BLOCK_D=bd, BLOCK_DV=bdv, BLOCK_D2=bd2, BLOCK_DV2=bdv2," if split else "BLOCK_D=bd, BLOCK_DV=bdv,"
@@ -882,6 +894,14 @@ def _launcher(p, mask=None, fold: bool = False) -> str:
         fit = fit[:-1] + ", mask_tiles=1)"
         prep = _mask_prep(p, mask)
     sig = "q, k, v, causal, scale, mask" if mask else "q, k, v, causal, scale"
+    ws_pick = ws_launch = ""
+    ws_tile = "None"
+    if ws:    # Hopper's warp-specialized kernel where it applies (_ws_tile), worked out once
+        ws_pick = ("ws = None\n    if tma and not dot_fp32 and _has_wgmma(q.device):\n"
+                   "        ws = _ws_tile(D, DV, BLOCK_N, NUM_STAGES, q.element_size(), _smem_budget(q.device))\n    ")
+        ws_tile = "ws"
+        ws_launch = ("    if ws is not None and qk_scale > 0:     # the scale rides in exp2's argument\n"
+                     "        return _ws_launch(q, k, v, o, qk_scale, causal, ws)\n")
     if split:    # each head dim in two power-of-2 parts where that pads less (192: 128 + 64)
         dims = "(bd, bd2), (bdv, bdv2) = _split_dim(D), _split_dim(DV)   # each head dim in two parts"
     else:        # one power-of-2 tile each, zeros past D (192 pads to 256)
@@ -920,7 +940,8 @@ def _plan(q, k, v, o):
     {dims}
     {pick}bm, bn, stages = _fit_attn(BLOCK_M, BLOCK_N, bd + bd2, NUM_STAGES, NUM_WARPS, SQ, SK,
                                {fit}
-    return (Hkv, SK, DV, dot_fp32, ieee, bd, bdv, bd2, bdv2, tma, bm, bn, stages, (_cdiv(SQ, bm), B * H))
+    {ws_pick}return (Hkv, SK, DV, dot_fp32, ieee, bd, bdv, bd2, bdv2, tma, bm, bn, stages, (_cdiv(SQ, bm), B * H),
+            {ws_tile})
 
 
 def kernel_fn({sig}):
@@ -939,12 +960,12 @@ def kernel_fn({sig}):
         plan = _PLANS[key] = _plan(q, k, v, o)
     if plan is None:                   # an empty problem
         return o
-    Hkv, SK, DV, dot_fp32, ieee, bd, bdv, bd2, bdv2, tma, bm, bn, stages, grid = plan
+    Hkv, SK, DV, dot_fp32, ieee, bd, bdv, bd2, bdv2, tma, bm, bn, stages, grid, ws = plan
     if scale is None:
         scale = 1.0 / D ** 0.5
     scale = float(scale)
     qk_scale = {scale}
-    {prep}{launch}_attn_fwd[grid](q, k, v, o, qk_scale, H, H // Hkv, SQ, SK, D, DV,
+{ws_launch}    {prep}{launch}_attn_fwd[grid](q, k, v, o, qk_scale, H, H // Hkv, SQ, SK, D, DV,
                     q.stride(0), q.stride(1), q.stride(2), q.stride(3),
                     k.stride(0), k.stride(1), k.stride(2), k.stride(3),
                     v.stride(0), v.stride(1), v.stride(2), v.stride(3),
@@ -952,6 +973,296 @@ def kernel_fn({sig}):
                     DOT_FP32=dot_fp32,{fold_arg} num_warps=NUM_WARPS, num_stages=stages)
     return o
 '''
+
+
+
+# ---------------------------------------------------------------------------------------------
+# loads "ws": Hopper's warp-specialized kernel, written in Gluon
+# ---------------------------------------------------------------------------------------------
+# FlashAttention-3's schedule, which Triton's own warp specialization does not build for this
+# loop (the warp_specialize axis: 0.83x SDPA, no faster than without it): a program takes 128
+# query rows as two consumer warp groups of 64 rows, and a loader warp. The loader fills a ring
+# of K/V tiles through TMA (mbarriers: a slot is ready when its bytes land, empty when both
+# groups have released it). The two groups take turns on the tensor cores (a "turn" mbarrier
+# each): one issues q @ k_j^T and p_{j-1} @ v_{j-1} (async wgmma) and hands the turn over, then
+# runs block j's softmax while the other group's dots run; inside a group the softmax of block j
+# also runs under its own p_{j-1} @ v_{j-1}. Registers: the loader gives back down to 24 a
+# thread, each consumer group gets 240 (setmaxnreg). bf16/fp16 with q, k and v's head dims
+# equal and 64, 128 or 256, a positive scale (it rides in exp2's argument: fold_scale), no
+# runtime mask or cap; Hopper (sm_90) only: elsewhere, and for anything else, the Triton TMA
+# kernel above runs. Timed on an H200 (do_bench, 4 x 32 x 4096 x 128, GQA 8, bf16): causal
+# 934 us against SDPA's 895 (0.96x) and the Triton kernel's best 1,154 (0.78x); non-causal
+# 0.99x SDPA. The interpreter cannot run Gluon: on the CPU the TMA kernel computes.
+_WS_SRC = f'''
+try:     # Gluon (Triton >= 3.5): warp groups, mbarriers, TMA and async wgmma written out
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        tma as gtma, mbarrier, fence_async_shared, warpgroup_mma, warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+    _GLUON = True
+except Exception:
+    _GLUON = False
+try:     # the TMA copies' names: async_load / async_store from Triton 3.7 on (3.9 removed the
+    _NEW_TMA = _GLUON and gtma.async_load is not None    # old ones; 3.6 has only those)
+except Exception:
+    _NEW_TMA = False
+
+WS_ROWS = 64                  # query rows per consumer warp group (wgmma's M for one group)
+WS_HEAD_DIMS = {WS_HEAD_DIMS!r}
+WS_CONSUMER_REGS = 240        # registers a consumer thread: scores 64x128 fp32 (64 a thread), o
+WS_MAXNREG = 168              # 64x128 fp32 (64), p as the dot's registers (32); at launch 12 warps
+                              # (4 + 4 + 1, in warp groups) x 32 x 168 = 64,512 of 65,536
+_WGMMA = {{}}
+_WS_LAYOUTS = {{}}
+
+
+def _has_wgmma(device):
+    """Hopper (sm_90) has wgmma; Blackwell and others run the Triton TMA kernel."""
+    if not _GLUON or device.type != "cuda" or torch.version.hip is not None:
+        return False
+    if device.index not in _WGMMA:
+        _WGMMA[device.index] = torch.cuda.get_device_capability(device)[0] == 9
+    return _WGMMA[device.index]
+
+
+def _ws_tile(d, dv, bn, stages, itemsize, budget):
+    """(key step, K/V ring depth) of the warp-specialized kernel, or None where it does not
+    apply: head dims equal and in WS_HEAD_DIMS, 2-byte operands, the two q tiles [64, d] and
+    ``stages`` (at least 2) K and V tiles [bn, d] within shared memory (bn 128 or 64: 64 first,
+    then fewer stages)."""
+    if d != dv or d not in WS_HEAD_DIMS or itemsize != 2:
+        return None
+    bn = 128 if bn >= 128 else 64
+    stages = max(2, stages)
+
+    def smem(n, s):
+        return (2 * WS_ROWS * d + s * 2 * n * d) * itemsize + 1024    # + mbarriers, alignment
+
+    while bn > 64 and smem(bn, 2) > budget:
+        bn //= 2
+    while stages > 2 and smem(bn, stages) > budget:
+        stages -= 1
+    return (bn, stages) if smem(bn, stages) <= budget else None
+
+
+def _ws_launch(q, k, v, o, qk_scale, causal, tile):
+    """o = attention(q, k, v) by the warp-specialized kernel: 4-D descriptors (any strides a
+    descriptor takes; rows past Sq and Sk read as zeros, the o store clipped at Sq)."""
+    bn, stages = tile
+    B, H, SQ, D = q.shape
+    key = (q.dtype, D, bn)
+    if key not in _WS_LAYOUTS:
+        gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+        _WS_LAYOUTS[key] = (gl.NVMMASharedLayout.get_default_for([1, 1, WS_ROWS, D], gdt),
+                            gl.NVMMASharedLayout.get_default_for([1, 1, bn, D], gdt))
+    lq, lk = _WS_LAYOUTS[key]
+    qd = GluonDescriptor.from_tensor(q, [1, 1, WS_ROWS, D], lq)
+    od = GluonDescriptor.from_tensor(o, [1, 1, WS_ROWS, D], lq)
+    kd = GluonDescriptor.from_tensor(k, [1, 1, bn, D], lk)
+    vd = GluonDescriptor.from_tensor(v, [1, 1, bn, D], lk)
+    grid = (_cdiv(SQ, 2 * WS_ROWS), B * H)
+    _attn_fwd_ws[grid](qd, kd, vd, od, qk_scale, H, H // k.shape[1], SQ, k.shape[2],
+                       BLOCK_N=bn, NUM_BUF=stages, CAUSAL=bool(causal),
+                       CONSUMER_REGS=WS_CONSUMER_REGS, num_warps=4, maxnreg=WS_MAXNREG)
+    return o
+
+
+if _NEW_TMA:
+    @gluon.jit
+    def _tma_in(desc, coord, bar, dst):
+        gtma.async_load(desc, coord, bar, dst)
+
+    @gluon.jit
+    def _tma_out(desc, coord, src):
+        gtma.async_store(desc, coord, src)
+elif _GLUON:
+    @gluon.jit
+    def _tma_in(desc, coord, bar, dst):
+        gtma.async_copy_global_to_shared(desc, coord, bar, dst)
+
+    @gluon.jit
+    def _tma_out(desc, coord, src):
+        gtma.async_copy_shared_to_global(desc, coord, src)
+
+if _GLUON:
+    _WS_M = gl.constexpr(WS_ROWS)      # the rows constant inside the kernels
+
+    @gluon.jit
+    def _ws_softmax(s, m_i, l_i, qk_scale, offs_m, kn, SK, MASK: gl.constexpr, CAUSAL: gl.constexpr):
+        """One key block's online-softmax step on raw scores s [64, BLOCK_N] (fp32): the scale
+        rides in exp2's argument (qk_scale = log2(e) * scale > 0); MASK hides keys past SK and,
+        causal, future keys."""
+        if MASK:
+            visible = (kn < SK)[None, :]
+            if CAUSAL:
+                visible = visible & (offs_m[:, None] >= kn[None, :])
+            s = gl.where(visible, s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(s * qk_scale - m_new[:, None])
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        return p, alpha, m_new, l_i
+
+    @gluon.jit
+    def _ws_blocks(SQ, SK, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+        """(first query row of the program, key blocks it visits)."""
+        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)       # heaviest query blocks first
+        row0 = pid_m * (2 * _WS_M)
+        if CAUSAL:
+            n_total = (gl.minimum(SK, row0 + 2 * _WS_M) + BLOCK_N - 1) // BLOCK_N
+        else:
+            n_total = (SK + BLOCK_N - 1) // BLOCK_N
+        return row0, n_total
+
+    @gluon.jit
+    def _ws_loader(descs, bufs, bars, dims, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr,
+                   CAUSAL: gl.constexpr):
+        """The loader warp: both q tiles, then K/V block j into ring slot j % NUM_BUF once
+        both consumer groups have released the block before it there."""
+        q_desc, k_desc, v_desc, o_desc = descs
+        q_smem, k_smem, v_smem = bufs
+        q_bar, kv_ready, kv_empty, turn = bars
+        qk_scale, H, GROUP, SQ, SK = dims
+        row0, n_total = _ws_blocks(SQ, SK, BLOCK_N, CAUSAL)
+        bh = gl.program_id(1)
+        b = bh // H
+        h = bh % H
+        hk = h // GROUP                                            # the key/value head (GQA)
+        mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+        _tma_in(q_desc, [b, h, row0, 0], q_bar, q_smem.index(0))
+        _tma_in(q_desc, [b, h, row0 + _WS_M, 0], q_bar, q_smem.index(1))
+        kv_bytes: gl.constexpr = k_desc.block_type.nbytes + v_desc.block_type.nbytes
+        for j in range(n_total):
+            st = j % NUM_BUF
+            mbarrier.wait(kv_empty.index(st), ((j // NUM_BUF) & 1) ^ 1)
+            mbarrier.expect(kv_ready.index(st), kv_bytes)
+            _tma_in(k_desc, [b, hk, j * BLOCK_N, 0], kv_ready.index(st), k_smem.index(st))
+            _tma_in(v_desc, [b, hk, j * BLOCK_N, 0], kv_ready.index(st), v_smem.index(st))
+
+    @gluon.jit
+    def _ws_consumer(descs, bufs, bars, dims, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr,
+                     CAUSAL: gl.constexpr, G: gl.constexpr):
+        """Consumer warp group G (0 or 1): query rows row0 + 64 G .. + 63 of the program."""
+        q_desc, k_desc, v_desc, o_desc = descs
+        q_smem, k_smem, v_smem = bufs
+        q_bar, kv_ready, kv_empty, turn = bars
+        qk_scale, H, GROUP, SQ, SK = dims
+        dtype: gl.constexpr = q_desc.dtype
+        D: gl.constexpr = q_desc.block_type.shape[3]
+        row0, n_total = _ws_blocks(SQ, SK, BLOCK_N, CAUSAL)
+        row0 = row0 + G * _WS_M
+        if CAUSAL:                  # blocks every row of the group sees whole: no mask there
+            n_full = gl.minimum(SK // BLOCK_N, (row0 + 1) // BLOCK_N)
+        else:
+            n_full = SK // BLOCK_N
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, D, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        q_s = q_smem.index(G).reshape([_WS_M, D])
+        my_turn = turn.index(G)
+        other = turn.index(1 - G)
+        if G == 1:
+            mbarrier.arrive(other, count=1)                        # group 0 goes first
+        offs_m = row0 + gl.arange(0, _WS_M, layout=row_s)
+        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        m_i = gl.full([_WS_M], float("-inf"), gl.float32, layout=row_s)
+        l_i = gl.zeros([_WS_M], gl.float32, layout=row_s)
+        acc = gl.zeros([_WS_M, D], gl.float32, layout=o_layout)
+        s_zero = gl.zeros([_WS_M, BLOCK_N], gl.float32, layout=s_layout)
+        mbarrier.wait(q_bar, 0)
+
+        # block 0: its scores alone (key 0 is visible to every row: no row stays at -inf)
+        mbarrier.wait(kv_ready.index(0), 0)
+        mbarrier.wait(my_turn, 0)
+        s_tok = warpgroup_mma(q_s, k_smem.index(0).reshape([BLOCK_N, D]).permute((1, 0)), s_zero,
+                              use_acc=False, is_async=True)
+        mbarrier.arrive(other, count=1)
+        s = warpgroup_mma_wait(0, deps=(s_tok, ))
+        if n_full > 0:
+            p, alpha, m_i, l_i = _ws_softmax(s, m_i, l_i, qk_scale, offs_m, offs_n, SK, False, CAUSAL)
+        else:
+            p, alpha, m_i, l_i = _ws_softmax(s, m_i, l_i, qk_scale, offs_m, offs_n, SK, True, CAUSAL)
+
+        for j in range(1, n_total):
+            st = j % NUM_BUF
+            prev = (j - 1) % NUM_BUF
+            mbarrier.wait(kv_ready.index(st), (j // NUM_BUF) & 1)
+            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+            pd = gl.convert_layout(p.to(dtype), p_layout)          # p rounded to v's dtype
+            mbarrier.wait(my_turn, j & 1)
+            s_tok = warpgroup_mma(q_s, k_smem.index(st).reshape([BLOCK_N, D]).permute((1, 0)), s_zero,
+                                  use_acc=False, is_async=True)
+            acc_tok = warpgroup_mma(pd, v_smem.index(prev).reshape([BLOCK_N, D]), acc, is_async=True)
+            mbarrier.arrive(other, count=1)                        # the other group's dots next
+            s = warpgroup_mma_wait(1, deps=(s_tok, ))              # the scores; p @ v still runs
+            if j >= n_full:
+                p, alpha, m_i, l_i = _ws_softmax(s, m_i, l_i, qk_scale, offs_m, j * BLOCK_N + offs_n, SK, True, CAUSAL)
+            else:
+                p, alpha, m_i, l_i = _ws_softmax(s, m_i, l_i, qk_scale, offs_m, j * BLOCK_N + offs_n, SK, False, CAUSAL)
+            acc, pd = warpgroup_mma_wait(0, deps=(acc_tok, pd))
+            mbarrier.arrive(kv_empty.index(prev), count=1)
+
+        last = (n_total - 1) % NUM_BUF
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+        pd = gl.convert_layout(p.to(dtype), p_layout)
+        mbarrier.wait(my_turn, n_total & 1)
+        acc_tok = warpgroup_mma(pd, v_smem.index(last).reshape([BLOCK_N, D]), acc, is_async=True)
+        mbarrier.arrive(other, count=1)
+        acc, pd = warpgroup_mma_wait(0, deps=(acc_tok, pd))
+        mbarrier.arrive(kv_empty.index(last), count=1)
+        o = acc / gl.convert_layout(l_i, row_o)[:, None]
+        q_s.store(o.to(dtype))                                     # q's tile carries o out
+        fence_async_shared()
+        bh = gl.program_id(1)
+        _tma_out(o_desc, [bh // H, bh % H, row0, 0], q_smem.index(G))
+        gtma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _ws_consumer1(descs, bufs, bars, dims, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr,
+                      CAUSAL: gl.constexpr):
+        _ws_consumer(descs, bufs, bars, dims, BLOCK_N, NUM_BUF, CAUSAL, 1)
+
+    @gluon.jit
+    def _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, qk_scale, H, GROUP, SQ, SK,
+                     BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, CAUSAL: gl.constexpr,
+                     CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+        """Program (128 query rows, batch * H + head): consumer group 0 (this partition's 4
+        warps), consumer group 1 (4 warps) and the loader (1 warp)."""
+        dtype: gl.constexpr = q_desc.dtype
+        q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [NUM_BUF] + k_desc.block_type.shape, k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [NUM_BUF] + v_desc.block_type.shape, v_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        kv_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
+        kv_empty = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        for i in gl.static_range(NUM_BUF):
+            mbarrier.init(kv_ready.index(i), count=1)
+            mbarrier.init(kv_empty.index(i), count=2)             # both groups release a slot
+        mbarrier.init(turn.index(0), count=1)
+        mbarrier.init(turn.index(1), count=1)
+        descs = (q_desc, k_desc, v_desc, o_desc)
+        bufs = (q_smem, k_smem, v_smem)
+        bars = (q_bar, kv_ready, kv_empty, turn)
+        dims = (qk_scale, H, GROUP, SQ, SK)
+        gl.warp_specialize([
+            (_ws_consumer, (descs, bufs, bars, dims, BLOCK_N, NUM_BUF, CAUSAL, 0)),
+            (_ws_consumer1, (descs, bufs, bars, dims, BLOCK_N, NUM_BUF, CAUSAL)),
+            (_ws_loader, (descs, bufs, bars, dims, BLOCK_N, NUM_BUF, CAUSAL)),
+        ], [4, 1], [CONSUMER_REGS, 24])
+'''
+
+
+def ws_on(p, mask=None, cap=None) -> bool:
+    """Whether a point renders the warp-specialized Gluon kernel (loads "ws"): not with a runtime
+    mask, a soft cap or a head dim in two parts (those take the Triton TMA kernel)."""
+    return p["loads"] == "ws" and not mask and cap is None and not p.get("split_d")
 
 
 def render(params, mask=None, cap=None) -> str:
@@ -989,9 +1300,12 @@ NUM_STAGES = {p["num_stages"]}        # software-pipelining depth of the key loo
     if cap is not None:
         doc = doc.replace("q k^T", f"{cap:g} * tanh(q k^T * scale / {cap:g})", 1)
     parts = [doc, _HELPERS_SRC + (_SPLIT_DIM_SRC if p["split_d"] else ""), "\n", _kernel(p, mask=mask, cap=cap)]
-    if p["loads"] == "tma":      # tiles through tensor descriptors where the GPU has TMA
+    if p["loads"] in ("tma", "ws"):      # tiles through tensor descriptors where the GPU has TMA
         parts += ["\n", C.TMA_HELPERS_SRC, C.ROWS_OK_SRC, "\n", _kernel(p, tma=True, mask=mask, cap=cap)]
-    return C.tidy("\n".join(parts + [_launcher(p, mask, folds(p, mask, cap))]))
+    ws = ws_on(p, mask, cap)
+    if ws:                               # Hopper: the warp-specialized kernel first
+        parts += ["\n", _WS_SRC]
+    return C.tidy("\n".join(parts + [_launcher(p, mask, folds(p, mask, cap), ws)]))
 
 
 FAMILY = Family(

@@ -74,6 +74,8 @@ needs_sandbox = pytest.mark.skipif(NO_SANDBOX is not None, reason=NO_SANDBOX or 
     ("jit_body_host_compute.py", ".value is not allowed inside a Triton kernel"),
     ("future_import_trick.py", "triton.runtime is not"),
     ("huge_source.py", "bytes; at most"),
+    ("gluon_internals.py", "gl.tensor is not"),
+    ("gluon_runtime.py", "gluon._runtime is not"),
 ])
 def test_allow_list_rejects(name, words):
     reason = verify.static_check((HOSTILE / name).read_text(), ("x",))

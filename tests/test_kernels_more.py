@@ -132,9 +132,14 @@ _ALLOWED_IMPORTS = {"torch", "triton", "triton.language"}
 # torch attributes a candidate may touch: allocation, dtypes and device queries. Everything
 # numeric happens in Triton.
 _ALLOWED_TORCH = {"empty", "float32", "bfloat16", "cuda", "version"}
-# the one from-import a candidate may make: Hopper TMA descriptors (matmul's "tma" loads), always
-# behind a device check with the pointer path as the fallback
-_ALLOWED_FROM = {("triton.tools.tensor_descriptor", "TensorDescriptor")}
+# the from-imports a candidate may make: Hopper TMA descriptors (matmul's "tma" loads), always
+# behind a device check with the pointer path as the fallback; and Gluon (attention's "ws"
+# loads: Hopper's warp-specialized kernel), behind an import check and a device check
+_ALLOWED_FROM = {("triton.tools.tensor_descriptor", "TensorDescriptor"),
+                 ("triton.experimental", "gluon"), ("triton.experimental.gluon", "language"),
+                 ("triton.experimental.gluon.nvidia.hopper", "TensorDescriptor")} | {
+    ("triton.experimental.gluon.language.nvidia.hopper", n) for n in (
+        "tma", "mbarrier", "fence_async_shared", "warpgroup_mma", "warpgroup_mma_wait")}
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
@@ -1431,7 +1436,9 @@ def test_attention_targets_whose_head_dim_is_no_power_of_2_open_with_it_in_two_p
         ops = at.openers_for((1, 8, 256, d, 8, 1), "bfloat16")
         assert ops[:2] == at.SPLIT_OPENERS and ops[2:] == at.HALF_OPENERS
         assert all(o["split_d"] for o in at.SPLIT_OPENERS)
-    assert at.openers_for((1, 8, 256, 128, 8, 1), "bfloat16") == at.HALF_OPENERS
+    # powers of 2 the warp-specialized kernel takes open with it (test_attention_ws_opens_...)
+    assert at.openers_for((1, 8, 256, 128, 8, 1), "bfloat16") == (at.WS_OPENER,) + at.HALF_OPENERS
+    assert at.openers_for((1, 8, 256, 32, 8, 1), "bfloat16") == at.HALF_OPENERS
     assert at.openers_for((1, 8, 256, 96, 8, 1), "float32") == ()
 
 
@@ -1446,3 +1453,157 @@ def test_an_fp32_attention_target_with_an_odd_head_dim_starts_split_and_passes_t
     assert FAMILIES["attention"].for_target([1, 4, 33, 64, 2, 1], "float32").default == \
         dict(at.DEFAULT, **at.FP32_START)
     passes_every_stage(fam, load_candidate(fam.starter(), cand_dir), shape, "float32", seed=5)
+
+
+# ---------------------------------------------------------------------------------------------
+# attention's warp-specialized Gluon kernel (loads "ws"): Hopper only; elsewhere the TMA kernel
+# ---------------------------------------------------------------------------------------------
+
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+def test_attention_ws_point_carries_the_gluon_kernel_and_runs_the_tma_kernel_off_hopper(cand_dir):
+    """The "ws" point renders the Gluon kernel (a loader warp, two consumer warp groups taking
+    turns, async wgmma) beside the Triton TMA kernel, passes the allow list, and, where there
+    is no Hopper GPU (here: the interpreter), computes with the TMA kernel: same values as the
+    reference. A runtime mask, a soft cap or a head dim in two parts render no Gluon kernel."""
+    fam = FAMILIES["attention"]
+    src = attention.render(dict(attention.WS_OPENER, block_m=16, block_n=16))
+    assert "def _attn_fwd_ws(" in src and "gl.warp_specialize(" in src and "warpgroup_mma(" in src
+    assert verify.static_check(src, fam.arg_names) is None
+    fn = load_candidate(src, cand_dir)
+    mod = sys.modules[fn.__module__]
+    assert not mod._has_wgmma(torch.device("cpu"))
+    kernel, taken = mod._attn_fwd_tma, []
+
+    class Spy:
+        def __getitem__(self, grid):
+            taken.append(grid)
+            return kernel[grid]
+
+    mod._attn_fwd_tma = Spy()
+    try:
+        for shape in ((1, 4, 40, 64, 2, 1), (2, 2, 33, 128, 1, 0)):
+            inp = inputs_for(fam, shape, torch.bfloat16, seed=3)
+            taken.clear()
+            out = fn(**inp)
+            assert taken and tol_ratio(fam, out, inp) < 1, shape
+    finally:
+        mod._attn_fwd_tma = kernel
+    for other in (attention.render(attention.WS_OPENER, cap=30.0),
+                  attention.render(dict(attention.WS_OPENER, split_d=True)),
+                  attention.render(attention.WS_OPENER, mask={"kind": "bias", "safe": True})):
+        assert "_attn_fwd_ws" not in other and "_attn_fwd_tma" in other
+
+
+def test_attention_ws_tile_fits_shared_memory_and_refuses_what_the_kernel_cannot_take(cand_dir):
+    """_ws_tile: (key step, ring depth) within the device's shared memory, key steps 128 or 64,
+    at least 2 stages; None for head dims it does not take, unequal q/v head dims, fp32."""
+    fn = load_candidate(attention.render(attention.WS_OPENER), cand_dir)
+    tile = sys.modules[fn.__module__]._ws_tile
+    h100 = 232448                                        # shared_memory_per_block_optin, sm_90
+    assert tile(128, 128, 128, 3, 2, h100) == (128, 3)   # 32 KB of q, 192 KB of K/V
+    assert tile(128, 128, 128, 5, 2, h100) == (128, 3)
+    assert tile(64, 64, 128, 4, 2, h100) == (128, 4)
+    assert tile(256, 256, 128, 3, 2, h100) == (64, 2)    # 256-wide heads: 64-key blocks, 2 stages
+    assert tile(128, 128, 64, 1, 2, h100) == (64, 2)     # never fewer than 2 stages
+    assert tile(128, 128, 128, 3, 2, 100 * 1024) == (64, 2)
+    assert tile(256, 256, 128, 3, 2, 100 * 1024) is None
+    for d, dv, size in ((96, 96, 2), (80, 80, 2), (192, 128, 2), (128, 128, 4), (32, 32, 2)):
+        assert tile(d, dv, 128, 3, size, h100) is None, (d, dv, size)
+
+
+def test_attention_ws_opens_where_it_applies():
+    """16-bit targets with a head dim of 64, 128 or 256 try the warp-specialized point first;
+    odd head dims open split, fp32 with its own starter."""
+    for d in (64, 128, 256):
+        assert attention.openers_for((4, 32, 4096, d, 8, 1), "bfloat16")[0] == attention.WS_OPENER
+    assert attention.openers_for((4, 32, 4096, 32, 8, 1), "float16")[0]["loads"] == "tma"
+    assert all(o["loads"] != "ws" for o in attention.openers_for((4, 32, 4096, 96, 8, 1), "bfloat16"))
+    assert attention.openers_for((4, 32, 4096, 128, 8, 1), "float32") == ()
+    assert "ws" in attention.SPACE["loads"]
+
+
+def _compile_ws_for_sm90(src, bn, d, stages, causal):
+    """Compile the rendered Gluon kernel for sm_90 without a GPU (Triton's own compiler and
+    ptxas); None where this Triton cannot (no Gluon, or no such entry point)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("ws_compile", src)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    if not mod._GLUON:
+        return None
+    try:
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.experimental.gluon._runtime import GluonASTSource
+        from triton.runtime.jit import mangle_type
+    except ImportError:
+        return None
+    gl = mod.gl
+    q = torch.empty(2, 4, 1000, d, dtype=torch.bfloat16)
+    lq = gl.NVMMASharedLayout.get_default_for([1, 1, 64, d], gl.bfloat16)
+    lk = gl.NVMMASharedLayout.get_default_for([1, 1, bn, d], gl.bfloat16)
+    dq = mod.GluonDescriptor.from_tensor(q, [1, 1, 64, d], lq)
+    dk = mod.GluonDescriptor.from_tensor(q, [1, 1, bn, d], lk)
+    fn = mod._attn_fwd_ws
+    descs = {"q_desc": dq, "k_desc": dk, "v_desc": dk, "o_desc": dq}
+    sig = {n: (mangle_type(descs[n]) if n in descs else "fp32" if n == "qk_scale"
+               else "i32" if n in ("H", "GROUP", "SQ", "SK") else "constexpr") for n in fn.arg_names}
+    const = {"BLOCK_N": bn, "NUM_BUF": stages, "CAUSAL": causal,
+             "CONSUMER_REGS": mod.WS_CONSUMER_REGS, "num_warps": 4}
+    return triton.compile(GluonASTSource(fn, sig, const), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": 4, "maxnreg": mod.WS_MAXNREG})
+
+
+def test_attention_ws_kernel_compiles_for_hopper_without_a_gpu(tmp_path):
+    """The Gluon kernel goes through Triton's compiler to sm_90 here (no GPU needed): warp
+    groups, mbarriers, TMA and wgmma lower, the ring fits the shared memory _ws_tile counted,
+    and the consumer groups keep within their registers (no spills in the PTX's stack frame).
+    Skipped where this Triton has no Gluon compiler entry point."""
+    path = tmp_path / "ws_point.py"
+    path.write_text(attention.render(attention.WS_OPENER))
+    for bn, d, stages, causal in ((128, 128, 3, True), (64, 256, 2, False)):
+        try:
+            k = _compile_ws_for_sm90(str(path), bn, d, stages, causal)
+        except RuntimeError as e:          # no ptxas / CUDA toolchain in this Triton install
+            pytest.skip(f"Triton cannot compile for sm_90 here: {e}")
+        if k is None:
+            pytest.skip("this Triton has no Gluon")
+        assert "wgmma.mma_async" in k.asm["ptx"] and "setmaxnreg" in k.asm["ptx"]
+        assert k.metadata.shared <= (2 * 64 * d + stages * 2 * bn * d) * 2 + 1024
+
+
+@pytest.mark.skipif(not _hopper(), reason="GPU only: the Gluon kernel needs a Hopper GPU (sm_90)")
+def test_attention_ws_kernel_on_hopper_matches_sdpa_at_ragged_and_strided_shapes(cand_dir):
+    """On a Hopper GPU the "ws" point takes the Gluon kernel at ragged sequence lengths, keys
+    longer than queries, GQA, v as a fused projection's transposed view, fp16 and bf16, head
+    dims 64, 128, 256, and errs no more than SDPA does against float64."""
+    fn = load_candidate(attention.render(attention.WS_OPENER), cand_dir)
+    mod = sys.modules[fn.__module__]
+    launch, taken = mod._ws_launch, []
+    mod._ws_launch = lambda *a, **k: (taken.append(1), launch(*a, **k))[1]
+    try:
+        for (B, H, S, D, Hkv, causal), sk, dt, vt in (
+                ((2, 8, 1000, 128, 2, True), None, torch.bfloat16, False),
+                ((1, 4, 300, 64, 4, False), 517, torch.bfloat16, False),
+                ((2, 4, 777, 256, 1, True), None, torch.bfloat16, False),
+                ((2, 8, 640, 128, 2, True), None, torch.float16, True),
+                ((1, 4, 200, 128, 2, True), 300, torch.bfloat16, False)):
+            sk = sk or S
+            g = torch.Generator(device="cuda").manual_seed(1)
+            q = torch.randn(B, H, S, D, device="cuda", dtype=dt, generator=g)
+            k = torch.randn(B, Hkv, sk, D, device="cuda", dtype=dt, generator=g)
+            v = (torch.randn(B, sk, Hkv, D, device="cuda", dtype=dt, generator=g).transpose(1, 2)
+                 if vt else torch.randn(B, Hkv, sk, D, device="cuda", dtype=dt, generator=g))
+            ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(),
+                                                 is_causal=causal, enable_gqa=True)
+            sdpa = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+            taken.clear()
+            out = fn(q, k, v, causal, None)
+            assert taken
+            err = (out.double() - ref).abs().max().item()
+            assert err <= 1.5 * (sdpa.double() - ref).abs().max().item() + 1e-3, (S, D, err)
+    finally:
+        mod._ws_launch = launch
