@@ -78,7 +78,12 @@ Search space (``SPACE``), rendered by ``render`` into one self-contained candida
 - loads: "pointers" (any GPU, any strides) or "tma": q, k and v tiles and the o store through 4-D
   tensor descriptors (block [1, 1, rows, BLOCK_D]; zeros past the sequence and the head dim, the
   store clipped), on Hopper and newer NVIDIA GPUs and under the interpreter, for operands with a
-  unit last stride and 16-byte aligned rows; anything else takes the pointer kernel.
+  unit last stride and 16-byte aligned rows; anything else takes the pointer kernel. "ws": on a
+  Hopper GPU (sm_90), bf16/fp16, head dims 64, 128 or 256 (q's and v's equal), no runtime mask or
+  cap, a positive scale: the warp-specialized kernel written in Gluon (``_WS_SRC``: a loader
+  warp, two consumer warp groups taking turns on the tensor cores, FlashAttention-3's schedule;
+  block_n its key step, 64 or 128, num_stages its K/V ring depth); anything else, and the
+  interpreter, the "tma" kernel of the same point.
 - warp_specialize (TMA kernel only; the pointer kernel renders the same): the main key loop as
   ``tl.range(..., warp_specialize=True)``: Triton splits it into a producer warp group issuing
   the K/V descriptor loads and consumer warp groups doing the dots and the softmax, so a tile's
