@@ -1437,7 +1437,8 @@ def test_attention_targets_whose_head_dim_is_no_power_of_2_open_with_it_in_two_p
         assert ops[:2] == at.SPLIT_OPENERS and ops[2:] == at.HALF_OPENERS
         assert all(o["split_d"] for o in at.SPLIT_OPENERS)
     # powers of 2 the warp-specialized kernel takes open with it (test_attention_ws_opens_...)
-    assert at.openers_for((1, 8, 256, 128, 8, 1), "bfloat16") == (at.WS_OPENER,) + at.HALF_OPENERS
+    assert at.openers_for((1, 8, 256, 128, 8, 1), "bfloat16") == (
+        at.WS_OPENER, dict(at.WS_OPENER, ws_grid="persistent")) + at.HALF_OPENERS
     assert at.openers_for((1, 8, 256, 32, 8, 1), "bfloat16") == at.HALF_OPENERS
     assert at.openers_for((1, 8, 256, 96, 8, 1), "float32") == ()
 
@@ -1519,11 +1520,17 @@ def test_attention_ws_opens_where_it_applies():
     """16-bit targets with a head dim of 64, 128 or 256 try the warp-specialized point first;
     odd head dims open split, fp32 with its own starter."""
     for d in (64, 128, 256):
-        assert attention.openers_for((4, 32, 4096, d, 8, 1), "bfloat16")[0] == attention.WS_OPENER
+        ops = attention.openers_for((4, 32, 4096, d, 8, 1), "bfloat16")
+        assert ops[0] == attention.WS_OPENER and ops[1] == dict(attention.WS_OPENER, ws_grid="persistent")
     assert attention.openers_for((4, 32, 4096, 32, 8, 1), "float16")[0]["loads"] == "tma"
     assert all(o["loads"] != "ws" for o in attention.openers_for((4, 32, 4096, 96, 8, 1), "bfloat16"))
     assert attention.openers_for((4, 32, 4096, 128, 8, 1), "float32") == ()
-    assert "ws" in attention.SPACE["loads"]
+    assert "ws" in attention.SPACE["loads"] and attention.SPACE["ws_grid"] == ["tiles", "persistent"]
+    # the grid of a kernel a point does not render is inert: one source, one experiment
+    assert attention.render(dict(attention.HALF_OPENERS[0], ws_grid="persistent")) == \
+        attention.render(attention.HALF_OPENERS[0])
+    assert "WS_PERSISTENT = True" in attention.render(dict(attention.WS_OPENER, ws_grid="persistent"))
+    assert "WS_PERSISTENT = False" in attention.render(attention.WS_OPENER)
 
 
 def _compile_ws_for_sm90(src, bn, d, stages, causal):
@@ -1551,7 +1558,8 @@ def _compile_ws_for_sm90(src, bn, d, stages, causal):
     fn = mod._attn_fwd_ws
     descs = {"q_desc": dq, "k_desc": dk, "v_desc": dk, "o_desc": dq}
     sig = {n: (mangle_type(descs[n]) if n in descs else "fp32" if n == "qk_scale"
-               else "i32" if n in ("H", "GROUP", "SQ", "SK") else "constexpr") for n in fn.arg_names}
+               else "i32" if n in ("H", "GROUP", "SQ", "SK", "n_m", "n_tiles") else "constexpr")
+           for n in fn.arg_names}
     const = {"BLOCK_N": bn, "NUM_BUF": stages, "CAUSAL": causal,
              "CONSUMER_REGS": mod.WS_CONSUMER_REGS, "num_warps": 4}
     return triton.compile(GluonASTSource(fn, sig, const), target=GPUTarget("cuda", 90, 32),
@@ -1580,8 +1588,14 @@ def test_attention_ws_kernel_compiles_for_hopper_without_a_gpu(tmp_path):
 def test_attention_ws_kernel_on_hopper_matches_sdpa_at_ragged_and_strided_shapes(cand_dir):
     """On a Hopper GPU the "ws" point takes the Gluon kernel at ragged sequence lengths, keys
     longer than queries, GQA, v as a fused projection's transposed view, fp16 and bf16, head
-    dims 64, 128, 256, and errs no more than SDPA does against float64."""
-    fn = load_candidate(attention.render(attention.WS_OPENER), cand_dir)
+    dims 64, 128, 256, on both grids (a program a tile; persistent), and errs no more than
+    SDPA does against float64."""
+    for grid in ("tiles", "persistent"):
+        _ws_on_hopper(load_candidate(attention.render(dict(attention.WS_OPENER, ws_grid=grid)),
+                                     cand_dir))
+
+
+def _ws_on_hopper(fn):
     mod = sys.modules[fn.__module__]
     launch, taken = mod._ws_launch, []
     mod._ws_launch = lambda *a, **k: (taken.append(1), launch(*a, **k))[1]
