@@ -50,6 +50,17 @@ def cand_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("candidates_more")
 
 
+class _LaunchSpy:
+    """Stands in for a @triton.jit kernel in a candidate's module: records each launch's grid
+    in ``taken`` and launches the kernel."""
+    def __init__(self, kernel, taken):
+        self.kernel, self.taken = kernel, taken
+
+    def __getitem__(self, grid):
+        self.taken.append(grid)
+        return self.kernel[grid]
+
+
 def tol_ratio(fam, out, inputs) -> float:
     """max |out - expected| / (atol + rtol*|expected| + stol*bound), the verifier's comparison;
     NaN when the NaN or Inf patterns differ."""
@@ -813,13 +824,7 @@ def test_attention_tma_loads_take_descriptors_where_they_can_and_pass_the_verifi
     fn = load_candidate(src, cand_dir)
     mod = sys.modules[fn.__module__]
     kernel, taken = mod._attn_fwd_tma, []
-
-    class Spy:
-        def __getitem__(self, grid):
-            taken.append(grid)
-            return kernel[grid]
-
-    mod._attn_fwd_tma = Spy()
+    mod._attn_fwd_tma = _LaunchSpy(kernel, taken)
     try:
         for shape, expect in [((1, 4, 40, 64, 2, 1), True), ((2, 2, 33, 80, 1, 0), True),
                               ((1, 2, 9, 2, 2, 1), False)]:       # D=2 fp32: 8-byte rows
@@ -1478,13 +1483,7 @@ def test_attention_ws_point_carries_the_gluon_kernel_and_runs_the_tma_kernel_off
     mod = sys.modules[fn.__module__]
     assert not mod._has_wgmma(torch.device("cpu"))
     kernel, taken = mod._attn_fwd_tma, []
-
-    class Spy:
-        def __getitem__(self, grid):
-            taken.append(grid)
-            return kernel[grid]
-
-    mod._attn_fwd_tma = Spy()
+    mod._attn_fwd_tma = _LaunchSpy(kernel, taken)
     try:
         for shape in ((1, 4, 40, 64, 2, 1), (2, 2, 33, 128, 1, 0)):
             inp = inputs_for(fam, shape, torch.bfloat16, seed=3)
