@@ -108,6 +108,11 @@ class Family:
     # starter would serve its shape pathologically (matmul: an output of 4 or 16 tiles on a GPU
     # of 132 SMs, unsplit, took seconds a call at KernelBench's long-K shapes); None: none
     default_for: Callable | None = None
+    # (shape, dtype) -> {axis: values} narrowing ``space`` for one target, where a value can
+    # never change its kernel (attention's Hopper-only "ws" loads at a head dim or dtype that
+    # kernel does not take: a move there renders other source for the same TMA kernel); None:
+    # the space as it is (beside FP32_ONLY_AXES)
+    space_for: Callable | None = None
 
     # The op a target's eager and torch.compile baselines time, where the model computes the
     # contract another way than ``reference`` (attention written out by hand: bmm, mask,
@@ -131,6 +136,10 @@ class Family:
         if dtype != "float32" and any(k in space for k in FP32_ONLY_AXES):
             space = {k: ([self.default[k]] if k in FP32_ONLY_AXES and k in self.default else v)
                      for k, v in space.items()}
+        if shape and self.space_for is not None:
+            narrowed = self.space_for(tuple(shape), dtype)
+            if narrowed:
+                space = dict(space, **narrowed)
         if not shape or (self.openers_for is None and self.default_for is None):
             return self if space is self.space else dataclasses.replace(self, space=space)
         shape = tuple(shape)

@@ -435,6 +435,21 @@ def openers_for(shape, dtype: str) -> tuple:
     return (ws if problem(shape)[3] in WS_HEAD_DIMS else ()) + HALF_OPENERS
 
 
+def space_for(shape, dtype: str) -> dict:
+    """The "ws" loads (and their grids) only where the warp-specialized kernel can run: 16-bit
+    operands at a head dim it takes; elsewhere the point would render the same TMA kernel."""
+    if str(dtype).removeprefix("torch.") in ("bfloat16", "float16") and \
+            problem(shape)[3] in WS_HEAD_DIMS:
+        return {}
+    return _without_ws(shape, dtype)
+
+
+def _without_ws(shape, dtype: str) -> dict:
+    """The space without the "ws" loads: for contracts that kernel does not take (a runtime
+    mask, a soft cap) and targets it cannot run."""
+    return {"loads": [v for v in SPACE["loads"] if v != "ws"], "ws_grid": [DEFAULT["ws_grid"]]}
+
+
 def _odd_head_dim(shape) -> bool:
     """A head dim that is no power of 2 (80, 96, 192): split_d computes it without padding."""
     d = problem(shape)[3]
@@ -1391,6 +1406,7 @@ FAMILY = Family(
     from_profile=from_profile,
     default_for=default_for,
     openers_for=openers_for,
+    space_for=space_for,
 )
 
 
@@ -1588,6 +1604,7 @@ def _masked_family(spec: dict) -> Family:
         cost=_masked_cost(dims, kind), bench_shapes=shapes(BENCH_SHAPES),
         sweep_shapes=shapes(SWEEP_SHAPES), edge_shapes=shapes(EDGE_SHAPES),
         adversarial=ADVERSARIAL + extra, render=lambda params: render(params, mask=mask, cap=cap),
+        space_for=_without_ws,
         description=f"Scaled dot-product attention with GQA and a runtime mask: {what}, shape "
                     f"{list(mask_shape(dims, 'B', 'H', 'Sq', 'Sk'))} broadcast to "
                     f"[B, H, Sq, Sk]; {rows}" + (f"; hidden scores take {fill}" if fill else "")
@@ -1933,7 +1950,7 @@ def _configure(spec: dict):
         return dataclasses.replace(
             FAMILY, spec=dict(spec), reference=capped, baseline=capped,
             error_bound=functools.partial(error_bound, cap=float(cap)),
-            render=lambda params: render(params, cap=float(cap)),
+            render=lambda params: render(params, cap=float(cap)), space_for=_without_ws,
             description=FAMILY.description + f" Scores soft-capped: {cap:g} * tanh(s / {cap:g}).")
     written = spec.get("written") == "by_hand"      # else an SDPA call: SDPA is its baseline
     return dataclasses.replace(FAMILY, spec=dict(spec), baseline=by_hand if written else None)

@@ -1621,3 +1621,22 @@ def _ws_on_hopper(fn):
             assert err <= 1.5 * (sdpa.double() - ref).abs().max().item() + 1e-3, (S, D, err)
     finally:
         mod._ws_launch = launch
+
+
+def test_attention_targets_search_ws_only_where_it_can_run():
+    """A target's space keeps the "ws" loads and their grids only for 16-bit operands at a head
+    dim the warp-specialized kernel takes, and never for a masked or capped contract (it takes
+    neither): elsewhere a move to it would render the same TMA kernel again."""
+    fam = kernels.get("attention")
+    half = fam.for_target((4, 32, 4096, 128, 8, 1), "bfloat16")
+    assert "ws" in half.space["loads"] and half.space["ws_grid"] == ["tiles", "persistent"]
+    for shape, dtype in (((4, 32, 4096, 128, 8, 1), "float32"), ((4, 32, 4096, 96, 8, 1), "float16"),
+                         ((1, 16, 2048, 192, 16, 1), "bfloat16")):
+        t = fam.for_target(shape, dtype)
+        assert "ws" not in t.space["loads"] and t.space["ws_grid"] == ["tiles"], (shape, dtype)
+        assert all(o.get("loads") != "ws" for o in t.openers)
+    for spec in ({"written": "by_hand", "softcap": 50.0},
+                 {"mask": "bias", "mask_dims": "b11k", "written": "by_hand"}):
+        t = kernels.get("attention", spec).for_target((2, 8, 1024, 128, 8, 0), "bfloat16")
+        assert "ws" not in t.space["loads"], spec
+    assert set(fam.space) == set(half.space)            # the axes stay; values narrow
