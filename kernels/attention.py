@@ -1107,7 +1107,7 @@ def _ws_launch(q, k, v, o, qk_scale, causal, tile):
     n_m = _cdiv(SQ, 2 * WS_ROWS)
     n_tiles = n_m * B * H
     grid = (min(n_tiles, _ws_programs(q.device)) if WS_PERSISTENT else n_tiles,)
-    _attn_fwd_ws[grid](qd, kd, vd, od, qk_scale, H, H // k.shape[1], SQ, k.shape[2], n_m, n_tiles,
+    _attn_fwd_ws[grid](qd, kd, vd, od, qk_scale, H, H // k.shape[1], k.shape[2], n_m, n_tiles,
                        BLOCK_N=bn, NUM_BUF=stages, CAUSAL=bool(causal),
                        CONSUMER_REGS=WS_CONSUMER_REGS, num_warps=4, maxnreg=WS_MAXNREG)
     return o
@@ -1172,7 +1172,7 @@ if _GLUON:
         q_desc, k_desc, v_desc, o_desc = descs
         q_smem, k_smem, v_smem = bufs
         q_ready, q_empty, kv_ready, kv_empty, turn = bars
-        qk_scale, H, GROUP, SQ, SK, n_m, n_tiles = dims
+        qk_scale, H, GROUP, SK, n_m, n_tiles = dims
         kv_bytes: gl.constexpr = k_desc.block_type.nbytes + v_desc.block_type.nbytes
         it = 0
         tc = 0
@@ -1208,7 +1208,7 @@ if _GLUON:
         q_desc, k_desc, v_desc, o_desc = descs
         q_smem, k_smem, v_smem = bufs
         q_ready, q_empty, kv_ready, kv_empty, turn = bars
-        qk_scale, H, GROUP, SQ, SK, n_m, n_tiles = dims
+        qk_scale, H, GROUP, SK, n_m, n_tiles = dims
         dtype: gl.constexpr = q_desc.dtype
         D: gl.constexpr = q_desc.block_type.shape[3]
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -1297,7 +1297,7 @@ if _GLUON:
         _ws_consumer(descs, bufs, bars, dims, BLOCK_N, NUM_BUF, CAUSAL, 1)
 
     @gluon.jit
-    def _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, qk_scale, H, GROUP, SQ, SK, n_m, n_tiles,
+    def _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, qk_scale, H, GROUP, SK, n_m, n_tiles,
                      BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, CAUSAL: gl.constexpr,
                      CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
         """Programs over tiles t = program, program + programs, ... (128 query rows of one
@@ -1322,7 +1322,7 @@ if _GLUON:
         descs = (q_desc, k_desc, v_desc, o_desc)
         bufs = (q_smem, k_smem, v_smem)
         bars = (q_ready, q_empty, kv_ready, kv_empty, turn)
-        dims = (qk_scale, H, GROUP, SQ, SK, n_m, n_tiles)
+        dims = (qk_scale, H, GROUP, SK, n_m, n_tiles)
         gl.warp_specialize([
             (_ws_consumer, (descs, bufs, bars, dims, BLOCK_N, NUM_BUF, CAUSAL, 0)),
             (_ws_consumer1, (descs, bufs, bars, dims, BLOCK_N, NUM_BUF, CAUSAL)),
@@ -1342,7 +1342,8 @@ def render(params, mask=None, cap=None) -> str:
     ``mask`` ({"kind": "bias" | "keep" | "hide", "fill": None or a number, "safe": bool}, from
     the contract's spec) gives kernel_fn its runtime mask argument."""
     p = C.resolve(NAME, SPACE, DEFAULT, params)
-    if not ws_on(p, mask, cap):      # the grid of a kernel the point does not render: inert, so
+    ws = ws_on(p, mask, cap)
+    if not ws:                       # the grid of a kernel the point does not render: inert, so
         p["ws_grid"] = DEFAULT["ws_grid"]      # such points render the same source (one experiment)
     cb = {"mask_all": "visits every key block and masks each",
           "skip": "stops at the diagonal (causal) and masks every block it visits",
@@ -1376,7 +1377,6 @@ NUM_STAGES = {p["num_stages"]}        # software-pipelining depth of the key loo
     parts = [doc, _HELPERS_SRC + (_SPLIT_DIM_SRC if p["split_d"] else ""), "\n", _kernel(p, mask=mask, cap=cap)]
     if p["loads"] in ("tma", "ws"):      # tiles through tensor descriptors where the GPU has TMA
         parts += ["\n", C.TMA_HELPERS_SRC, C.ROWS_OK_SRC, "\n", _kernel(p, tma=True, mask=mask, cap=cap)]
-    ws = ws_on(p, mask, cap)
     if ws:                               # Hopper: the warp-specialized kernel first
         parts += ["\n", _WS_SRC.replace("{ws_persistent}", repr(p["ws_grid"] == "persistent"))]
     return C.tidy("\n".join(parts + [_launcher(p, mask, folds(p, mask, cap), ws)]))

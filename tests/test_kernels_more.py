@@ -1559,7 +1559,7 @@ def _compile_ws_for_sm90(src, bn, d, stages, causal):
     fn = mod._attn_fwd_ws
     descs = {"q_desc": dq, "k_desc": dk, "v_desc": dk, "o_desc": dq}
     sig = {n: (mangle_type(descs[n]) if n in descs else "fp32" if n == "qk_scale"
-               else "i32" if n in ("H", "GROUP", "SQ", "SK", "n_m", "n_tiles") else "constexpr")
+               else "i32" if n in ("H", "GROUP", "SK", "n_m", "n_tiles") else "constexpr")
            for n in fn.arg_names}
     const = {"BLOCK_N": bn, "NUM_BUF": stages, "CAUSAL": causal,
              "CONSUMER_REGS": mod.WS_CONSUMER_REGS, "num_warps": 4}
