@@ -11,10 +11,9 @@ triton.testing.do_bench medians (L2 flushed by do_bench), bf16, b a weight's tra
 Writes $OUT/fill_stages.json.
 """
 import os, sys, time
-import torch
 sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernels import matmul as mm
-from sweeplib import bencher, load, recorder
+from sweeplib import bencher, gemm_point, gemm_shape, load, recorder
 budget = float(sys.argv[1])
 t0 = time.time()
 emit = recorder("fill_stages.json")
@@ -30,15 +29,6 @@ mods = {n: load(src, f"fs{i}") for i, (n, src) in enumerate(POINTS.items())}
 for (M, K, N) in ((2048, 4096, 1024), (2048, 4096, 4096), (2048, 4096, 14336), (2048, 14336, 4096),
                   (16384, 4096, 1024), (4096, 4096, 4096)):
     if time.time() - t0 > budget: break
-    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(N, K, device="cuda", dtype=torch.bfloat16).t()
-    ref = a @ b; cub = bench(lambda: torch.matmul(a, b)); fl = 2 * M * N * K
-    emit(shape=f"{M}x{K}x{N}", point="cuBLAS", us=cub * 1e3, tflops=fl / cub / 1e9, vs_cublas=1.0)
+    a, b, ref, cub, fl = gemm_shape(emit, bench, M, K, N)
     for name, m in mods.items():
-        try:
-            out = m.kernel_fn(a, b); torch.cuda.synchronize()
-            err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
-            ms = bench(lambda: m.kernel_fn(a, b))
-            emit(shape=f"{M}x{K}x{N}", point=name, us=ms * 1e3, tflops=fl / ms / 1e9, vs_cublas=cub / ms, relerr=err)
-        except Exception as e:
-            emit(shape=f"{M}x{K}x{N}", point=name, error=repr(e)[:300])
+        gemm_point(emit, bench, name, lambda: m.kernel_fn, a, b, ref, cub, fl)

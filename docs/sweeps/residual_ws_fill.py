@@ -18,7 +18,7 @@ import torch, triton
 import torch.nn.functional as F
 sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernels import attention as at, matmul as mm
-from sweeplib import bencher, load, recorder
+from sweeplib import bencher, gemm_point, gemm_shape, load, recorder
 part = sys.argv[1]; budget = float(sys.argv[2])
 t0 = time.time()
 emit = recorder(f"x1_{part}.json")
@@ -72,20 +72,11 @@ elif part == "gemm":
      ((16, 4096, 4096), {"HALF_DECODE": dict(mm.DEFAULT, **mm.HALF_DECODE)}),
     ]
     for (M, K, N), pts in SETS:
-        a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-        b = torch.randn(N, K, device="cuda", dtype=torch.bfloat16).t()
-        ref = a @ b; cub = bench(lambda: torch.matmul(a, b)); fl = 2 * M * N * K
-        emit(shape=f"{M}x{K}x{N}", point="cuBLAS", us=cub * 1e3, tflops=fl / cub / 1e9, vs_cublas=1.0)
+        a, b, ref, cub, fl = gemm_shape(emit, bench, M, K, N)
         for i, (name, params) in enumerate(pts.items()):
             if time.time() - t0 > budget: break
-            try:
-                m = load(mm.render(params), f"g{i}_{M}_{K}_{N}")
-                out = m.kernel_fn(a, b); torch.cuda.synchronize()
-                err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
-                ms = bench(lambda: m.kernel_fn(a, b))
-                emit(shape=f"{M}x{K}x{N}", point=name, us=ms * 1e3, tflops=fl / ms / 1e9, vs_cublas=cub / ms, relerr=err)
-            except Exception as e:
-                emit(shape=f"{M}x{K}x{N}", point=name, error=repr(e)[:400])
+            gemm_point(emit, bench, name, lambda: load(mm.render(params), f"g{i}_{M}_{K}_{N}").kernel_fn,
+                       a, b, ref, cub, fl)
 elif part == "res":
     # fused residual add + norm vs the model's add then norm, eager and torch.compile
     import kernels

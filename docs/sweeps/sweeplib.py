@@ -33,3 +33,58 @@ def peak_mb(f):
     torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats(); before = torch.cuda.memory_allocated()
     f(); torch.cuda.synchronize()
     return (torch.cuda.max_memory_allocated() - before) / 2**20
+
+
+def gemm_shape(emit, bench, M, K, N):
+    """bf16 a [M, K] and b a weight's transpose [K, N]; cuBLAS timed and its row written.
+    Returns (a, b, a @ b, cuBLAS ms, flops)."""
+    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(N, K, device="cuda", dtype=torch.bfloat16).t()
+    ref = a @ b; cub = bench(lambda: torch.matmul(a, b)); fl = 2 * M * N * K
+    emit(shape=f"{M}x{K}x{N}", point="cuBLAS", us=cub * 1e3, tflops=fl / cub / 1e9, vs_cublas=1.0)
+    return a, b, ref, cub, fl
+
+
+def gemm_point(emit, bench, name, make, a, b, ref, cub, fl):
+    """One candidate's row at gemm_shape's operands: ``make()`` gives its kernel_fn (loading it
+    may fail too); its relative error against cuBLAS's product and its time, or the error."""
+    shape = f"{a.shape[0]}x{a.shape[1]}x{b.shape[1]}"
+    try:
+        fn = make()
+        out = fn(a, b); torch.cuda.synchronize()
+        err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+        ms = bench(lambda: fn(a, b))
+        emit(shape=shape, point=name, us=ms * 1e3, tflops=fl / ms / 1e9, vs_cublas=cub / ms, relerr=err)
+    except Exception as e:
+        emit(shape=shape, point=name, error=repr(e)[:400])
+
+
+def spy(module, name):
+    """Wraps module.name (a launcher) to record each call; returns the list it appends to."""
+    taken, orig = [], getattr(module, name)
+    setattr(module, name, lambda *a, **k: (taken.append(1), orig(*a, **k))[1])
+    return taken
+
+
+def attention_values(kernel_fn, taken, emit, cases, **tags):
+    """Each case ((B, H, S, D, Hkv, causal), Sk or None, dtype, v as a transposed view): the
+    kernel's largest error against float64 SDPA beside SDPA's own, and whether ``taken`` (a spy
+    on the path under test) grew."""
+    import torch.nn.functional as F
+    for (B, H, S, D, Hkv, causal), sk, dt, vt in cases:
+        sk = sk or S
+        g = torch.Generator(device="cuda").manual_seed(1)
+        q = torch.randn(B, H, S, D, device="cuda", dtype=dt, generator=g)
+        k = torch.randn(B, Hkv, sk, D, device="cuda", dtype=dt, generator=g)
+        if vt:   # v as a fused projection leaves it: [B, S, Hkv, D] viewed [B, Hkv, S, D]
+            v = torch.randn(B, sk, Hkv, D, device="cuda", dtype=dt, generator=g).transpose(1, 2)
+        else:
+            v = torch.randn(B, Hkv, sk, D, device="cuda", dtype=dt, generator=g)
+        ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal,
+                                             enable_gqa=True)
+        taken.clear()
+        o = kernel_fn(q, k, v, causal, None); torch.cuda.synchronize()
+        e_sdpa = (F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True).double()
+                  - ref).abs().max().item()
+        emit(**tags, case=f"{B}x{H}x{S}x{D} kv{Hkv} sk{sk} causal={causal} {dt} vT={vt}",
+             gluon_path=bool(taken), maxerr=(o.double() - ref).abs().max().item(), sdpa_maxerr=e_sdpa)

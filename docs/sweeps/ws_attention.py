@@ -5,35 +5,17 @@ sys.path.insert(0, os.getcwd()); sys.path.insert(0, "docs/sweeps")
 import torch, triton
 import torch.nn.functional as F
 from kernels import attention as A
-from sweeplib import recorder, load, bencher
+from sweeplib import attention_values, bencher, load, recorder, spy
 emit = recorder("h100_ws_attention.json")
 print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
 ws = load(A.render(A.WS_OPENER), "ws_point")
 tp = load(A.render(A.HALF_OPENERS[0]), "tma_point")
-taken = []
-orig = ws._ws_launch
-def spy(*a, **k):
-    taken.append(1); return orig(*a, **k)
-ws._ws_launch = spy
+taken = spy(ws, "_ws_launch")
 CASES = [((2, 8, 1000, 128, 2, True), None, torch.bfloat16, False), ((1, 4, 300, 64, 4, False), 517, torch.bfloat16, False),
          ((2, 4, 777, 256, 1, True), None, torch.bfloat16, False), ((1, 8, 512, 128, 8, True), None, torch.float16, False),
          ((2, 8, 640, 128, 2, True), None, torch.bfloat16, True), ((1, 4, 200, 128, 2, True), 300, torch.bfloat16, False),
          ((3, 6, 129, 64, 3, False), None, torch.float16, True), ((1, 2, 64, 128, 1, True), None, torch.bfloat16, False)]
-for (B, H, S, D, Hkv, causal), sk, dt, vt in CASES:
-    sk = sk or S
-    g = torch.Generator(device="cuda").manual_seed(1)
-    q = torch.randn(B, H, S, D, device="cuda", dtype=dt, generator=g)
-    k = torch.randn(B, Hkv, sk, D, device="cuda", dtype=dt, generator=g)
-    if vt:   # v as a fused projection leaves it: [B, S, Hkv, D] viewed [B, Hkv, S, D]
-        v = torch.randn(B, sk, Hkv, D, device="cuda", dtype=dt, generator=g).transpose(1, 2)
-    else:
-        v = torch.randn(B, Hkv, sk, D, device="cuda", dtype=dt, generator=g)
-    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal, enable_gqa=True)
-    taken.clear()
-    o = ws.kernel_fn(q, k, v, causal, None); torch.cuda.synchronize()
-    e_ws = (o.double() - ref).abs().max().item()
-    e_sdpa = (F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True).double() - ref).abs().max().item()
-    emit(case=f"{B}x{H}x{S}x{D} kv{Hkv} sk{sk} causal={causal} {dt} vT={vt}", gluon_path=bool(taken), maxerr=e_ws, sdpa_maxerr=e_sdpa)
+attention_values(ws.kernel_fn, taken, emit, CASES)
 bench = bencher(20, 80)
 for B, H, S, D, Hkv in [(4, 32, 4096, 128, 8), (4, 32, 4096, 64, 8), (4, 16, 4096, 256, 8), (8, 12, 1024, 64, 12),
                         (1, 32, 2048, 128, 8), (8, 32, 2048, 128, 8)]:
