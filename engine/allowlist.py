@@ -103,16 +103,8 @@ GL_INTERNALS = TL_INTERNALS | {"aggregate_replace", "base_type", "base_value", "
                                "shared_memory_descriptor", "shared_memory_descriptor_type",
                                "tuple", "tuple_type", "to_tensor", "amd", "nvidia", "fpsan"}
 DEVICE_INTERNALS = {"triton.experimental.gluon.language": GL_INTERNALS}
-# the submodule a dotted name leads into (for chains and from-imports)
-SUBMODULES = {"torch.cuda", "torch.version", "triton.language", "triton.language.math", "triton.language.extra",
-              "triton.language.extra.libdevice", "triton.language.extra.cuda.libdevice",
-              "triton.language.extra.hip.libdevice", "triton.tools.tensor_descriptor",
-              "triton.experimental", "triton.experimental.gluon", "triton.experimental.gluon.language",
-              "triton.experimental.gluon.language.nvidia",
-              "triton.experimental.gluon.language.nvidia.hopper",
-              "triton.experimental.gluon.language.nvidia.hopper.tma",
-              "triton.experimental.gluon.language.nvidia.hopper.mbarrier",
-              "triton.experimental.gluon.nvidia", "triton.experimental.gluon.nvidia.hopper"}
+# the submodules a dotted name leads into (for chains and from-imports): every table below a root
+SUBMODULES = {m for m in MODULES if "." in m}
 
 BUILTINS = {"range", "len", "min", "max", "abs", "int", "float", "bool", "str", "tuple", "list",
             "dict", "set", "frozenset", "enumerate", "zip", "reversed", "sorted", "sum", "any",
