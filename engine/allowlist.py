@@ -44,7 +44,7 @@ _DTYPES = ("float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8
            "half", "float", "double", "long", "int", "short", "complex64")
 TORCH = {
     # allocation (the guard poisons it), dtypes and their info, device queries; never an op
-    *_DTYPES, "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "full",
+    *_DTYPES, "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "full", "tensor",
     "full_like", "ones", "ones_like", "dtype", "device", "Tensor", "Size", "finfo", "iinfo",
     "is_tensor", "promote_types", "get_default_dtype", "version.hip", "version.cuda",
     "cuda.get_device_properties", "cuda.get_device_capability", "cuda.current_device",

@@ -1047,7 +1047,9 @@ WS_CONSUMER_REGS = 240        # registers a consumer thread: scores 64x128 fp32 
 WS_MAXNREG = 168              # 64x128 fp32 (64), p as the dot's registers (32); at launch 12 warps
                               # (4 + 4 + 1, in warp groups) x 32 x 168 = 64,512 of 65,536
 WS_PERSISTENT = {{ws_persistent}}         # one program an SM walking tiles (else one program a tile)
+WS_TILE_COST = 2              # a tile's start and end, in key blocks, for the persistent schedule
 _WGMMA = {{}}
+_WS_ORDER = {{}}
 _WS_LAYOUTS = {{}}
 _SMS = {{}}
 
@@ -1089,9 +1091,37 @@ def _ws_tile(d, dv, bn, stages, itemsize, budget):
     return (bn, stages) if smem(bn, stages) <= budget else None
 
 
+def _ws_schedule(n_bh, n_m, SK, bn, causal, device):
+    """The persistent grid's tiles, program by program: [starts (programs + 1) | tiles], int32
+    on ``device``, cached per shape. Tiles are dealt in index order (a head's tiles together,
+    heaviest first) each to the program whose work so far (key blocks, plus WS_TILE_COST for a
+    tile's start and end) is least: the GPU's own scheduler, simulated, so the programs running
+    at once share a few heads' K/V in L2 as with one program a tile, and the grid ends level
+    (a fixed stride walk gave some programs 9% more blocks at 4 x 32 x 4096, causal)."""
+    key = (n_bh, n_m, SK, bn, bool(causal), device)
+    if key not in _WS_ORDER:
+        n_tiles = n_bh * n_m
+        programs = min(n_tiles, _ws_programs(device))
+        blocks = [(min(SK, (n_m - u) * 2 * WS_ROWS) if causal else SK) for u in range(n_m)]
+        blocks = [-(-b // bn) + WS_TILE_COST for b in blocks]      # tile u of a head (row0 descending)
+        work = [0] * programs
+        mine = [[] for _ in range(programs)]
+        for t in range(n_tiles):                # ~2 us a tile (a min over the programs), once
+            p = work.index(min(work))
+            mine[p].append(t)
+            work[p] += blocks[t % n_m]
+        starts = [0]
+        for m in mine:
+            starts.append(starts[-1] + len(m))
+        flat = starts + [t for m in mine for t in m]
+        _WS_ORDER[key] = (programs, torch.tensor(flat, dtype=torch.int32, device=device))
+    return _WS_ORDER[key]
+
+
 def _ws_launch(q, k, v, o, qk_scale, causal, tile):
-    """o = attention(q, k, v) by the warp-specialized kernel: 4-D descriptors (any strides a
-    descriptor takes; rows past Sq and Sk read as zeros, the o store clipped at Sq)."""
+    """o = attention(q, k, v) by the warp-specialized kernel: 4-D descriptors for q, k and v
+    (any strides a descriptor takes; rows past Sq and Sk read as zeros), o ([B, H, Sq, D],
+    contiguous) stored from registers, rows past Sq masked."""
     bn, stages = tile
     B, H, SQ, D = q.shape
     key = (q.dtype, D, bn)
@@ -1101,15 +1131,17 @@ def _ws_launch(q, k, v, o, qk_scale, causal, tile):
                             gl.NVMMASharedLayout.get_default_for([1, 1, bn, D], gdt))
     lq, lk = _WS_LAYOUTS[key]
     qd = GluonDescriptor.from_tensor(q, [1, 1, WS_ROWS, D], lq)
-    od = GluonDescriptor.from_tensor(o, [1, 1, WS_ROWS, D], lq)
     kd = GluonDescriptor.from_tensor(k, [1, 1, bn, D], lk)
     vd = GluonDescriptor.from_tensor(v, [1, 1, bn, D], lk)
     n_m = _cdiv(SQ, 2 * WS_ROWS)
-    n_tiles = n_m * B * H
-    grid = (min(n_tiles, _ws_programs(q.device)) if WS_PERSISTENT else n_tiles,)
-    _attn_fwd_ws[grid](qd, kd, vd, od, qk_scale, H, H // k.shape[1], k.shape[2], n_m, n_tiles,
-                       BLOCK_N=bn, NUM_BUF=stages, CAUSAL=bool(causal),
-                       CONSUMER_REGS=WS_CONSUMER_REGS, num_warps=4, maxnreg=WS_MAXNREG)
+    if WS_PERSISTENT:
+        programs, sched = _ws_schedule(B * H, n_m, k.shape[2], bn, causal, q.device)
+    else:
+        programs, sched = B * H * n_m, o        # one program a tile: the table is not read
+    _attn_fwd_ws[(programs,)](qd, kd, vd, o, sched, qk_scale, H, H // k.shape[1], SQ, k.shape[2],
+                              n_m, programs, BLOCK_N=bn, NUM_BUF=stages, CAUSAL=bool(causal),
+                              PERSISTENT=WS_PERSISTENT, CONSUMER_REGS=WS_CONSUMER_REGS,
+                              num_warps=4, maxnreg=WS_MAXNREG)
     return o
 
 
@@ -1163,36 +1195,57 @@ if _GLUON:
         return bh, row0, n_total
 
     @gluon.jit
+    def _ws_tiles(sched, PERSISTENT: gl.constexpr):
+        """This program's range of entries in the schedule: its tiles (persistent), or the one
+        tile it is (one program a tile)."""
+        pid = gl.program_id(0)
+        if PERSISTENT:
+            lo = gl.load(sched + pid)
+            hi = gl.load(sched + pid + 1)
+        else:
+            lo = pid
+            hi = pid + 1
+        return lo, hi
+
+    @gluon.jit
+    def _ws_tile_at(sched, i, PERSISTENT: gl.constexpr):
+        if PERSISTENT:
+            t = gl.load(sched + gl.num_programs(0) + 1 + i)
+        else:
+            t = i
+        return t
+
+    @gluon.jit
     def _ws_loader(descs, bufs, bars, dims, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr,
-                   CAUSAL: gl.constexpr):
+                   CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
         """The loader warp, tile after tile: K/V block j of a tile into ring slot (blocks so
         far) % NUM_BUF once both consumer groups have released what was there; the tile's two
-        q halves once both groups have stored the last tile's o (q's buffers carry it out),
-        after the tile's first NUM_BUF blocks, which load under the last tile's end."""
-        q_desc, k_desc, v_desc, o_desc = descs
+        q halves once both groups have issued the last tile's last q k^T (q_empty), after the
+        tile's first K/V block: so the next tile's q and first blocks load under this tile's
+        last p @ v and its end."""
+        q_desc, k_desc, v_desc = descs
         q_smem, k_smem, v_smem = bufs
         q_ready, q_empty, kv_ready, kv_empty, turn = bars
-        qk_scale, H, GROUP, SK, n_m, n_tiles = dims
+        sched, qk_scale, H, GROUP, SQ, SK, n_m = dims
         kv_bytes: gl.constexpr = k_desc.block_type.nbytes + v_desc.block_type.nbytes
         it = 0
         tc = 0
-        for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-            bh, row0, n_total = _ws_tile_of(t, n_m, SK, BLOCK_N, CAUSAL)
+        lo, hi = _ws_tiles(sched, PERSISTENT)
+        for i in range(lo, hi):
+            bh, row0, n_total = _ws_tile_of(_ws_tile_at(sched, i, PERSISTENT), n_m, SK, BLOCK_N, CAUSAL)
             b = bh // H
             h = bh % H
             hk = h // GROUP                                        # the key/value head (GQA)
-            pre = gl.minimum(n_total, NUM_BUF)
-            for j in range(pre):
-                st = (it + j) % NUM_BUF
-                mbarrier.wait(kv_empty.index(st), (((it + j) // NUM_BUF) & 1) ^ 1)
-                mbarrier.expect(kv_ready.index(st), kv_bytes)
-                _tma_in(k_desc, [b, hk, j * BLOCK_N, 0], kv_ready.index(st), k_smem.index(st))
-                _tma_in(v_desc, [b, hk, j * BLOCK_N, 0], kv_ready.index(st), v_smem.index(st))
+            st = it % NUM_BUF                                      # block 0 (every tile has one)
+            mbarrier.wait(kv_empty.index(st), ((it // NUM_BUF) & 1) ^ 1)
+            mbarrier.expect(kv_ready.index(st), kv_bytes)
+            _tma_in(k_desc, [b, hk, 0, 0], kv_ready.index(st), k_smem.index(st))
+            _tma_in(v_desc, [b, hk, 0, 0], kv_ready.index(st), v_smem.index(st))
             mbarrier.wait(q_empty, (tc & 1) ^ 1)
             mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
             _tma_in(q_desc, [b, h, row0, 0], q_ready, q_smem.index(0))
             _tma_in(q_desc, [b, h, row0 + _WS_M, 0], q_ready, q_smem.index(1))
-            for j in range(pre, n_total):
+            for j in range(1, n_total):
                 st = (it + j) % NUM_BUF
                 mbarrier.wait(kv_empty.index(st), (((it + j) // NUM_BUF) & 1) ^ 1)
                 mbarrier.expect(kv_ready.index(st), kv_bytes)
@@ -1202,13 +1255,13 @@ if _GLUON:
             tc += 1
 
     @gluon.jit
-    def _ws_consumer(descs, bufs, bars, dims, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr,
-                     CAUSAL: gl.constexpr, G: gl.constexpr):
+    def _ws_consumer(descs, bufs, bars, dims, o_ptr, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr,
+                     CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr, G: gl.constexpr):
         """Consumer warp group G (0 or 1): query rows row0 + 64 G .. + 63 of each tile."""
-        q_desc, k_desc, v_desc, o_desc = descs
+        q_desc, k_desc, v_desc = descs
         q_smem, k_smem, v_smem = bufs
         q_ready, q_empty, kv_ready, kv_empty, turn = bars
-        qk_scale, H, GROUP, SK, n_m, n_tiles = dims
+        sched, qk_scale, H, GROUP, SQ, SK, n_m = dims
         dtype: gl.constexpr = q_desc.dtype
         D: gl.constexpr = q_desc.block_type.shape[3]
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -1225,11 +1278,14 @@ if _GLUON:
             mbarrier.arrive(other, count=1)                        # group 0 goes first
         offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         s_zero = gl.zeros([_WS_M, BLOCK_N], gl.float32, layout=s_layout)
+        o_rows = gl.arange(0, _WS_M, layout=row_o)
+        o_cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
         it = 0                      # K/V blocks consumed so far: ring slot and phase
         turns = 0                   # turns taken so far: the turn barrier's phase
         tc = 0
-        for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-            bh, row0, n_total = _ws_tile_of(t, n_m, SK, BLOCK_N, CAUSAL)
+        lo, hi = _ws_tiles(sched, PERSISTENT)
+        for i in range(lo, hi):
+            bh, row0, n_total = _ws_tile_of(_ws_tile_at(sched, i, PERSISTENT), n_m, SK, BLOCK_N, CAUSAL)
             row0 = row0 + G * _WS_M
             if CAUSAL:              # blocks every row of the group sees whole: no mask there
                 n_full = gl.minimum(SK // BLOCK_N, (row0 + 1) // BLOCK_N)
@@ -1249,6 +1305,8 @@ if _GLUON:
                                   use_acc=False, is_async=True)
             mbarrier.arrive(other, count=1)
             s = warpgroup_mma_wait(0, deps=(s_tok, ))
+            if n_total == 1:
+                mbarrier.arrive(q_empty, count=1)                  # q read for the last time
             if n_full > 0:
                 p, alpha, m_i, l_i = _ws_softmax(s, m_i, l_i, qk_scale, offs_m, offs_n, SK, False, CAUSAL)
             else:
@@ -1266,6 +1324,8 @@ if _GLUON:
                 acc_tok = warpgroup_mma(pd, v_smem.index(prev).reshape([BLOCK_N, D]), acc, is_async=True)
                 mbarrier.arrive(other, count=1)                    # the other group's dots next
                 s = warpgroup_mma_wait(1, deps=(s_tok, ))          # the scores; p @ v still runs
+                if j == n_total - 1:
+                    mbarrier.arrive(q_empty, count=1)              # the loader may bring the next q
                 if j >= n_full:
                     p, alpha, m_i, l_i = _ws_softmax(s, m_i, l_i, qk_scale, offs_m, j * BLOCK_N + offs_n, SK, True, CAUSAL)
                 else:
@@ -1281,28 +1341,27 @@ if _GLUON:
             mbarrier.arrive(other, count=1)
             acc, pd = warpgroup_mma_wait(0, deps=(acc_tok, pd))
             mbarrier.arrive(kv_empty.index(last), count=1)
-            o = acc / gl.convert_layout(l_i, row_o)[:, None]
-            q_s.store(o.to(dtype))                                 # q's tile carries o out
-            fence_async_shared()
-            _tma_out(o_desc, [bh // H, bh % H, row0, 0], q_smem.index(G))
-            gtma.store_wait(pendings=0)
-            mbarrier.arrive(q_empty, count=1)                      # the loader may bring the next q
+            # o from registers (q's buffer already holds the next tile's q): rows past SQ dropped
+            o = (acc / gl.convert_layout(l_i, row_o)[:, None]).to(dtype)
+            rows = row0 + o_rows
+            offs = (bh.to(gl.int64) * SQ + rows)[:, None] * D + o_cols[None, :]
+            gl.store(o_ptr + offs, o, mask=(rows < SQ)[:, None])
             it += n_total
             turns += n_total + 1
             tc += 1
 
     @gluon.jit
-    def _ws_consumer1(descs, bufs, bars, dims, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr,
-                      CAUSAL: gl.constexpr):
-        _ws_consumer(descs, bufs, bars, dims, BLOCK_N, NUM_BUF, CAUSAL, 1)
+    def _ws_consumer1(descs, bufs, bars, dims, o_ptr, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr,
+                      CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
+        _ws_consumer(descs, bufs, bars, dims, o_ptr, BLOCK_N, NUM_BUF, CAUSAL, PERSISTENT, 1)
 
     @gluon.jit
-    def _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, qk_scale, H, GROUP, SK, n_m, n_tiles,
+    def _attn_fwd_ws(q_desc, k_desc, v_desc, o_ptr, sched, qk_scale, H, GROUP, SQ, SK, n_m,
                      BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, CAUSAL: gl.constexpr,
-                     CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
-        """Programs over tiles t = program, program + programs, ... (128 query rows of one
-        batch * H + head each): consumer group 0 (this partition's 4 warps), consumer group 1
-        (4 warps) and the loader (1 warp)."""
+                     PERSISTENT: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+        """Each program takes its tiles (128 query rows of one batch * H + head each; the
+        schedule's, persistent, else its own): consumer group 0 (this partition's 4 warps),
+        consumer group 1 (4 warps) and the loader (1 warp)."""
         dtype: gl.constexpr = q_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
         k_smem = gl.allocate_shared_memory(dtype, [NUM_BUF] + k_desc.block_type.shape, k_desc.layout)
@@ -1313,20 +1372,20 @@ if _GLUON:
         kv_empty = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
         turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_ready, count=1)
-        mbarrier.init(q_empty, count=2)                           # both groups stored their o
+        mbarrier.init(q_empty, count=2)                           # both groups are done with q
         for i in gl.static_range(NUM_BUF):
             mbarrier.init(kv_ready.index(i), count=1)
             mbarrier.init(kv_empty.index(i), count=2)             # both groups release a slot
         mbarrier.init(turn.index(0), count=1)
         mbarrier.init(turn.index(1), count=1)
-        descs = (q_desc, k_desc, v_desc, o_desc)
+        descs = (q_desc, k_desc, v_desc)
         bufs = (q_smem, k_smem, v_smem)
         bars = (q_ready, q_empty, kv_ready, kv_empty, turn)
-        dims = (qk_scale, H, GROUP, SK, n_m, n_tiles)
+        dims = (sched, qk_scale, H, GROUP, SQ, SK, n_m)
         gl.warp_specialize([
-            (_ws_consumer, (descs, bufs, bars, dims, BLOCK_N, NUM_BUF, CAUSAL, 0)),
-            (_ws_consumer1, (descs, bufs, bars, dims, BLOCK_N, NUM_BUF, CAUSAL)),
-            (_ws_loader, (descs, bufs, bars, dims, BLOCK_N, NUM_BUF, CAUSAL)),
+            (_ws_consumer, (descs, bufs, bars, dims, o_ptr, BLOCK_N, NUM_BUF, CAUSAL, PERSISTENT, 0)),
+            (_ws_consumer1, (descs, bufs, bars, dims, o_ptr, BLOCK_N, NUM_BUF, CAUSAL, PERSISTENT)),
+            (_ws_loader, (descs, bufs, bars, dims, BLOCK_N, NUM_BUF, CAUSAL, PERSISTENT)),
         ], [4, 1], [CONSUMER_REGS, 24])
 '''
 

@@ -140,9 +140,9 @@ def test_registry():
 
 
 _ALLOWED_IMPORTS = {"torch", "triton", "triton.language"}
-# torch attributes a candidate may touch: allocation, dtypes and device queries. Everything
-# numeric happens in Triton.
-_ALLOWED_TORCH = {"empty", "float32", "bfloat16", "cuda", "version"}
+# torch attributes a candidate may touch: allocation, dtypes and device queries (and a launch
+# table built on the host: attention's persistent schedule). Everything numeric happens in Triton.
+_ALLOWED_TORCH = {"empty", "float32", "bfloat16", "cuda", "version", "tensor", "int32"}
 # the from-imports a candidate may make: Hopper TMA descriptors (matmul's "tma" loads), always
 # behind a device check with the pointer path as the fallback; and Gluon (attention's "ws"
 # loads: Hopper's warp-specialized kernel), behind an import check and a device check
@@ -1534,7 +1534,7 @@ def test_attention_ws_opens_where_it_applies():
     assert "WS_PERSISTENT = False" in attention.render(attention.WS_OPENER)
 
 
-def _compile_ws_for_sm90(src, bn, d, stages, causal):
+def _compile_ws_for_sm90(src, bn, d, stages, causal, persistent=True):
     """Compile the rendered Gluon kernel for sm_90 without a GPU (Triton's own compiler and
     ptxas); None where this Triton cannot (no Gluon, or no such entry point)."""
     import importlib.util
@@ -1557,32 +1557,62 @@ def _compile_ws_for_sm90(src, bn, d, stages, causal):
     dq = mod.GluonDescriptor.from_tensor(q, [1, 1, 64, d], lq)
     dk = mod.GluonDescriptor.from_tensor(q, [1, 1, bn, d], lk)
     fn = mod._attn_fwd_ws
-    descs = {"q_desc": dq, "k_desc": dk, "v_desc": dk, "o_desc": dq}
+    descs = {"q_desc": dq, "k_desc": dk, "v_desc": dk}
     sig = {n: (mangle_type(descs[n]) if n in descs else "fp32" if n == "qk_scale"
-               else "i32" if n in ("H", "GROUP", "SK", "n_m", "n_tiles") else "constexpr")
+               else "*bf16" if n == "o_ptr" else "*i32" if n == "sched"
+               else "i32" if n in ("H", "GROUP", "SQ", "SK", "n_m") else "constexpr")
            for n in fn.arg_names}
-    const = {"BLOCK_N": bn, "NUM_BUF": stages, "CAUSAL": causal,
+    const = {"BLOCK_N": bn, "NUM_BUF": stages, "CAUSAL": causal, "PERSISTENT": persistent,
              "CONSUMER_REGS": mod.WS_CONSUMER_REGS, "num_warps": 4}
     return triton.compile(GluonASTSource(fn, sig, const), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": 4, "maxnreg": mod.WS_MAXNREG})
 
 
+# run in a child process: the compiler must see Triton's own jit functions (gl.max's combine),
+# which TRITON_INTERPRET=1, as the suite sets it, swaps for interpreted ones
+_WS_COMPILE = """
+import json, sys
+from tests.test_kernels_more import _compile_ws_for_sm90
+out = []
+for bn, d, stages, causal, pers in json.loads(sys.argv[2]):
+    try:
+        k = _compile_ws_for_sm90(sys.argv[1], bn, d, stages, causal, pers)
+    except RuntimeError as e:          # no ptxas / CUDA toolchain in this Triton install
+        print(json.dumps({"skip": f"Triton cannot compile for sm_90 here: {e}"}))
+        sys.exit(0)
+    if k is None:
+        print(json.dumps({"skip": "this Triton has no Gluon"}))
+        sys.exit(0)
+    ptx = k.asm["ptx"]
+    out.append({"wgmma": "wgmma.mma_async" in ptx, "setmaxnreg": "setmaxnreg" in ptx,
+                "local": ".local" in ptx, "shared": k.metadata.shared})
+print(json.dumps({"kernels": out}))
+"""
+
+
 def test_attention_ws_kernel_compiles_for_hopper_without_a_gpu(tmp_path):
     """The Gluon kernel goes through Triton's compiler to sm_90 here (no GPU needed): warp
-    groups, mbarriers, TMA and wgmma lower, the ring fits the shared memory _ws_tile counted,
-    and the consumer groups keep within their registers (no spills in the PTX's stack frame).
-    Skipped where this Triton has no Gluon compiler entry point."""
+    groups, mbarriers, TMA and wgmma lower, on both grids (the persistent one reads its
+    schedule), the ring fits the shared memory _ws_tile counted, and the consumer groups keep
+    within their registers (no stack frame in the PTX). Skipped where this Triton has no Gluon
+    compiler entry point."""
+    import json
+    import os
+    import subprocess
     path = tmp_path / "ws_point.py"
     path.write_text(attention.render(attention.WS_OPENER))
-    for bn, d, stages, causal in ((128, 128, 3, True), (64, 256, 2, False)):
-        try:
-            k = _compile_ws_for_sm90(str(path), bn, d, stages, causal)
-        except RuntimeError as e:          # no ptxas / CUDA toolchain in this Triton install
-            pytest.skip(f"Triton cannot compile for sm_90 here: {e}")
-        if k is None:
-            pytest.skip("this Triton has no Gluon")
-        assert "wgmma.mma_async" in k.asm["ptx"] and "setmaxnreg" in k.asm["ptx"]
-        assert k.metadata.shared <= (2 * 64 * d + stages * 2 * bn * d) * 2 + 1024
+    cases = [(128, 128, 3, True, True), (64, 256, 2, False, False), (128, 64, 3, True, False)]
+    r = subprocess.run([sys.executable, "-c", _WS_COMPILE, str(path), json.dumps(cases)],
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "TRITON_INTERPRET": "0"},
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    if "skip" in got:
+        pytest.skip(got["skip"])
+    for (bn, d, stages, _, _), k in zip(cases, got["kernels"]):
+        assert k["wgmma"] and k["setmaxnreg"] and not k["local"], k
+        assert k["shared"] <= (2 * 64 * d + stages * 2 * bn * d) * 2 + 1024, k
 
 
 @pytest.mark.skipif(not _hopper(), reason="GPU only: the Gluon kernel needs a Hopper GPU (sm_90)")

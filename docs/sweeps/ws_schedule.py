@@ -1,0 +1,60 @@
+"""Sweep behind docs/benchmarks.md's "persistent schedule" rows: the "ws" point with q released
+after a tile's last q k^T, o stored from registers and the persistent grid's tiles dealt by the
+host (kernels/attention.py _ws_schedule), against SDPA; BASE=<a rendered source> adds that
+source's two grids (the kernel before this change) to each row. Values at ragged and strided
+shapes first; rows in $OUT/ws_schedule.json; medians over three rounds of do_bench."""
+import os, statistics, sys, time
+sys.path.insert(0, os.getcwd()); sys.path.insert(0, "docs/sweeps")
+import torch, triton
+import torch.nn.functional as F
+from kernels import attention as A
+from sweeplib import attention_values, bencher, load, recorder, spy
+emit = recorder("ws_schedule.json")
+print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
+ws = load(A.render(A.WS_OPENER), "ws_point")
+taken = spy(ws, "_ws_launch")
+CASES = [((2, 8, 1000, 128, 2, True), None, torch.bfloat16, False), ((1, 4, 300, 64, 4, False), 517, torch.bfloat16, False),
+         ((2, 4, 777, 256, 1, True), None, torch.bfloat16, False), ((2, 8, 640, 128, 2, True), None, torch.float16, True),
+         ((1, 4, 200, 128, 2, True), 300, torch.bfloat16, False), ((3, 6, 129, 64, 3, False), None, torch.float16, True),
+         ((1, 2, 64, 128, 1, True), None, torch.bfloat16, False), ((5, 8, 4000, 128, 2, True), None, torch.bfloat16, False)]
+for pers in (True, False):
+    ws.WS_PERSISTENT = pers
+    attention_values(ws.kernel_fn, taken, emit, CASES, persistent=pers)
+base = load(open(os.environ["BASE"]).read(), "ws_base") if os.environ.get("BASE") else None
+bench = bencher(15, 60)
+variants = [("new", ws)] + ([("base", base)] if base else [])
+for B, H, S, D, Hkv, causal in [(4, 32, 4096, 128, 8, True), (4, 32, 4096, 128, 8, False), (8, 32, 2048, 128, 8, True),
+                                (1, 32, 2048, 128, 8, True), (4, 32, 4096, 64, 8, True), (4, 16, 4096, 256, 8, True),
+                                (8, 12, 1024, 64, 12, True), (16, 32, 1024, 128, 8, True)]:
+    q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.bfloat16)
+    sdpa = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=Hkv != H)
+    runs = {"sdpa": []}
+    t0 = time.perf_counter(); ws.WS_PERSISTENT = True; ws.kernel_fn(q, k, v, causal, None); torch.cuda.synchronize()
+    first_ms = (time.perf_counter() - t0) * 1e3          # the schedule built (and cached) here
+    for _ in range(3):
+        runs["sdpa"].append(bench(sdpa))
+        for name, m in variants:
+            for pers in (False, True):
+                m.WS_PERSISTENT = pers
+                runs.setdefault(f"{name}_{'persistent' if pers else 'tiles'}", []).append(
+                    bench(lambda: m.kernel_fn(q, k, v, causal, None)))
+    med = {n: statistics.median(t) * 1e3 for n, t in runs.items()}
+    row = dict(shape=f"{B}x{H}x{S}x{D} kv{Hkv} {'causal' if causal else 'full'}", first_call_ms=first_ms)
+    for n, us in med.items():
+        row[f"{n}_us"] = us
+        if n != "sdpa":
+            row[f"{n}_vs_sdpa"] = med["sdpa"] / us
+    emit(**row)
+# host time a call (no sync: launches queue while the GPU runs) at LLaMA-3-8B's 1 x 2048
+q = torch.randn(1, 32, 2048, 128, device="cuda", dtype=torch.bfloat16)
+k = torch.randn(1, 8, 2048, 128, device="cuda", dtype=torch.bfloat16); v = torch.randn_like(k)
+for name, f in [("sdpa", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)),
+                ("ws_persistent", lambda: ws.kernel_fn(q, k, v, True, None))]:
+    ws.WS_PERSISTENT = True
+    for _ in range(20): f()
+    torch.cuda.synchronize(); t0 = time.perf_counter()
+    for _ in range(100): f()
+    host = (time.perf_counter() - t0) / 100 * 1e6; torch.cuda.synchronize()
+    emit(host=name, host_us_per_call=host)
