@@ -142,8 +142,9 @@ DEVICE_ATTRS = {
     "is_floating", "is_int", "is_int_signed", "is_fp16", "is_bf16", "is_fp32", "is_fp64",
     "is_fp8", "scalar", "int_bitwidth", "is_ptr", "is_block", "block_shape", "strides",
     "cast", "unsqueeze", "squeeze", "item_size", "itemsize",
-    # Gluon's shared memory and descriptors: a buffer of a ring, its block's type and bytes
-    "index", "block_type", "nbytes", "layout",
+    # Gluon's shared memory and descriptors: a buffer of a ring (or rows of one), its block's
+    # type and bytes
+    "index", "slice", "block_type", "nbytes", "layout",
 }
 # Triton decorator and config arguments that take callables: none may be given
 CALLBACK_KWARGS = {"prune_configs_by", "pre_hook", "post_hook", "perf_model",

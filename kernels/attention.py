@@ -85,11 +85,13 @@ Search space (``SPACE``), rendered by ``render`` into one self-contained candida
   block_n its key step, 64 or 128, num_stages its K/V ring depth); anything else, and the
   interpreter, the "tma" kernel of the same point.
 - ws_grid (loads "ws" only): "tiles", one program a 128-row tile, the GPU's scheduler handing
-  tiles to SMs as they free; or "persistent", one program an SM walking tiles (a head's tiles
-  consecutive, heaviest first), the next tile's first K/V blocks loading under this tile's end.
-  On an H100 persistent ran LLaMA-3-8B's 1 x 2048 attention 1.10x faster (80.9 against 88.7
-  us) and lost 3-10% where tiles outnumber SMs many times over (8 x 2048, head dims 64, 256):
-  a static walk balances unequal causal tiles worse than the scheduler does.
+  tiles to SMs as they free; "persistent", one program an SM, its tiles dealt by the host
+  (``_ws_schedule``: the scheduler simulated, each tile to the least-loaded program in index
+  order, a head's tiles together heaviest first); "strided", one program an SM taking tiles
+  p, p + P, ... In both persistent grids a tile's q loads under the last tile's end. H100,
+  do_bench against SDPA (docs/benchmarks.md): persistent 1.05x at 4 x 32 x 4096 causal, 1.03x
+  at 8 x 2048, 0.96x at head dim 64 (tiles 0.86-1.00x); strided 1.13x at LLaMA-3-8B's 1 x 2048
+  (persistent 1.07x) and 1.03x not causal, behind elsewhere.
 - warp_specialize (TMA kernel only; the pointer kernel renders the same): the main key loop as
   ``tl.range(..., warp_specialize=True)``: Triton splits it into a producer warp group issuing
   the K/V descriptor loads and consumer warp groups doing the dots and the softmax, so a tile's
@@ -353,7 +355,7 @@ SPACE = {
     "fold_scale": [False, True],
     "warp_specialize": [False, True],
     "split_d": [False, True],
-    "ws_grid": ["tiles", "persistent"],
+    "ws_grid": ["tiles", "persistent", "strided"],
 }
 DEFAULT = {"block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 2,
            "causal_blocks": "skip", "use_exp2": False, "m_order": "forward", "loads": "pointers",
@@ -419,7 +421,7 @@ SPLIT_OPENERS = ({"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3
 # 1,161, and the persistent grid LLaMA-3-8B's 1 x 2048 in 80.9 us against SDPA's 87.5; at head
 # dim 64 it was slower than that Triton point (760 against 710 us), which the search keeps
 # there. Elsewhere than on Hopper the point runs its Triton TMA kernel (this tile).
-WS_OPENER = dict(HALF_OPENERS[0], loads="ws", block_n=128)
+WS_OPENER = dict(HALF_OPENERS[0], loads="ws", block_n=128, ws_grid="persistent")
 
 
 def openers_for(shape, dtype: str) -> tuple:
@@ -431,7 +433,7 @@ def openers_for(shape, dtype: str) -> tuple:
         return ()
     if _odd_head_dim(shape):
         return SPLIT_OPENERS + HALF_OPENERS
-    ws = (WS_OPENER, dict(WS_OPENER, ws_grid="persistent"))
+    ws = (WS_OPENER, dict(WS_OPENER, ws_grid="strided"))
     return (ws if problem(shape)[3] in WS_HEAD_DIMS else ()) + HALF_OPENERS
 
 
@@ -1048,6 +1050,7 @@ WS_MAXNREG = 168              # 64x128 fp32 (64), p as the dot's registers (32);
                               # (4 + 4 + 1, in warp groups) x 32 x 168 = 64,512 of 65,536
 WS_PERSISTENT = {{ws_persistent}}         # one program an SM walking tiles (else one program a tile)
 WS_TILE_COST = 2              # a tile's start and end, in key blocks, for the persistent schedule
+WS_DEALT = {{ws_dealt}}             # tiles dealt to the least-loaded program (else program p: p, p + P, ...)
 _WGMMA = {{}}
 _WS_ORDER = {{}}
 _WS_LAYOUTS = {{}}
@@ -1098,7 +1101,7 @@ def _ws_schedule(n_bh, n_m, SK, bn, causal, device):
     tile's start and end) is least: the GPU's own scheduler, simulated, so the programs running
     at once share a few heads' K/V in L2 as with one program a tile, and the grid ends level
     (a fixed stride walk gave some programs 9% more blocks at 4 x 32 x 4096, causal)."""
-    key = (n_bh, n_m, SK, bn, bool(causal), device)
+    key = (n_bh, n_m, SK, bn, bool(causal), device, WS_DEALT)
     if key not in _WS_ORDER:
         n_tiles = n_bh * n_m
         programs = min(n_tiles, _ws_programs(device))
@@ -1107,7 +1110,7 @@ def _ws_schedule(n_bh, n_m, SK, bn, causal, device):
         work = [0] * programs
         mine = [[] for _ in range(programs)]
         for t in range(n_tiles):                # ~2 us a tile (a min over the programs), once
-            p = work.index(min(work))
+            p = work.index(min(work)) if WS_DEALT else t % programs
             mine[p].append(t)
             work[p] += blocks[t % n_m]
         starts = [0]
@@ -1133,13 +1136,14 @@ def _ws_launch(q, k, v, o, qk_scale, causal, tile):
     qd = GluonDescriptor.from_tensor(q, [1, 1, WS_ROWS, D], lq)
     kd = GluonDescriptor.from_tensor(k, [1, 1, bn, D], lk)
     vd = GluonDescriptor.from_tensor(v, [1, 1, bn, D], lk)
+    od = GluonDescriptor.from_tensor(o, [1, 1, WS_ROWS, D], lq)
     n_m = _cdiv(SQ, 2 * WS_ROWS)
     if WS_PERSISTENT:
         programs, sched = _ws_schedule(B * H, n_m, k.shape[2], bn, causal, q.device)
     else:
         programs, sched = B * H * n_m, o        # one program a tile: the table is not read
-    _attn_fwd_ws[(programs,)](qd, kd, vd, o, sched, qk_scale, H, H // k.shape[1], SQ, k.shape[2],
-                              n_m, programs, BLOCK_N=bn, NUM_BUF=stages, CAUSAL=bool(causal),
+    _attn_fwd_ws[(programs,)](qd, kd, vd, od, o, sched, qk_scale, H, H // k.shape[1], SQ, k.shape[2],
+                              n_m, BLOCK_N=bn, NUM_BUF=stages, CAUSAL=bool(causal),
                               PERSISTENT=WS_PERSISTENT, CONSUMER_REGS=WS_CONSUMER_REGS,
                               num_warps=4, maxnreg=WS_MAXNREG)
     return o
@@ -1223,7 +1227,7 @@ if _GLUON:
         q halves once both groups have issued the last tile's last q k^T (q_empty), after the
         tile's first K/V block: so the next tile's q and first blocks load under this tile's
         last p @ v and its end."""
-        q_desc, k_desc, v_desc = descs
+        q_desc, k_desc, v_desc, o_desc = descs
         q_smem, k_smem, v_smem = bufs
         q_ready, q_empty, kv_ready, kv_empty, turn = bars
         sched, qk_scale, H, GROUP, SQ, SK, n_m = dims
@@ -1258,7 +1262,7 @@ if _GLUON:
     def _ws_consumer(descs, bufs, bars, dims, o_ptr, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr,
                      CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr, G: gl.constexpr):
         """Consumer warp group G (0 or 1): query rows row0 + 64 G .. + 63 of each tile."""
-        q_desc, k_desc, v_desc = descs
+        q_desc, k_desc, v_desc, o_desc = descs
         q_smem, k_smem, v_smem = bufs
         q_ready, q_empty, kv_ready, kv_empty, turn = bars
         sched, qk_scale, H, GROUP, SQ, SK, n_m = dims
@@ -1340,12 +1344,21 @@ if _GLUON:
             acc_tok = warpgroup_mma(pd, v_smem.index(last).reshape([BLOCK_N, D]), acc, is_async=True)
             mbarrier.arrive(other, count=1)
             acc, pd = warpgroup_mma_wait(0, deps=(acc_tok, pd))
-            mbarrier.arrive(kv_empty.index(last), count=1)
-            # o from registers (q's buffer already holds the next tile's q): rows past SQ dropped
             o = (acc / gl.convert_layout(l_i, row_o)[:, None]).to(dtype)
-            rows = row0 + o_rows
-            offs = (bh.to(gl.int64) * SQ + rows)[:, None] * D + o_cols[None, :]
-            gl.store(o_ptr + offs, o, mask=(rows < SQ)[:, None])
+            if BLOCK_N >= 2 * _WS_M:
+                # o out through TMA from this group's rows of the last K tile (q's buffer already
+                # holds the next tile's q): free once both groups read q for the last time
+                mbarrier.wait(q_empty, tc & 1)
+                o_s = k_smem.index(last).slice(G * _WS_M, _WS_M, dim=2)       # [1, 1, 64, D]
+                o_s.store(o.reshape([1, 1, _WS_M, D]))
+                fence_async_shared()
+                _tma_out(o_desc, [bh // H, bh % H, row0, 0], o_s)
+                gtma.store_wait(pendings=0)
+            else:   # a K tile of 64 rows holds one group's o: from registers, rows past SQ dropped
+                rows = row0 + o_rows
+                offs = (bh.to(gl.int64) * SQ + rows)[:, None] * D + o_cols[None, :]
+                gl.store(o_ptr + offs, o, mask=(rows < SQ)[:, None])
+            mbarrier.arrive(kv_empty.index(last), count=1)
             it += n_total
             turns += n_total + 1
             tc += 1
@@ -1356,7 +1369,7 @@ if _GLUON:
         _ws_consumer(descs, bufs, bars, dims, o_ptr, BLOCK_N, NUM_BUF, CAUSAL, PERSISTENT, 1)
 
     @gluon.jit
-    def _attn_fwd_ws(q_desc, k_desc, v_desc, o_ptr, sched, qk_scale, H, GROUP, SQ, SK, n_m,
+    def _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, o_ptr, sched, qk_scale, H, GROUP, SQ, SK, n_m,
                      BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, CAUSAL: gl.constexpr,
                      PERSISTENT: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
         """Each program takes its tiles (128 query rows of one batch * H + head each; the
@@ -1378,7 +1391,7 @@ if _GLUON:
             mbarrier.init(kv_empty.index(i), count=2)             # both groups release a slot
         mbarrier.init(turn.index(0), count=1)
         mbarrier.init(turn.index(1), count=1)
-        descs = (q_desc, k_desc, v_desc)
+        descs = (q_desc, k_desc, v_desc, o_desc)
         bufs = (q_smem, k_smem, v_smem)
         bars = (q_ready, q_empty, kv_ready, kv_empty, turn)
         dims = (sched, qk_scale, H, GROUP, SQ, SK, n_m)
@@ -1437,7 +1450,8 @@ NUM_STAGES = {p["num_stages"]}        # software-pipelining depth of the key loo
     if p["loads"] in ("tma", "ws"):      # tiles through tensor descriptors where the GPU has TMA
         parts += ["\n", C.TMA_HELPERS_SRC, C.ROWS_OK_SRC, "\n", _kernel(p, tma=True, mask=mask, cap=cap)]
     if ws:                               # Hopper: the warp-specialized kernel first
-        parts += ["\n", _WS_SRC.replace("{ws_persistent}", repr(p["ws_grid"] == "persistent"))]
+        parts += ["\n", _WS_SRC.replace("{ws_persistent}", repr(p["ws_grid"] != "tiles"))
+                  .replace("{ws_dealt}", repr(p["ws_grid"] == "persistent"))]
     return C.tidy("\n".join(parts + [_launcher(p, mask, folds(p, mask, cap), ws)]))
 
 

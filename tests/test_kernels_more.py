@@ -1445,7 +1445,7 @@ def test_attention_targets_whose_head_dim_is_no_power_of_2_open_with_it_in_two_p
         assert all(o["split_d"] for o in at.SPLIT_OPENERS)
     # powers of 2 the warp-specialized kernel takes open with it (test_attention_ws_opens_...)
     assert at.openers_for((1, 8, 256, 128, 8, 1), "bfloat16") == (
-        at.WS_OPENER, dict(at.WS_OPENER, ws_grid="persistent")) + at.HALF_OPENERS
+        at.WS_OPENER, dict(at.WS_OPENER, ws_grid="strided")) + at.HALF_OPENERS
     assert at.openers_for((1, 8, 256, 32, 8, 1), "bfloat16") == at.HALF_OPENERS
     assert at.openers_for((1, 8, 256, 96, 8, 1), "float32") == ()
 
@@ -1522,16 +1522,57 @@ def test_attention_ws_opens_where_it_applies():
     odd head dims open split, fp32 with its own starter."""
     for d in (64, 128, 256):
         ops = attention.openers_for((4, 32, 4096, d, 8, 1), "bfloat16")
-        assert ops[0] == attention.WS_OPENER and ops[1] == dict(attention.WS_OPENER, ws_grid="persistent")
+        assert ops[0] == attention.WS_OPENER and ops[1] == dict(attention.WS_OPENER, ws_grid="strided")
+        assert ops[0]["ws_grid"] == "persistent"
     assert attention.openers_for((4, 32, 4096, 32, 8, 1), "float16")[0]["loads"] == "tma"
     assert all(o["loads"] != "ws" for o in attention.openers_for((4, 32, 4096, 96, 8, 1), "bfloat16"))
     assert attention.openers_for((4, 32, 4096, 128, 8, 1), "float32") == ()
-    assert "ws" in attention.SPACE["loads"] and attention.SPACE["ws_grid"] == ["tiles", "persistent"]
+    assert "ws" in attention.SPACE["loads"] and attention.SPACE["ws_grid"] == ["tiles", "persistent", "strided"]
     # the grid of a kernel a point does not render is inert: one source, one experiment
     assert attention.render(dict(attention.HALF_OPENERS[0], ws_grid="persistent")) == \
         attention.render(attention.HALF_OPENERS[0])
-    assert "WS_PERSISTENT = True" in attention.render(dict(attention.WS_OPENER, ws_grid="persistent"))
-    assert "WS_PERSISTENT = False" in attention.render(attention.WS_OPENER)
+    for grid, persistent, dealt in (("tiles", False, False), ("persistent", True, True), ("strided", True, False)):
+        src = attention.render(dict(attention.WS_OPENER, ws_grid=grid))
+        assert f"WS_PERSISTENT = {persistent}" in src and f"WS_DEALT = {dealt}" in src, grid
+
+
+def test_attention_ws_persistent_schedule_deals_every_tile_once_and_levels_the_programs(cand_dir):
+    """The persistent grids' table (``_ws_schedule``, host code, runs here): [starts | tiles],
+    every tile once, each program's tiles in index order (a head's tiles together, so programs
+    running at once share K/V in L2); dealt, no program carries more than the mean plus one
+    tile's work (causal tiles are unequal: 32 blocks down to 1 at 4 x 32 x 4096); strided,
+    program p takes p, p + P, ..."""
+    fn = load_candidate(attention.render(attention.WS_OPENER), cand_dir)
+    mod = sys.modules[fn.__module__]
+    cpu = torch.device("cpu")
+    mod._SMS[cpu.index] = 132                         # an H100's SMs
+    for n_bh, n_m, sk, causal in ((128, 32, 4096, True), (32, 16, 2048, True), (96, 8, 1000, False),
+                                  (2, 3, 300, True)):
+        for dealt in (True, False):
+            mod.WS_DEALT = dealt
+            programs, table = mod._ws_schedule(n_bh, n_m, sk, 128, causal, cpu)
+            t = table.tolist()
+            starts, tiles = t[:programs + 1], t[programs + 1:]
+            n_tiles = n_bh * n_m
+            assert programs == min(132, n_tiles) and starts[0] == 0 and starts[-1] == n_tiles
+            assert sorted(tiles) == list(range(n_tiles))
+            mine = [tiles[starts[p]:starts[p + 1]] for p in range(programs)]
+            assert all(m == sorted(m) and m for m in mine)
+            cost = [-(-(min(sk, (n_m - u) * 128) if causal else sk) // 128) + mod.WS_TILE_COST
+                    for u in range(n_m)]
+            work = [sum(cost[x % n_m] for x in m) for m in mine]
+            if dealt:
+                assert max(work) <= sum(work) / programs + max(cost), (n_bh, n_m, max(work))
+            else:
+                assert mine == [list(range(p, n_tiles, programs)) for p in range(programs)]
+    # the stride walk at 4 x 32 x 4096 causal leaves some programs 9% over the mean: the reason
+    # the dealt table exists
+    mod.WS_DEALT = False
+    programs, table = mod._ws_schedule(128, 32, 4096, 128, True, cpu)
+    t = table.tolist()
+    cost = [(32 - u) + mod.WS_TILE_COST for u in range(32)]
+    work = [sum(cost[x % 32] for x in t[programs + 1:][t[p]:t[p + 1]]) for p in range(programs)]
+    assert max(work) > 1.05 * sum(work) / programs
 
 
 def _compile_ws_for_sm90(src, bn, d, stages, causal, persistent=True):
@@ -1557,7 +1598,7 @@ def _compile_ws_for_sm90(src, bn, d, stages, causal, persistent=True):
     dq = mod.GluonDescriptor.from_tensor(q, [1, 1, 64, d], lq)
     dk = mod.GluonDescriptor.from_tensor(q, [1, 1, bn, d], lk)
     fn = mod._attn_fwd_ws
-    descs = {"q_desc": dq, "k_desc": dk, "v_desc": dk}
+    descs = {"q_desc": dq, "k_desc": dk, "v_desc": dk, "o_desc": dq}
     sig = {n: (mangle_type(descs[n]) if n in descs else "fp32" if n == "qk_scale"
                else "*bf16" if n == "o_ptr" else "*i32" if n == "sched"
                else "i32" if n in ("H", "GROUP", "SQ", "SK", "n_m") else "constexpr")
@@ -1619,9 +1660,9 @@ def test_attention_ws_kernel_compiles_for_hopper_without_a_gpu(tmp_path):
 def test_attention_ws_kernel_on_hopper_matches_sdpa_at_ragged_and_strided_shapes(cand_dir):
     """On a Hopper GPU the "ws" point takes the Gluon kernel at ragged sequence lengths, keys
     longer than queries, GQA, v as a fused projection's transposed view, fp16 and bf16, head
-    dims 64, 128, 256, on both grids (a program a tile; persistent), and errs no more than
-    SDPA does against float64."""
-    for grid in ("tiles", "persistent"):
+    dims 64, 128, 256, on the three grids (a program a tile; persistent, dealt or strided), and
+    errs no more than SDPA does against float64."""
+    for grid in ("tiles", "persistent", "strided"):
         _ws_on_hopper(load_candidate(attention.render(dict(attention.WS_OPENER, ws_grid=grid)),
                                      cand_dir))
 
@@ -1661,7 +1702,7 @@ def test_attention_targets_search_ws_only_where_it_can_run():
     neither): elsewhere a move to it would render the same TMA kernel again."""
     fam = kernels.get("attention")
     half = fam.for_target((4, 32, 4096, 128, 8, 1), "bfloat16")
-    assert "ws" in half.space["loads"] and half.space["ws_grid"] == ["tiles", "persistent"]
+    assert "ws" in half.space["loads"] and half.space["ws_grid"] == ["tiles", "persistent", "strided"]
     for shape, dtype in (((4, 32, 4096, 128, 8, 1), "float32"), ((4, 32, 4096, 96, 8, 1), "float16"),
                          ((1, 16, 2048, 192, 16, 1), "bfloat16")):
         t = fam.for_target(shape, dtype)

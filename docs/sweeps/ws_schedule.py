@@ -1,6 +1,6 @@
 """Sweep behind docs/benchmarks.md's "persistent schedule" rows: the "ws" point with q released
-after a tile's last q k^T, o stored from registers and the persistent grid's tiles dealt by the
-host (kernels/attention.py _ws_schedule), against SDPA; BASE=<a rendered source> adds that
+after a tile's last q k^T (o out through the last K tile) and the persistent grid's tiles dealt
+by the host (kernels/attention.py _ws_schedule) or strided, against SDPA; BASE=<a rendered source> adds that
 source's two grids (the kernel before this change) to each row. Values at ragged and strided
 shapes first; rows in $OUT/ws_schedule.json; medians over three rounds of do_bench."""
 import os, statistics, sys, time
@@ -22,7 +22,10 @@ for pers in (True, False):
     attention_values(ws.kernel_fn, taken, emit, CASES, persistent=pers)
 base = load(open(os.environ["BASE"]).read(), "ws_base") if os.environ.get("BASE") else None
 bench = bencher(15, 60)
-variants = [("new", ws)] + ([("base", base)] if base else [])
+# (label, module, persistent, tiles dealt by the host): the kernel as rendered (both grids, both
+# persistent schedules), then BASE's two grids
+variants = [("tiles", ws, False, True), ("persistent", ws, True, True), ("persistent_stride", ws, True, False)]
+variants += [("base_tiles", base, False, None), ("base_persistent", base, True, None)] if base else []
 for B, H, S, D, Hkv, causal in [(4, 32, 4096, 128, 8, True), (4, 32, 4096, 128, 8, False), (8, 32, 2048, 128, 8, True),
                                 (1, 32, 2048, 128, 8, True), (4, 32, 4096, 64, 8, True), (4, 16, 4096, 256, 8, True),
                                 (8, 12, 1024, 64, 12, True), (16, 32, 1024, 128, 8, True)]:
@@ -35,11 +38,12 @@ for B, H, S, D, Hkv, causal in [(4, 32, 4096, 128, 8, True), (4, 32, 4096, 128, 
     first_ms = (time.perf_counter() - t0) * 1e3          # the schedule built (and cached) here
     for _ in range(3):
         runs["sdpa"].append(bench(sdpa))
-        for name, m in variants:
-            for pers in (False, True):
-                m.WS_PERSISTENT = pers
-                runs.setdefault(f"{name}_{'persistent' if pers else 'tiles'}", []).append(
-                    bench(lambda: m.kernel_fn(q, k, v, causal, None)))
+        for name, m, pers, dealt in variants:
+            m.WS_PERSISTENT = pers
+            if dealt is not None:
+                m.WS_DEALT = dealt
+            runs.setdefault(name, []).append(bench(lambda: m.kernel_fn(q, k, v, causal, None)))
+        ws.WS_DEALT = True
     med = {n: statistics.median(t) * 1e3 for n, t in runs.items()}
     row = dict(shape=f"{B}x{H}x{S}x{D} kv{Hkv} {'causal' if causal else 'full'}", first_call_ms=first_ms)
     for n, us in med.items():
