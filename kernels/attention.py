@@ -931,8 +931,10 @@ def _launcher(p, mask=None, fold: bool = False, ws: bool = False) -> str:
         ws_pick = ("ws = None\n    if tma and not dot_fp32 and _has_wgmma(q.device):\n"
                    "        ws = _ws_tile(D, DV, BLOCK_N, NUM_STAGES, q.element_size(), _smem_budget(q.device))\n    ")
         ws_tile = "ws"
+        # the Gluon kernel's softmax is in base 2 whatever use_exp2 says of the Triton kernels'
+        ws_scale = "qk_scale" if p["use_exp2"] else "qk_scale * 1.4426950408889634"
         ws_launch = ("    if ws is not None and qk_scale > 0:     # the scale rides in exp2's argument\n"
-                     "        return _ws_launch(q, k, v, o, qk_scale, causal, ws)\n")
+                     f"        return _ws_launch(q, k, v, o, {ws_scale}, causal, ws)\n")
     if split:    # each head dim in two power-of-2 parts where that pads less (192: 128 + 64)
         dims = "(bd, bd2), (bdv, bdv2) = _split_dim(D), _split_dim(DV)   # each head dim in two parts"
     else:        # one power-of-2 tile each, zeros past D (192 pads to 256)

@@ -1531,6 +1531,10 @@ def test_attention_ws_opens_where_it_applies():
     # the grid of a kernel a point does not render is inert: one source, one experiment
     assert attention.render(dict(attention.HALF_OPENERS[0], ws_grid="persistent")) == \
         attention.render(attention.HALF_OPENERS[0])
+    # its softmax is in base 2 whichever use_exp2 the point has: the scale goes in as log2(e) * scale
+    assert "_ws_launch(q, k, v, o, qk_scale, causal, ws)" in attention.render(dict(attention.WS_OPENER, use_exp2=True))
+    assert "_ws_launch(q, k, v, o, qk_scale * 1.4426950408889634, causal, ws)" in attention.render(
+        dict(attention.WS_OPENER, use_exp2=False))
     for grid, persistent, dealt in (("tiles", False, False), ("persistent", True, True), ("strided", True, False)):
         src = attention.render(dict(attention.WS_OPENER, ws_grid=grid))
         assert f"WS_PERSISTENT = {persistent}" in src and f"WS_DEALT = {dealt}" in src, grid
@@ -1662,9 +1666,9 @@ def test_attention_ws_kernel_on_hopper_matches_sdpa_at_ragged_and_strided_shapes
     longer than queries, GQA, v as a fused projection's transposed view, fp16 and bf16, head
     dims 64, 128, 256, on the three grids (a program a tile; persistent, dealt or strided), and
     errs no more than SDPA does against float64."""
-    for grid in ("tiles", "persistent", "strided"):
-        _ws_on_hopper(load_candidate(attention.render(dict(attention.WS_OPENER, ws_grid=grid)),
-                                     cand_dir))
+    for grid, exp2 in (("tiles", True), ("persistent", True), ("strided", True), ("persistent", False)):
+        _ws_on_hopper(load_candidate(attention.render(dict(attention.WS_OPENER, ws_grid=grid,
+                                                           use_exp2=exp2)), cand_dir))
 
 
 def _ws_on_hopper(fn):
