@@ -1023,13 +1023,14 @@ def kernel_fn({sig}):
 # thread, each consumer group gets 240 (setmaxnreg). bf16/fp16 with q, k and v's head dims
 # equal and 64, 128 or 256, a positive scale (it rides in exp2's argument: fold_scale), no
 # runtime mask or cap; Hopper (sm_90) only: elsewhere, and for anything else, the Triton TMA
-# kernel above runs. Timed at 4 x 32 x 4096 x 128, GQA 8, bf16, causal (docs/benchmarks.md):
-# on H100s 0.90-1.05x SDPA by do_bench across three lent machines (the Triton kernel's best
-# 0.86x), 0.96x eager SDPA and 1.00x torch.compile by the loop's own timing; the prototype of
-# this schedule on an H200 0.96x. The interpreter cannot run Gluon: on the CPU the TMA kernel
-# computes. Shared memory at head dim 128: 2 q tiles [64, 128] and 3 K/V tiles [128, 128] each,
-# 224 KB; each program moves q once, its keys and values once per 128 query rows (L2 mostly),
-# and o once.
+# kernel above runs. A group gives q back after its tile's last q k^T (the loader brings the
+# next tile's q under this tile's end) and sends o out by TMA through its half of the last K
+# tile (registers where a K tile has 64 rows). Timed at 4 x 32 x 4096 x 128, GQA 8, bf16,
+# causal (docs/benchmarks.md): H200 1.087x SDPA by do_bench (persistent grid) and 1.03x
+# torch.compile and eager by the loop's own timing; H100 1.045x and 1.04x. The interpreter
+# cannot run Gluon: on the CPU the TMA kernel computes. Shared memory at head dim 128: 2 q tiles
+# [64, 128] and 3 K/V tiles [128, 128] each, 224 KB; each program moves q once, its keys and
+# values once per 128 query rows (L2 mostly), and o once.
 _WS_SRC = f'''
 try:     # Gluon (Triton >= 3.5): warp groups, mbarriers, TMA and async wgmma written out
     from triton.experimental import gluon
