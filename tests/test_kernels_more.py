@@ -1540,6 +1540,47 @@ def test_attention_ws_opens_where_it_applies():
         assert f"WS_PERSISTENT = {persistent}" in src and f"WS_DEALT = {dealt}" in src, grid
 
 
+def test_attention_ws_launcher_call_binds_to_the_kernels_parameters(cand_dir):
+    """The Gluon kernel cannot run here, but its launcher can up to the launch: descriptors from
+    CPU tensors, the schedule, the grid. The call it makes binds to the kernel's own parameters
+    (a launcher left with an argument the kernel dropped fails only on a GPU otherwise), with
+    the grid and the constants each grid needs."""
+    import inspect
+    fn = load_candidate(attention.render(attention.WS_OPENER), cand_dir)
+    mod = sys.modules[fn.__module__]
+    if not mod._GLUON:
+        pytest.skip("this Triton has no Gluon")
+    kernel, calls = mod._attn_fwd_ws, []
+    params = inspect.signature(kernel.fn).parameters
+
+    class Recorder:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                kw = {k: v for k, v in kwargs.items() if k in params}       # launch options apart
+                calls.append((grid, inspect.signature(kernel.fn).bind(*args, **kw).arguments, kwargs))
+            return launch
+    cpu = torch.device("cpu")
+    mod._SMS[cpu.index] = 132
+    mod._attn_fwd_ws = Recorder()
+    try:
+        for persistent, (B, H, S, D, Hkv) in ((True, (2, 8, 1000, 128, 2)), (False, (1, 4, 300, 64, 4))):
+            mod.WS_PERSISTENT = persistent
+            q = torch.randn(B, H, S, D, dtype=torch.bfloat16)
+            k = torch.randn(B, Hkv, S, D, dtype=torch.bfloat16)
+            o = torch.empty_like(q)
+            mod._ws_launch(q, k, k, o, 0.125, True, (128, 3))
+            grid, bound, kwargs = calls[-1]
+            n_tiles = B * H * -(-S // 128)
+            assert grid == ((min(132, n_tiles) if persistent else n_tiles),)
+            assert bound["SQ"] == S and bound["SK"] == S and bound["H"] == H and bound["GROUP"] == H // Hkv
+            assert bound["PERSISTENT"] is persistent and bound["BLOCK_N"] == 128 and bound["NUM_BUF"] == 3
+            assert kwargs["maxnreg"] == mod.WS_MAXNREG and kwargs["num_warps"] == 4
+            if persistent:
+                assert bound["sched"].dtype == torch.int32 and bound["sched"].numel() == grid[0] + 1 + n_tiles
+    finally:
+        mod._attn_fwd_ws = kernel
+
+
 def test_attention_ws_persistent_schedule_deals_every_tile_once_and_levels_the_programs(cand_dir):
     """The persistent grids' table (``_ws_schedule``, host code, runs here): [starts | tiles],
     every tile once, each program's tiles in index order (a head's tiles together, so programs

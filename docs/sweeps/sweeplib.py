@@ -66,6 +66,17 @@ def spy(module, name):
     return taken
 
 
+def ws_cases():
+    """The ragged and strided attention cases the Gluon path is checked at: ((B, H, S, D, Hkv,
+    causal), Sk or None, dtype, v as a transposed view): lengths 64-4000, keys longer than
+    queries, 1-8 KV heads, head dims 64/128/256, fp16 and bf16."""
+    bf, fp = torch.bfloat16, torch.float16
+    return [((2, 8, 1000, 128, 2, True), None, bf, False), ((1, 4, 300, 64, 4, False), 517, bf, False),
+            ((2, 4, 777, 256, 1, True), None, bf, False), ((2, 8, 640, 128, 2, True), None, fp, True),
+            ((1, 4, 200, 128, 2, True), 300, bf, False), ((3, 6, 129, 64, 3, False), None, fp, True),
+            ((1, 2, 64, 128, 1, True), None, bf, False), ((5, 8, 4000, 128, 2, True), None, bf, False)]
+
+
 def attention_values(kernel_fn, taken, emit, cases, **tags):
     """Each case ((B, H, S, D, Hkv, causal), Sk or None, dtype, v as a transposed view): the
     kernel's largest error against float64 SDPA beside SDPA's own, and whether ``taken`` (a spy

@@ -8,18 +8,14 @@ sys.path.insert(0, os.getcwd()); sys.path.insert(0, "docs/sweeps")
 import torch, triton
 import torch.nn.functional as F
 from kernels import attention as A
-from sweeplib import attention_values, bencher, load, recorder, spy
+from sweeplib import attention_values, bencher, load, recorder, spy, ws_cases
 emit = recorder("ws_schedule.json")
 print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
 ws = load(A.render(A.WS_OPENER), "ws_point")
 taken = spy(ws, "_ws_launch")
-CASES = [((2, 8, 1000, 128, 2, True), None, torch.bfloat16, False), ((1, 4, 300, 64, 4, False), 517, torch.bfloat16, False),
-         ((2, 4, 777, 256, 1, True), None, torch.bfloat16, False), ((2, 8, 640, 128, 2, True), None, torch.float16, True),
-         ((1, 4, 200, 128, 2, True), 300, torch.bfloat16, False), ((3, 6, 129, 64, 3, False), None, torch.float16, True),
-         ((1, 2, 64, 128, 1, True), None, torch.bfloat16, False), ((5, 8, 4000, 128, 2, True), None, torch.bfloat16, False)]
 for pers in (True, False):
     ws.WS_PERSISTENT = pers
-    attention_values(ws.kernel_fn, taken, emit, CASES, persistent=pers)
+    attention_values(ws.kernel_fn, taken, emit, ws_cases(), persistent=pers)
 base = load(open(os.environ["BASE"]).read(), "ws_base") if os.environ.get("BASE") else None
 bench = bencher(15, 60)
 # (label, module, persistent, tiles dealt by the host): the kernel as rendered (both grids, both
