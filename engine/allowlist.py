@@ -43,7 +43,8 @@ _DTYPES = ("float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8
            "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool",
            "half", "float", "double", "long", "int", "short", "complex64")
 TORCH = {
-    # allocation (the guard poisons it), dtypes and their info, device queries; never an op
+    # allocation (the guard poisons it; torch.tensor builds a launch table from host numbers,
+    # attention's persistent schedule), dtypes and their info, device queries; never an op
     *_DTYPES, "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "full", "tensor",
     "full_like", "ones", "ones_like", "dtype", "device", "Tensor", "Size", "finfo", "iinfo",
     "is_tensor", "promote_types", "get_default_dtype", "version.hip", "version.cuda",

@@ -1106,13 +1106,15 @@ def _ws_schedule(n_bh, n_m, SK, bn, causal, device):
     (a fixed stride walk gave some programs 9% more blocks at 4 x 32 x 4096, causal)."""
     key = (n_bh, n_m, SK, bn, bool(causal), device, WS_DEALT)
     if key not in _WS_ORDER:
+        if len(_WS_ORDER) > 256:            # a bound on a long-lived process's cache
+            _WS_ORDER.clear()
         n_tiles = n_bh * n_m
         programs = min(n_tiles, _ws_programs(device))
         blocks = [(min(SK, (n_m - u) * 2 * WS_ROWS) if causal else SK) for u in range(n_m)]
         blocks = [-(-b // bn) + WS_TILE_COST for b in blocks]      # tile u of a head (row0 descending)
         work = [0] * programs
         mine = [[] for _ in range(programs)]
-        for t in range(n_tiles):                # ~2 us a tile (a min over the programs), once
+        for t in range(n_tiles):                # 2-5 us a tile (a min over the programs), once a shape
             p = work.index(min(work)) if WS_DEALT else t % programs
             mine[p].append(t)
             work[p] += blocks[t % n_m]
