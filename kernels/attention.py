@@ -1048,9 +1048,15 @@ except Exception:
 
 WS_ROWS = 64                  # query rows per consumer warp group (wgmma's M for one group)
 WS_HEAD_DIMS = {WS_HEAD_DIMS!r}
-WS_CONSUMER_REGS = 240        # registers a consumer thread: scores 64x128 fp32 (64 a thread), o
-WS_MAXNREG = 168              # 64x128 fp32 (64), p as the dot's registers (32); at launch 12 warps
-                              # (4 + 4 + 1, in warp groups) x 32 x 168 = 64,512 of 65,536
+WS_GROUPS = 2                 # consumer warp groups a program at head dim 64 (2 at 128 and 256)
+# 3 groups, 192-row tiles, is FlashAttention-3's layout at head dim 64 (softmax-bound with two:
+# two groups' dots run under each softmax): it compiles for sm_90 (the quick suite checks it)
+# but has not been timed on a GPU, so no point renders it; a sweep sets WS_GROUPS = 3
+# registers a consumer thread, by groups: scores 64x128 fp32 (64 a thread), o 64xD fp32 (64 at
+# D = 128), p as the dot's registers (32); 2 x 128 x 240 + 32 x 24 and 3 x 128 x 168 + 32 x 24
+# stay within 65,536. At launch 12 (13) warps x 32 x maxnreg must fit the same 65,536.
+WS_CONSUMER_REGS = {{2: 240, 3: 168}}
+WS_MAXNREG = {{2: 168, 3: 152}}
 WS_PERSISTENT = {{ws_persistent}}         # one program an SM walking tiles (else one program a tile)
 WS_TILE_COST = 2              # a tile's start and end, in key blocks, for the persistent schedule
 WS_DEALT = {{ws_dealt}}             # tiles dealt to the least-loaded program (else program p: p, p + P, ...)
@@ -1077,9 +1083,15 @@ def _has_wgmma(device):
     return _WGMMA[device.index]
 
 
+def _ws_groups(d):
+    """Consumer warp groups at head dim d: WS_GROUPS at 64; 2 above (a third group's o
+    accumulator would not fit its registers)."""
+    return WS_GROUPS if d <= 64 else 2
+
+
 def _ws_tile(d, dv, bn, stages, itemsize, budget):
     """(key step, K/V ring depth) of the warp-specialized kernel, or None where it does not
-    apply: head dims equal and in WS_HEAD_DIMS, 2-byte operands, the two q tiles [64, d] and
+    apply: head dims equal and in WS_HEAD_DIMS, 2-byte operands, the q tiles [64, d] and
     ``stages`` (at least 2) K and V tiles [bn, d] within shared memory (bn 128 or 64: 64 first,
     then fewer stages)."""
     if d != dv or d not in WS_HEAD_DIMS or itemsize != 2:
@@ -1088,7 +1100,7 @@ def _ws_tile(d, dv, bn, stages, itemsize, budget):
     stages = max(2, stages)
 
     def smem(n, s):
-        return (2 * WS_ROWS * d + s * 2 * n * d) * itemsize + 1024    # + mbarriers, alignment
+        return (_ws_groups(d) * WS_ROWS * d + s * 2 * n * d) * itemsize + 1024    # + mbarriers, alignment
 
     while bn > 64 and smem(bn, 2) > budget:
         bn //= 2
@@ -1097,20 +1109,20 @@ def _ws_tile(d, dv, bn, stages, itemsize, budget):
     return (bn, stages) if smem(bn, stages) <= budget else None
 
 
-def _ws_schedule(n_bh, n_m, SK, bn, causal, device):
+def _ws_schedule(n_bh, n_m, SK, bn, causal, device, rows=2 * WS_ROWS):
     """The persistent grid's tiles, program by program: [starts (programs + 1) | tiles], int32
     on ``device``, cached per shape. Tiles are dealt in index order (a head's tiles together,
     heaviest first) each to the program whose work so far (key blocks, plus WS_TILE_COST for a
     tile's start and end) is least: the GPU's own scheduler, simulated, so the programs running
     at once share a few heads' K/V in L2 as with one program a tile, and the grid ends level
     (a fixed stride walk gave some programs 9% more blocks at 4 x 32 x 4096, causal)."""
-    key = (n_bh, n_m, SK, bn, bool(causal), device, WS_DEALT)
+    key = (n_bh, n_m, SK, bn, bool(causal), device, WS_DEALT, rows)
     if key not in _WS_ORDER:
         if len(_WS_ORDER) > 256:            # a bound on a long-lived process's cache
             _WS_ORDER.clear()
         n_tiles = n_bh * n_m
         programs = min(n_tiles, _ws_programs(device))
-        blocks = [(min(SK, (n_m - u) * 2 * WS_ROWS) if causal else SK) for u in range(n_m)]
+        blocks = [(min(SK, (n_m - u) * rows) if causal else SK) for u in range(n_m)]
         blocks = [-(-b // bn) + WS_TILE_COST for b in blocks]      # tile u of a head (row0 descending)
         work = [0] * programs
         mine = [[] for _ in range(programs)]
@@ -1142,15 +1154,17 @@ def _ws_launch(q, k, v, o, qk_scale, causal, tile):
     kd = GluonDescriptor.from_tensor(k, [1, 1, bn, D], lk)
     vd = GluonDescriptor.from_tensor(v, [1, 1, bn, D], lk)
     od = GluonDescriptor.from_tensor(o, [1, 1, WS_ROWS, D], lq)
-    n_m = _cdiv(SQ, 2 * WS_ROWS)
+    ng = _ws_groups(D)
+    n_m = _cdiv(SQ, ng * WS_ROWS)
     if WS_PERSISTENT:
-        programs, sched = _ws_schedule(B * H, n_m, k.shape[2], bn, causal, q.device)
+        programs, sched = _ws_schedule(B * H, n_m, k.shape[2], bn, causal, q.device, ng * WS_ROWS)
     else:
         programs, sched = B * H * n_m, o        # one program a tile: the table is not read
     _attn_fwd_ws[(programs,)](qd, kd, vd, od, o, sched, qk_scale, H, H // k.shape[1], SQ, k.shape[2],
                               n_m, BLOCK_N=bn, NUM_BUF=stages, CAUSAL=bool(causal),
-                              PERSISTENT=WS_PERSISTENT, CONSUMER_REGS=WS_CONSUMER_REGS,
-                              num_warps=4, maxnreg=WS_MAXNREG)
+                              PERSISTENT=WS_PERSISTENT, NG=ng,
+                              CONSUMER_REGS=WS_CONSUMER_REGS[ng], num_warps=4,
+                              maxnreg=WS_MAXNREG[ng])
     return o
 
 
@@ -1191,14 +1205,14 @@ if _GLUON:
         return p, alpha, m_new, l_i
 
     @gluon.jit
-    def _ws_tile_of(t, n_m, SK, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    def _ws_tile_of(t, n_m, SK, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, NG: gl.constexpr):
         """Tile t -> (batch * H + head, first query row, key blocks it visits). A head's query
-        tiles are consecutive, heaviest first, so the programs running at once share a few
-        heads' keys and values in L2."""
+        tiles (NG * 64 rows each) are consecutive, heaviest first, so the programs running at
+        once share a few heads' keys and values in L2."""
         bh = t // n_m
-        row0 = (n_m - 1 - t % n_m) * (2 * _WS_M)
+        row0 = (n_m - 1 - t % n_m) * (NG * _WS_M)
         if CAUSAL:
-            n_total = (gl.minimum(SK, row0 + 2 * _WS_M) + BLOCK_N - 1) // BLOCK_N
+            n_total = (gl.minimum(SK, row0 + NG * _WS_M) + BLOCK_N - 1) // BLOCK_N
         else:
             n_total = (SK + BLOCK_N - 1) // BLOCK_N
         return bh, row0, n_total
@@ -1226,10 +1240,10 @@ if _GLUON:
 
     @gluon.jit
     def _ws_loader(descs, bufs, bars, dims, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr,
-                   CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
+                   CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr, NG: gl.constexpr):
         """The loader warp, tile after tile: K/V block j of a tile into ring slot (blocks so
-        far) % NUM_BUF once both consumer groups have released what was there; the tile's two
-        q halves once both groups have issued the last tile's last q k^T (q_empty), after the
+        far) % NUM_BUF once every consumer group has released what was there; the tile's NG
+        q parts once every group has issued the last tile's last q k^T (q_empty), after the
         tile's first K/V block: so the next tile's q and first blocks load under this tile's
         last p @ v and its end."""
         q_desc, k_desc, v_desc, o_desc = descs
@@ -1241,7 +1255,7 @@ if _GLUON:
         tc = 0
         lo, hi = _ws_tiles(sched, PERSISTENT)
         for i in range(lo, hi):
-            bh, row0, n_total = _ws_tile_of(_ws_tile_at(sched, i, PERSISTENT), n_m, SK, BLOCK_N, CAUSAL)
+            bh, row0, n_total = _ws_tile_of(_ws_tile_at(sched, i, PERSISTENT), n_m, SK, BLOCK_N, CAUSAL, NG)
             b = bh // H
             h = bh % H
             hk = h // GROUP                                        # the key/value head (GQA)
@@ -1251,9 +1265,9 @@ if _GLUON:
             _tma_in(k_desc, [b, hk, 0, 0], kv_ready.index(st), k_smem.index(st))
             _tma_in(v_desc, [b, hk, 0, 0], kv_ready.index(st), v_smem.index(st))
             mbarrier.wait(q_empty, (tc & 1) ^ 1)
-            mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
-            _tma_in(q_desc, [b, h, row0, 0], q_ready, q_smem.index(0))
-            _tma_in(q_desc, [b, h, row0 + _WS_M, 0], q_ready, q_smem.index(1))
+            mbarrier.expect(q_ready, NG * q_desc.block_type.nbytes)
+            for g in gl.static_range(NG):
+                _tma_in(q_desc, [b, h, row0 + g * _WS_M, 0], q_ready, q_smem.index(g))
             for j in range(1, n_total):
                 st = (it + j) % NUM_BUF
                 mbarrier.wait(kv_empty.index(st), (((it + j) // NUM_BUF) & 1) ^ 1)
@@ -1265,8 +1279,9 @@ if _GLUON:
 
     @gluon.jit
     def _ws_consumer(descs, bufs, bars, dims, o_ptr, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr,
-                     CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr, G: gl.constexpr):
-        """Consumer warp group G (0 or 1): query rows row0 + 64 G .. + 63 of each tile."""
+                     CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr, NG: gl.constexpr, G: gl.constexpr):
+        """Consumer warp group G (0 .. NG - 1): query rows row0 + 64 G .. + 63 of each tile.
+        The groups take the tensor cores in turn, G after G - 1 (group 0 after the last)."""
         q_desc, k_desc, v_desc, o_desc = descs
         q_smem, k_smem, v_smem = bufs
         q_ready, q_empty, kv_ready, kv_empty, turn = bars
@@ -1282,9 +1297,9 @@ if _GLUON:
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         q_s = q_smem.index(G).reshape([_WS_M, D])
         my_turn = turn.index(G)
-        other = turn.index(1 - G)
-        if G == 1:
-            mbarrier.arrive(other, count=1)                        # group 0 goes first
+        other = turn.index((G + 1) % NG)                           # the group whose turn is next
+        if G == NG - 1:
+            mbarrier.arrive(turn.index(0), count=1)                # group 0 goes first
         offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         s_zero = gl.zeros([_WS_M, BLOCK_N], gl.float32, layout=s_layout)
         o_rows = gl.arange(0, _WS_M, layout=row_o)
@@ -1294,7 +1309,7 @@ if _GLUON:
         tc = 0
         lo, hi = _ws_tiles(sched, PERSISTENT)
         for i in range(lo, hi):
-            bh, row0, n_total = _ws_tile_of(_ws_tile_at(sched, i, PERSISTENT), n_m, SK, BLOCK_N, CAUSAL)
+            bh, row0, n_total = _ws_tile_of(_ws_tile_at(sched, i, PERSISTENT), n_m, SK, BLOCK_N, CAUSAL, NG)
             row0 = row0 + G * _WS_M
             if CAUSAL:              # blocks every row of the group sees whole: no mask there
                 n_full = gl.minimum(SK // BLOCK_N, (row0 + 1) // BLOCK_N)
@@ -1350,16 +1365,16 @@ if _GLUON:
             mbarrier.arrive(other, count=1)
             acc, pd = warpgroup_mma_wait(0, deps=(acc_tok, pd))
             o = (acc / gl.convert_layout(l_i, row_o)[:, None]).to(dtype)
-            if BLOCK_N >= 2 * _WS_M:
+            if BLOCK_N >= NG * _WS_M:
                 # o out through TMA from this group's rows of the last K tile (q's buffer already
-                # holds the next tile's q): free once both groups read q for the last time
+                # holds the next tile's q): free once every group read q for the last time
                 mbarrier.wait(q_empty, tc & 1)
                 o_s = k_smem.index(last).slice(G * _WS_M, _WS_M, dim=2)       # [1, 1, 64, D]
                 o_s.store(o.reshape([1, 1, _WS_M, D]))
                 fence_async_shared()
                 _tma_out(o_desc, [bh // H, bh % H, row0, 0], o_s)
                 gtma.store_wait(pendings=0)
-            else:   # a K tile of 64 rows holds one group's o: from registers, rows past SQ dropped
+            else:   # a K tile too short for every group's o: from registers, rows past SQ dropped
                 rows = row0 + o_rows
                 offs = (bh.to(gl.int64) * SQ + rows)[:, None] * D + o_cols[None, :]
                 gl.store(o_ptr + offs, o, mask=(rows < SQ)[:, None])
@@ -1370,41 +1385,55 @@ if _GLUON:
 
     @gluon.jit
     def _ws_consumer1(descs, bufs, bars, dims, o_ptr, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr,
-                      CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
-        _ws_consumer(descs, bufs, bars, dims, o_ptr, BLOCK_N, NUM_BUF, CAUSAL, PERSISTENT, 1)
+                      CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr, NG: gl.constexpr):
+        _ws_consumer(descs, bufs, bars, dims, o_ptr, BLOCK_N, NUM_BUF, CAUSAL, PERSISTENT, NG, 1)
+
+    @gluon.jit
+    def _ws_consumer2(descs, bufs, bars, dims, o_ptr, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr,
+                      CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr, NG: gl.constexpr):
+        _ws_consumer(descs, bufs, bars, dims, o_ptr, BLOCK_N, NUM_BUF, CAUSAL, PERSISTENT, NG, 2)
 
     @gluon.jit
     def _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, o_ptr, sched, qk_scale, H, GROUP, SQ, SK, n_m,
                      BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, CAUSAL: gl.constexpr,
-                     PERSISTENT: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
-        """Each program takes its tiles (128 query rows of one batch * H + head each; the
+                     PERSISTENT: gl.constexpr, NG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                     num_warps: gl.constexpr):
+        """Each program takes its tiles (NG * 64 query rows of one batch * H + head each; the
         schedule's, persistent, else its own): consumer group 0 (this partition's 4 warps),
-        consumer group 1 (4 warps) and the loader (1 warp)."""
+        consumer groups 1 .. NG - 1 (4 warps each) and the loader (1 warp)."""
         dtype: gl.constexpr = q_desc.dtype
-        q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+        q_smem = gl.allocate_shared_memory(dtype, [NG] + q_desc.block_type.shape, q_desc.layout)
         k_smem = gl.allocate_shared_memory(dtype, [NUM_BUF] + k_desc.block_type.shape, k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [NUM_BUF] + v_desc.block_type.shape, v_desc.layout)
         q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         kv_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
         kv_empty = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
-        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [NG, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_ready, count=1)
-        mbarrier.init(q_empty, count=2)                           # both groups are done with q
+        mbarrier.init(q_empty, count=NG)                          # every group is done with q
         for i in gl.static_range(NUM_BUF):
             mbarrier.init(kv_ready.index(i), count=1)
-            mbarrier.init(kv_empty.index(i), count=2)             # both groups release a slot
-        mbarrier.init(turn.index(0), count=1)
-        mbarrier.init(turn.index(1), count=1)
+            mbarrier.init(kv_empty.index(i), count=NG)            # every group releases a slot
+        for g in gl.static_range(NG):
+            mbarrier.init(turn.index(g), count=1)
         descs = (q_desc, k_desc, v_desc, o_desc)
         bufs = (q_smem, k_smem, v_smem)
         bars = (q_ready, q_empty, kv_ready, kv_empty, turn)
         dims = (sched, qk_scale, H, GROUP, SQ, SK, n_m)
-        gl.warp_specialize([
-            (_ws_consumer, (descs, bufs, bars, dims, o_ptr, BLOCK_N, NUM_BUF, CAUSAL, PERSISTENT, 0)),
-            (_ws_consumer1, (descs, bufs, bars, dims, o_ptr, BLOCK_N, NUM_BUF, CAUSAL, PERSISTENT)),
-            (_ws_loader, (descs, bufs, bars, dims, BLOCK_N, NUM_BUF, CAUSAL, PERSISTENT)),
-        ], [4, 1], [CONSUMER_REGS, 24])
+        if NG == 3:
+            gl.warp_specialize([
+                (_ws_consumer, (descs, bufs, bars, dims, o_ptr, BLOCK_N, NUM_BUF, CAUSAL, PERSISTENT, NG, 0)),
+                (_ws_consumer1, (descs, bufs, bars, dims, o_ptr, BLOCK_N, NUM_BUF, CAUSAL, PERSISTENT, NG)),
+                (_ws_consumer2, (descs, bufs, bars, dims, o_ptr, BLOCK_N, NUM_BUF, CAUSAL, PERSISTENT, NG)),
+                (_ws_loader, (descs, bufs, bars, dims, BLOCK_N, NUM_BUF, CAUSAL, PERSISTENT, NG)),
+            ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
+        else:
+            gl.warp_specialize([
+                (_ws_consumer, (descs, bufs, bars, dims, o_ptr, BLOCK_N, NUM_BUF, CAUSAL, PERSISTENT, NG, 0)),
+                (_ws_consumer1, (descs, bufs, bars, dims, o_ptr, BLOCK_N, NUM_BUF, CAUSAL, PERSISTENT, NG)),
+                (_ws_loader, (descs, bufs, bars, dims, BLOCK_N, NUM_BUF, CAUSAL, PERSISTENT, NG)),
+            ], [4, 1], [CONSUMER_REGS, 24])
 '''
 
 

@@ -1574,11 +1574,23 @@ def test_attention_ws_launcher_call_binds_to_the_kernels_parameters(cand_dir):
             assert grid == ((min(132, n_tiles) if persistent else n_tiles),)
             assert bound["SQ"] == S and bound["SK"] == S and bound["H"] == H and bound["GROUP"] == H // Hkv
             assert bound["PERSISTENT"] is persistent and bound["BLOCK_N"] == 128 and bound["NUM_BUF"] == 3
-            assert kwargs["maxnreg"] == mod.WS_MAXNREG and kwargs["num_warps"] == 4
+            assert bound["NG"] == mod.WS_GROUPS == 2 and bound["CONSUMER_REGS"] == mod.WS_CONSUMER_REGS[2]
+            assert kwargs["maxnreg"] == mod.WS_MAXNREG[2] and kwargs["num_warps"] == 4
             if persistent:
                 assert bound["sched"].dtype == torch.int32 and bound["sched"].numel() == grid[0] + 1 + n_tiles
+        # three consumer groups (WS_GROUPS, head dim 64 only): 192-row tiles, their registers
+        mod.WS_GROUPS = 3
+        for D, ng in ((64, 3), (128, 2)):
+            q = torch.randn(2, 8, 1000, D, dtype=torch.bfloat16)
+            mod._ws_launch(q, q[:, :2], q[:, :2], torch.empty_like(q), 0.125, True, (128, 3))
+            grid, bound, kwargs = calls[-1]
+            assert bound["NG"] == ng and bound["n_m"] == -(-1000 // (64 * ng))
+            assert bound["CONSUMER_REGS"] == mod.WS_CONSUMER_REGS[ng] and kwargs["maxnreg"] == mod.WS_MAXNREG[ng]
+            assert (4 * ng + 1) * 32 * mod.WS_MAXNREG[ng] <= 65536          # the register file at launch
+            assert ng * 128 * mod.WS_CONSUMER_REGS[ng] + 32 * 24 <= 65536    # after setmaxnreg
     finally:
         mod._attn_fwd_ws = kernel
+        mod.WS_GROUPS = 2
 
 
 def test_attention_ws_persistent_schedule_deals_every_tile_once_and_levels_the_programs(cand_dir):
@@ -1620,7 +1632,7 @@ def test_attention_ws_persistent_schedule_deals_every_tile_once_and_levels_the_p
     assert max(work) > 1.05 * sum(work) / programs
 
 
-def _compile_ws_for_sm90(src, bn, d, stages, causal, persistent=True):
+def _compile_ws_for_sm90(src, bn, d, stages, causal, persistent=True, groups=2):
     """Compile the rendered Gluon kernel for sm_90 without a GPU (Triton's own compiler and
     ptxas); None where this Triton cannot (no Gluon, or no such entry point)."""
     import importlib.util
@@ -1649,9 +1661,9 @@ def _compile_ws_for_sm90(src, bn, d, stages, causal, persistent=True):
                else "i32" if n in ("H", "GROUP", "SQ", "SK", "n_m") else "constexpr")
            for n in fn.arg_names}
     const = {"BLOCK_N": bn, "NUM_BUF": stages, "CAUSAL": causal, "PERSISTENT": persistent,
-             "CONSUMER_REGS": mod.WS_CONSUMER_REGS, "num_warps": 4}
+             "NG": groups, "CONSUMER_REGS": mod.WS_CONSUMER_REGS[groups], "num_warps": 4}
     return triton.compile(GluonASTSource(fn, sig, const), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": 4, "maxnreg": mod.WS_MAXNREG})
+                          options={"num_warps": 4, "maxnreg": mod.WS_MAXNREG[groups]})
 
 
 # run in a child process: the compiler must see Triton's own jit functions (gl.max's combine),
@@ -1660,9 +1672,9 @@ _WS_COMPILE = """
 import json, sys
 from tests.test_kernels_more import _compile_ws_for_sm90
 out = []
-for bn, d, stages, causal, pers in json.loads(sys.argv[2]):
+for bn, d, stages, causal, pers, groups in json.loads(sys.argv[2]):
     try:
-        k = _compile_ws_for_sm90(sys.argv[1], bn, d, stages, causal, pers)
+        k = _compile_ws_for_sm90(sys.argv[1], bn, d, stages, causal, pers, groups)
     except RuntimeError as e:          # no ptxas / CUDA toolchain in this Triton install
         print(json.dumps({"skip": f"Triton cannot compile for sm_90 here: {e}"}))
         sys.exit(0)
@@ -1687,7 +1699,10 @@ def test_attention_ws_kernel_compiles_for_hopper_without_a_gpu(tmp_path):
     import subprocess
     path = tmp_path / "ws_point.py"
     path.write_text(attention.render(attention.WS_OPENER))
-    cases = [(128, 128, 3, True, True), (64, 256, 2, False, False), (128, 64, 3, True, False)]
+    # (key step, head dim, ring depth, causal, persistent, consumer groups); 3 groups at head dim
+    # 64 is the layout no point renders yet (WS_GROUPS): it must still compile
+    cases = [(128, 128, 3, True, True, 2), (64, 256, 2, False, False, 2), (128, 64, 3, True, False, 2),
+             (128, 64, 3, True, True, 3)]
     r = subprocess.run([sys.executable, "-c", _WS_COMPILE, str(path), json.dumps(cases)],
                        capture_output=True, text=True, timeout=300,
                        env={**os.environ, "TRITON_INTERPRET": "0"},
@@ -1696,9 +1711,9 @@ def test_attention_ws_kernel_compiles_for_hopper_without_a_gpu(tmp_path):
     got = json.loads(r.stdout.strip().splitlines()[-1])
     if "skip" in got:
         pytest.skip(got["skip"])
-    for (bn, d, stages, _, _), k in zip(cases, got["kernels"]):
+    for (bn, d, stages, _, _, groups), k in zip(cases, got["kernels"]):
         assert k["wgmma"] and k["setmaxnreg"] and not k["local"], k
-        assert k["shared"] <= (2 * 64 * d + stages * 2 * bn * d) * 2 + 1024, k
+        assert k["shared"] <= (groups * 64 * d + stages * 2 * bn * d) * 2 + 1024, k
 
 
 @pytest.mark.skipif(not _hopper(), reason="GPU only: the Gluon kernel needs a Hopper GPU (sm_90)")
@@ -1710,6 +1725,10 @@ def test_attention_ws_kernel_on_hopper_matches_sdpa_at_ragged_and_strided_shapes
     for grid, exp2 in (("tiles", True), ("persistent", True), ("strided", True), ("persistent", False)):
         _ws_on_hopper(load_candidate(attention.render(dict(attention.WS_OPENER, ws_grid=grid,
                                                            use_exp2=exp2)), cand_dir))
+    # three consumer groups at head dim 64 (WS_GROUPS; no point renders it until it is timed)
+    fn = load_candidate(attention.render(dict(attention.WS_OPENER, ws_grid="tiles")), cand_dir)
+    sys.modules[fn.__module__].WS_GROUPS = 3
+    _ws_on_hopper(fn)
 
 
 def _ws_on_hopper(fn):

@@ -18,10 +18,18 @@ for pers in (True, False):
     attention_values(ws.kernel_fn, taken, emit, ws_cases(), persistent=pers)
 base = load(open(os.environ["BASE"]).read(), "ws_base") if os.environ.get("BASE") else None
 bench = bencher(15, 60)
-# (label, module, persistent, tiles dealt by the host): the kernel as rendered (both grids, both
-# persistent schedules), then BASE's two grids
-variants = [("tiles", ws, False, True), ("persistent", ws, True, True), ("persistent_stride", ws, True, False)]
-variants += [("base_tiles", base, False, None), ("base_persistent", base, True, None)] if base else []
+# (label, module, its launch constants): the kernel as rendered (both grids, both persistent
+# schedules; GROUPS3=1 adds three consumer groups at head dim 64), then BASE's two grids
+G2 = {"WS_GROUPS": 2}
+variants = [("tiles", ws, dict(G2, WS_PERSISTENT=False, WS_DEALT=True)),
+            ("persistent", ws, dict(G2, WS_PERSISTENT=True, WS_DEALT=True)),
+            ("persistent_stride", ws, dict(G2, WS_PERSISTENT=True, WS_DEALT=False))]
+if os.environ.get("GROUPS3"):
+    variants.append(("persistent_3groups", ws, {"WS_GROUPS": 3, "WS_PERSISTENT": True, "WS_DEALT": True}))
+    ws.WS_GROUPS = 3
+    attention_values(ws.kernel_fn, taken, emit, [c for c in ws_cases() if c[0][3] == 64], groups=3)
+    ws.WS_GROUPS = 2
+variants += [("base_tiles", base, {"WS_PERSISTENT": False}), ("base_persistent", base, {"WS_PERSISTENT": True})] if base else []
 for B, H, S, D, Hkv, causal in [(4, 32, 4096, 128, 8, True), (4, 32, 4096, 128, 8, False), (8, 32, 2048, 128, 8, True),
                                 (1, 32, 2048, 128, 8, True), (4, 32, 4096, 64, 8, True), (4, 16, 4096, 256, 8, True),
                                 (8, 12, 1024, 64, 12, True), (16, 32, 1024, 128, 8, True)]:
@@ -34,12 +42,13 @@ for B, H, S, D, Hkv, causal in [(4, 32, 4096, 128, 8, True), (4, 32, 4096, 128, 
     first_ms = (time.perf_counter() - t0) * 1e3          # the schedule built (and cached) here
     for _ in range(3):
         runs["sdpa"].append(bench(sdpa))
-        for name, m, pers, dealt in variants:
-            m.WS_PERSISTENT = pers
-            if dealt is not None:
-                m.WS_DEALT = dealt
+        for name, m, consts in variants:
+            if name.endswith("3groups") and D != 64:
+                continue
+            for c, val in consts.items():
+                setattr(m, c, val)
             runs.setdefault(name, []).append(bench(lambda: m.kernel_fn(q, k, v, causal, None)))
-        ws.WS_DEALT = True
+        ws.WS_DEALT, ws.WS_GROUPS = True, 2
     med = {n: statistics.median(t) * 1e3 for n, t in runs.items()}
     row = dict(shape=f"{B}x{H}x{S}x{D} kv{Hkv} {'causal' if causal else 'full'}", first_call_ms=first_ms)
     for n, us in med.items():
