@@ -7,7 +7,8 @@ walks it once, with an explicit stack (no recursion), and accepts only:
 
 - imports of ``torch``, ``triton`` (``triton.language`` and its libdevice, ``triton.tools.
   tensor_descriptor``, Gluon's language, its Hopper TMA / mbarrier / wgmma modules and its
-  tensor descriptor), ``math``, ``typing``, ``functools``, ``itertools`` and ``__future__``;
+  tensor descriptor), ``math``, ``typing``, ``functools``, ``itertools``, ``heapq`` and
+  ``__future__``;
 - module names used only as the root of an attribute chain (``tl.load``), never as values (so no
   module can be passed around, rebound or reached under another name), and each chain allowed by
   its module's table below: torch offers allocation, dtypes and device queries, never an op;
@@ -36,7 +37,7 @@ MAX_NODES = 60_000
 MAX_DEPTH = 120                    # AST nesting (a real kernel nests < 25 deep)
 MAX_BRACKET_DEPTH = 60             # checked on the text before parsing: the parser recurses
 
-IMPORTABLE = ("torch", "triton", "math", "typing", "functools", "itertools", "__future__")
+IMPORTABLE = ("torch", "triton", "math", "typing", "functools", "itertools", "heapq", "__future__")
 
 # --- what each module offers: dotted names under it (a trailing ".*": any public name there) ---
 _DTYPES = ("float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2",
@@ -81,6 +82,7 @@ MODULES: dict[str, set | str] = {
     "functools": {"lru_cache", "cache", "reduce"},
     "itertools": {"product", "chain", "accumulate", "repeat", "count", "islice", "permutations",
                   "combinations", "pairwise", "starmap", "zip_longest"},
+    "heapq": {"heapify", "heappush", "heappop", "heapreplace", "heappushpop"},   # on lists, in C
     "__future__": {"annotations"},
     # Gluon (Triton >= 3.5): the same device code one level down (warp groups, shared memory,
     # mbarriers, TMA and wgmma written out), on Hopper; its host side offers layouts and

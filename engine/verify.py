@@ -57,7 +57,7 @@ def not_faster(latency_us, noise, best_us, best_noise, min_margin) -> str | None
 
 # Modules a candidate may import (the allow list's table, engine/allowlist.py, is the rule).
 ALLOWED_IMPORTS = {"torch", "triton", "triton.language", "math", "typing", "functools",
-                   "itertools", "__future__"}
+                   "itertools", "heapq", "__future__"}
 
 # aten ops a candidate may call on the host: allocation, views, reshapes, copies, conversions.
 ALLOWED_ATEN = {

@@ -1032,6 +1032,8 @@ def kernel_fn({sig}):
 # [64, 128] and 3 K/V tiles [128, 128] each, 224 KB; each program moves q once, its keys and
 # values once per 128 query rows (L2 mostly), and o once.
 _WS_SRC = f'''
+import heapq
+
 try:     # Gluon (Triton >= 3.5): warp groups, mbarriers, TMA and async wgmma written out
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -1124,12 +1126,15 @@ def _ws_schedule(n_bh, n_m, SK, bn, causal, device, rows=2 * WS_ROWS):
         programs = min(n_tiles, _ws_programs(device))
         blocks = [(min(SK, (n_m - u) * rows) if causal else SK) for u in range(n_m)]
         blocks = [-(-b // bn) + WS_TILE_COST for b in blocks]      # tile u of a head (row0 descending)
-        work = [0] * programs
+        work = [(0, p) for p in range(programs)]       # a heap: (key blocks so far, program)
         mine = [[] for _ in range(programs)]
-        for t in range(n_tiles):                # 2-5 us a tile (a min over the programs), once a shape
-            p = work.index(min(work)) if WS_DEALT else t % programs
+        for t in range(n_tiles):
+            if WS_DEALT:                                # the least loaded, the lowest on ties
+                w, p = work[0]
+                heapq.heapreplace(work, (w + blocks[t % n_m], p))
+            else:
+                p = t % programs
             mine[p].append(t)
-            work[p] += blocks[t % n_m]
         starts = [0]
         for m in mine:
             starts.append(starts[-1] + len(m))

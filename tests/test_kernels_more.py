@@ -139,7 +139,7 @@ def test_registry():
     assert rms.profile_shape({"shape": [2, 32, 64], "dtype": "float32", "count": 5}) == (2, 32, 64)
 
 
-_ALLOWED_IMPORTS = {"torch", "triton", "triton.language"}
+_ALLOWED_IMPORTS = {"torch", "triton", "triton.language", "heapq"}   # heapq: a launch schedule
 # torch attributes a candidate may touch: allocation, dtypes and device queries (and a launch
 # table built on the host: attention's persistent schedule). Everything numeric happens in Triton.
 _ALLOWED_TORCH = {"empty", "float32", "bfloat16", "cuda", "version", "tensor", "int32"}
