@@ -169,6 +169,7 @@ def evaluate(worker, source, timeout=120.0, time_it=False, **extra):
     ("rt_grid_function.py", "inside a triton launch"),
     ("rt_host_scalar.py", "aten._local_scalar_dense"),
     ("rt_unwritten_output.py", "nan where the reference is finite"),
+    ("rt_heapq_tensors.py", "aten.lt"),
 ])
 def test_runtime_guard_rejects_what_the_allow_list_cannot_see(worker, name, words):
     src = (HOSTILE / name).read_text()
