@@ -55,10 +55,6 @@ def not_faster(latency_us, noise, best_us, best_noise, min_margin) -> str | None
     return (f"{latency_us:.1f} us is not faster than the best {best_us:.1f} us by more than the "
             f"noise ({margin:.1%})")
 
-# Modules a candidate may import (the allow list's table, engine/allowlist.py, is the rule).
-ALLOWED_IMPORTS = {"torch", "triton", "triton.language", "math", "typing", "functools",
-                   "itertools", "heapq", "__future__"}
-
 # aten ops a candidate may call on the host: allocation, views, reshapes, copies, conversions.
 ALLOWED_ATEN = {
     "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros",

@@ -416,11 +416,11 @@ SPLIT_OPENERS = ({"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3
 
 
 # Hopper's warp-specialized Gluon kernel (loads "ws") opens where it applies (head dim 64, 128
-# or 256), on both grids: on an H100 (do_bench, bf16, GQA 8, causal) 128-key blocks and a ring
-# of 3 K/V tiles ran 4 x 32 x 4096 x 128 in 947 us against SDPA's 994 and HALF_OPENERS[0]'s
-# 1,161, and the persistent grid LLaMA-3-8B's 1 x 2048 in 80.9 us against SDPA's 87.5; at head
-# dim 64 it was slower than that Triton point (760 against 710 us), which the search keeps
-# there. Elsewhere than on Hopper the point runs its Triton TMA kernel (this tile).
+# or 256), on its two persistent grids (dealt, then strided). H100, do_bench, bf16, GQA 8,
+# causal: 128-key blocks and a ring of 3 K/V tiles ran 4 x 32 x 4096 x 128 1.05x SDPA (the
+# Triton point HALF_OPENERS[0] about 0.85x), 8 x 2048 1.03-1.04x, head dim 64 0.96x; strided
+# LLaMA-3-8B's 1 x 2048 1.13x (docs/benchmarks.md). Elsewhere than on Hopper the point runs
+# its Triton TMA kernel (this tile).
 WS_OPENER = dict(HALF_OPENERS[0], loads="ws", block_n=128, ws_grid="persistent")
 
 
@@ -1008,7 +1008,6 @@ def kernel_fn({sig}):
 '''
 
 
-
 # ---------------------------------------------------------------------------------------------
 # loads "ws": Hopper's warp-specialized kernel, written in Gluon
 # ---------------------------------------------------------------------------------------------
@@ -1144,9 +1143,10 @@ def _ws_schedule(n_bh, n_m, SK, bn, causal, device, rows=2 * WS_ROWS):
 
 
 def _ws_launch(q, k, v, o, qk_scale, causal, tile):
-    """o = attention(q, k, v) by the warp-specialized kernel: 4-D descriptors for q, k and v
-    (any strides a descriptor takes; rows past Sq and Sk read as zeros), o ([B, H, Sq, D],
-    contiguous) stored from registers, rows past Sq masked."""
+    """o = attention(q, k, v) by the warp-specialized kernel: 4-D descriptors (any strides a
+    descriptor takes; rows past Sq and Sk read as zeros); o ([B, H, Sq, D], contiguous) stored
+    by TMA through the last K tile, clipped at Sq (from registers, masked, where a K tile is too
+    short for every group's rows)."""
     bn, stages = tile
     B, H, SQ, D = q.shape
     key = (q.dtype, D, bn)
