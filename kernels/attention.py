@@ -1091,23 +1091,27 @@ def _ws_groups(d):
 
 
 def _ws_tile(d, dv, bn, stages, itemsize, budget):
-    """(key step, K/V ring depth) of the warp-specialized kernel, or None where it does not
-    apply: head dims equal and in WS_HEAD_DIMS, 2-byte operands, the q tiles [64, d] and
-    ``stages`` (at least 2) K and V tiles [bn, d] within shared memory (bn 128 or 64: 64 first,
-    then fewer stages)."""
+    """(key step, K ring depth, V ring depth) of the warp-specialized kernel, or None where it
+    does not apply: head dims equal and in WS_HEAD_DIMS, 2-byte operands, the q tiles [64, d]
+    and the K and V tiles [bn, d] (``stages`` of each, at least 2) within shared memory: key
+    step 128, else 64; then the V ring shortened before the K ring (K blocks are taken earlier:
+    q k_j^T goes out with p_(j-1) v_(j-1)). Head dim 256: 64-key blocks, 3 K and 2 V (224 KB)."""
     if d != dv or d not in WS_HEAD_DIMS or itemsize != 2:
         return None
     bn = 128 if bn >= 128 else 64
-    stages = max(2, stages)
+    nk = nv = max(2, stages)
 
-    def smem(n, s):
-        return (_ws_groups(d) * WS_ROWS * d + s * 2 * n * d) * itemsize + 1024    # + mbarriers, alignment
+    def smem(n, k, v):
+        return (_ws_groups(d) * WS_ROWS * d + (k + v) * n * d) * itemsize + 1024   # + mbarriers, alignment
 
-    while bn > 64 and smem(bn, 2) > budget:
+    while bn > 64 and smem(bn, 2, 2) > budget:
         bn //= 2
-    while stages > 2 and smem(bn, stages) > budget:
-        stages -= 1
-    return (bn, stages) if smem(bn, stages) <= budget else None
+    while nk + nv > 4 and smem(bn, nk, nv) > budget:
+        if nv >= nk:
+            nv -= 1
+        else:
+            nk -= 1
+    return (bn, nk, nv) if smem(bn, nk, nv) <= budget else None
 
 
 def _ws_schedule(n_bh, n_m, SK, bn, causal, device, rows=2 * WS_ROWS):
@@ -1147,7 +1151,7 @@ def _ws_launch(q, k, v, o, qk_scale, causal, tile):
     descriptor takes; rows past Sq and Sk read as zeros); o ([B, H, Sq, D], contiguous) stored
     by TMA through the last K tile, clipped at Sq (from registers, masked, where a K tile is too
     short for every group's rows)."""
-    bn, stages = tile
+    bn, nk, nv = tile
     B, H, SQ, D = q.shape
     key = (q.dtype, D, bn)
     if key not in _WS_LAYOUTS:
@@ -1166,7 +1170,7 @@ def _ws_launch(q, k, v, o, qk_scale, causal, tile):
     else:
         programs, sched = B * H * n_m, o        # one program a tile: the table is not read
     _attn_fwd_ws[(programs,)](qd, kd, vd, od, o, sched, qk_scale, H, H // k.shape[1], SQ, k.shape[2],
-                              n_m, BLOCK_N=bn, NUM_BUF=stages, CAUSAL=bool(causal),
+                              n_m, BLOCK_N=bn, NUM_K=nk, NUM_V=nv, CAUSAL=bool(causal),
                               PERSISTENT=WS_PERSISTENT, NG=ng,
                               CONSUMER_REGS=WS_CONSUMER_REGS[ng], num_warps=4,
                               maxnreg=WS_MAXNREG[ng])
@@ -1244,18 +1248,20 @@ if _GLUON:
         return t
 
     @gluon.jit
-    def _ws_loader(descs, bufs, bars, dims, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr,
-                   CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr, NG: gl.constexpr):
-        """The loader warp, tile after tile: K/V block j of a tile into ring slot (blocks so
-        far) % NUM_BUF once every consumer group has released what was there; the tile's NG
-        q parts once every group has issued the last tile's last q k^T (q_empty), after the
-        tile's first K/V block: so the next tile's q and first blocks load under this tile's
-        last p @ v and its end."""
+    def _ws_loader(descs, bufs, bars, dims, BLOCK_N: gl.constexpr, NUM_K: gl.constexpr,
+                   NUM_V: gl.constexpr, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr, NG: gl.constexpr):
+        """The loader warp, tile after tile: K block g (blocks so far) into K slot g % NUM_K once
+        every group has read it for the last time (its q k^T done), V block g into V slot
+        g % NUM_V once every group's p @ v on what was there is done; K one block ahead of V
+        (both are needed together: q k_j^T goes out with p_(j-1) v_(j-1)). The tile's NG q
+        parts once every group has issued the last tile's last q k^T (q_empty), after the
+        tile's first K block: so the next tile's q and first blocks load under this tile's end."""
         q_desc, k_desc, v_desc, o_desc = descs
         q_smem, k_smem, v_smem = bufs
-        q_ready, q_empty, kv_ready, kv_empty, turn = bars
+        q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn = bars
         sched, qk_scale, H, GROUP, SQ, SK, n_m = dims
-        kv_bytes: gl.constexpr = k_desc.block_type.nbytes + v_desc.block_type.nbytes
+        k_bytes: gl.constexpr = k_desc.block_type.nbytes
+        v_bytes: gl.constexpr = v_desc.block_type.nbytes
         it = 0
         tc = 0
         lo, hi = _ws_tiles(sched, PERSISTENT)
@@ -1264,32 +1270,40 @@ if _GLUON:
             b = bh // H
             h = bh % H
             hk = h // GROUP                                        # the key/value head (GQA)
-            st = it % NUM_BUF                                      # block 0 (every tile has one)
-            mbarrier.wait(kv_empty.index(st), ((it // NUM_BUF) & 1) ^ 1)
-            mbarrier.expect(kv_ready.index(st), kv_bytes)
-            _tma_in(k_desc, [b, hk, 0, 0], kv_ready.index(st), k_smem.index(st))
-            _tma_in(v_desc, [b, hk, 0, 0], kv_ready.index(st), v_smem.index(st))
+            _ws_load_block(k_desc, k_smem, k_ready, k_empty, it, [b, hk, 0, 0], k_bytes, NUM_K)
             mbarrier.wait(q_empty, (tc & 1) ^ 1)
             mbarrier.expect(q_ready, NG * q_desc.block_type.nbytes)
             for g in gl.static_range(NG):
                 _tma_in(q_desc, [b, h, row0 + g * _WS_M, 0], q_ready, q_smem.index(g))
             for j in range(1, n_total):
-                st = (it + j) % NUM_BUF
-                mbarrier.wait(kv_empty.index(st), (((it + j) // NUM_BUF) & 1) ^ 1)
-                mbarrier.expect(kv_ready.index(st), kv_bytes)
-                _tma_in(k_desc, [b, hk, j * BLOCK_N, 0], kv_ready.index(st), k_smem.index(st))
-                _tma_in(v_desc, [b, hk, j * BLOCK_N, 0], kv_ready.index(st), v_smem.index(st))
+                _ws_load_block(k_desc, k_smem, k_ready, k_empty, it + j, [b, hk, j * BLOCK_N, 0], k_bytes, NUM_K)
+                _ws_load_block(v_desc, v_smem, v_ready, v_empty, it + j - 1, [b, hk, (j - 1) * BLOCK_N, 0],
+                               v_bytes, NUM_V)
+            _ws_load_block(v_desc, v_smem, v_ready, v_empty, it + n_total - 1,
+                           [b, hk, (n_total - 1) * BLOCK_N, 0], v_bytes, NUM_V)
             it += n_total
             tc += 1
 
     @gluon.jit
-    def _ws_consumer(descs, bufs, bars, dims, o_ptr, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr,
-                     CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr, NG: gl.constexpr, G: gl.constexpr):
+    def _ws_load_block(desc, ring, ready, empty, g, coord, nbytes: gl.constexpr, NUM: gl.constexpr):
+        """Block g (of this program's blocks so far) into slot g % NUM of its ring, once the slot's
+        last use is released (empty's phase of the round before)."""
+        st = g % NUM
+        mbarrier.wait(empty.index(st), ((g // NUM) & 1) ^ 1)
+        mbarrier.expect(ready.index(st), nbytes)
+        _tma_in(desc, coord, ready.index(st), ring.index(st))
+
+    @gluon.jit
+    def _ws_consumer(descs, bufs, bars, dims, o_ptr, BLOCK_N: gl.constexpr, NUM_K: gl.constexpr,
+                     NUM_V: gl.constexpr, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr,
+                     NG: gl.constexpr, G: gl.constexpr):
         """Consumer warp group G (0 .. NG - 1): query rows row0 + 64 G .. + 63 of each tile.
-        The groups take the tensor cores in turn, G after G - 1 (group 0 after the last)."""
+        The groups take the tensor cores in turn, G after G - 1 (group 0 after the last). A K
+        block is released once its scores are read (a tile's last one after o has gone out
+        through it), a V block once its p @ v is done."""
         q_desc, k_desc, v_desc, o_desc = descs
         q_smem, k_smem, v_smem = bufs
-        q_ready, q_empty, kv_ready, kv_empty, turn = bars
+        q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn = bars
         sched, qk_scale, H, GROUP, SQ, SK, n_m = dims
         dtype: gl.constexpr = q_desc.dtype
         D: gl.constexpr = q_desc.block_type.shape[3]
@@ -1309,7 +1323,7 @@ if _GLUON:
         s_zero = gl.zeros([_WS_M, BLOCK_N], gl.float32, layout=s_layout)
         o_rows = gl.arange(0, _WS_M, layout=row_o)
         o_cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
-        it = 0                      # K/V blocks consumed so far: ring slot and phase
+        it = 0                      # K/V blocks consumed so far: ring slots and phases
         turns = 0                   # turns taken so far: the turn barrier's phase
         tc = 0
         lo, hi = _ws_tiles(sched, PERSISTENT)
@@ -1327,54 +1341,62 @@ if _GLUON:
             mbarrier.wait(q_ready, tc & 1)
 
             # block 0: its scores alone (key 0 is visible to every row: no row stays at -inf)
-            st = it % NUM_BUF
-            mbarrier.wait(kv_ready.index(st), (it // NUM_BUF) & 1)
+            sk = it % NUM_K
+            mbarrier.wait(k_ready.index(sk), (it // NUM_K) & 1)
             mbarrier.wait(my_turn, turns & 1)
-            s_tok = warpgroup_mma(q_s, k_smem.index(st).reshape([BLOCK_N, D]).permute((1, 0)), s_zero,
+            s_tok = warpgroup_mma(q_s, k_smem.index(sk).reshape([BLOCK_N, D]).permute((1, 0)), s_zero,
                                   use_acc=False, is_async=True)
             mbarrier.arrive(other, count=1)
             s = warpgroup_mma_wait(0, deps=(s_tok, ))
             if n_total == 1:
                 mbarrier.arrive(q_empty, count=1)                  # q read for the last time
+            else:
+                mbarrier.arrive(k_empty.index(sk), count=1)
             if n_full > 0:
                 p, alpha, m_i, l_i = _ws_softmax(s, m_i, l_i, qk_scale, offs_m, offs_n, SK, False, CAUSAL)
             else:
                 p, alpha, m_i, l_i = _ws_softmax(s, m_i, l_i, qk_scale, offs_m, offs_n, SK, True, CAUSAL)
 
             for j in range(1, n_total):
-                st = (it + j) % NUM_BUF
-                prev = (it + j - 1) % NUM_BUF
-                mbarrier.wait(kv_ready.index(st), ((it + j) // NUM_BUF) & 1)
+                sk = (it + j) % NUM_K
+                sv = (it + j - 1) % NUM_V                          # p_(j-1) @ v_(j-1)
+                mbarrier.wait(k_ready.index(sk), ((it + j) // NUM_K) & 1)
                 acc = acc * gl.convert_layout(alpha, row_o)[:, None]
                 pd = gl.convert_layout(p.to(dtype), p_layout)      # p rounded to v's dtype
+                mbarrier.wait(v_ready.index(sv), ((it + j - 1) // NUM_V) & 1)
                 mbarrier.wait(my_turn, (turns + j) & 1)
-                s_tok = warpgroup_mma(q_s, k_smem.index(st).reshape([BLOCK_N, D]).permute((1, 0)), s_zero,
+                s_tok = warpgroup_mma(q_s, k_smem.index(sk).reshape([BLOCK_N, D]).permute((1, 0)), s_zero,
                                       use_acc=False, is_async=True)
-                acc_tok = warpgroup_mma(pd, v_smem.index(prev).reshape([BLOCK_N, D]), acc, is_async=True)
+                acc_tok = warpgroup_mma(pd, v_smem.index(sv).reshape([BLOCK_N, D]), acc, is_async=True)
                 mbarrier.arrive(other, count=1)                    # the other group's dots next
                 s = warpgroup_mma_wait(1, deps=(s_tok, ))          # the scores; p @ v still runs
                 if j == n_total - 1:
                     mbarrier.arrive(q_empty, count=1)              # the loader may bring the next q
+                else:
+                    mbarrier.arrive(k_empty.index(sk), count=1)    # (the last K block holds o)
                 if j >= n_full:
                     p, alpha, m_i, l_i = _ws_softmax(s, m_i, l_i, qk_scale, offs_m, j * BLOCK_N + offs_n, SK, True, CAUSAL)
                 else:
                     p, alpha, m_i, l_i = _ws_softmax(s, m_i, l_i, qk_scale, offs_m, j * BLOCK_N + offs_n, SK, False, CAUSAL)
                 acc, pd = warpgroup_mma_wait(0, deps=(acc_tok, pd))
-                mbarrier.arrive(kv_empty.index(prev), count=1)
+                mbarrier.arrive(v_empty.index(sv), count=1)
 
-            last = (it + n_total - 1) % NUM_BUF
+            last = it + n_total - 1
+            sv = last % NUM_V
             acc = acc * gl.convert_layout(alpha, row_o)[:, None]
             pd = gl.convert_layout(p.to(dtype), p_layout)
+            mbarrier.wait(v_ready.index(sv), (last // NUM_V) & 1)
             mbarrier.wait(my_turn, (turns + n_total) & 1)
-            acc_tok = warpgroup_mma(pd, v_smem.index(last).reshape([BLOCK_N, D]), acc, is_async=True)
+            acc_tok = warpgroup_mma(pd, v_smem.index(sv).reshape([BLOCK_N, D]), acc, is_async=True)
             mbarrier.arrive(other, count=1)
             acc, pd = warpgroup_mma_wait(0, deps=(acc_tok, pd))
+            mbarrier.arrive(v_empty.index(sv), count=1)
             o = (acc / gl.convert_layout(l_i, row_o)[:, None]).to(dtype)
             if BLOCK_N >= NG * _WS_M:
                 # o out through TMA from this group's rows of the last K tile (q's buffer already
                 # holds the next tile's q): free once every group read q for the last time
                 mbarrier.wait(q_empty, tc & 1)
-                o_s = k_smem.index(last).slice(G * _WS_M, _WS_M, dim=2)       # [1, 1, 64, D]
+                o_s = k_smem.index(last % NUM_K).slice(G * _WS_M, _WS_M, dim=2)       # [1, 1, 64, D]
                 o_s.store(o.reshape([1, 1, _WS_M, D]))
                 fence_async_shared()
                 _tma_out(o_desc, [bh // H, bh % H, row0, 0], o_s)
@@ -1383,61 +1405,66 @@ if _GLUON:
                 rows = row0 + o_rows
                 offs = (bh.to(gl.int64) * SQ + rows)[:, None] * D + o_cols[None, :]
                 gl.store(o_ptr + offs, o, mask=(rows < SQ)[:, None])
-            mbarrier.arrive(kv_empty.index(last), count=1)
+            mbarrier.arrive(k_empty.index(last % NUM_K), count=1)
             it += n_total
             turns += n_total + 1
             tc += 1
 
     @gluon.jit
-    def _ws_consumer1(descs, bufs, bars, dims, o_ptr, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr,
-                      CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr, NG: gl.constexpr):
-        _ws_consumer(descs, bufs, bars, dims, o_ptr, BLOCK_N, NUM_BUF, CAUSAL, PERSISTENT, NG, 1)
+    def _ws_consumer1(descs, bufs, bars, dims, o_ptr, BLOCK_N: gl.constexpr, NUM_K: gl.constexpr,
+                      NUM_V: gl.constexpr, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr, NG: gl.constexpr):
+        _ws_consumer(descs, bufs, bars, dims, o_ptr, BLOCK_N, NUM_K, NUM_V, CAUSAL, PERSISTENT, NG, 1)
 
     @gluon.jit
-    def _ws_consumer2(descs, bufs, bars, dims, o_ptr, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr,
-                      CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr, NG: gl.constexpr):
-        _ws_consumer(descs, bufs, bars, dims, o_ptr, BLOCK_N, NUM_BUF, CAUSAL, PERSISTENT, NG, 2)
+    def _ws_consumer2(descs, bufs, bars, dims, o_ptr, BLOCK_N: gl.constexpr, NUM_K: gl.constexpr,
+                      NUM_V: gl.constexpr, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr, NG: gl.constexpr):
+        _ws_consumer(descs, bufs, bars, dims, o_ptr, BLOCK_N, NUM_K, NUM_V, CAUSAL, PERSISTENT, NG, 2)
 
     @gluon.jit
     def _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, o_ptr, sched, qk_scale, H, GROUP, SQ, SK, n_m,
-                     BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, CAUSAL: gl.constexpr,
-                     PERSISTENT: gl.constexpr, NG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                     num_warps: gl.constexpr):
+                     BLOCK_N: gl.constexpr, NUM_K: gl.constexpr, NUM_V: gl.constexpr,
+                     CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr, NG: gl.constexpr,
+                     CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
         """Each program takes its tiles (NG * 64 query rows of one batch * H + head each; the
         schedule's, persistent, else its own): consumer group 0 (this partition's 4 warps),
         consumer groups 1 .. NG - 1 (4 warps each) and the loader (1 warp)."""
         dtype: gl.constexpr = q_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, [NG] + q_desc.block_type.shape, q_desc.layout)
-        k_smem = gl.allocate_shared_memory(dtype, [NUM_BUF] + k_desc.block_type.shape, k_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [NUM_BUF] + v_desc.block_type.shape, v_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [NUM_K] + k_desc.block_type.shape, k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [NUM_V] + v_desc.block_type.shape, v_desc.layout)
         q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        kv_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
-        kv_empty = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [NUM_K, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [NUM_K, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [NUM_V, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [NUM_V, 1], mbarrier.MBarrierLayout())
         turn = gl.allocate_shared_memory(gl.int64, [NG, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_ready, count=1)
         mbarrier.init(q_empty, count=NG)                          # every group is done with q
-        for i in gl.static_range(NUM_BUF):
-            mbarrier.init(kv_ready.index(i), count=1)
-            mbarrier.init(kv_empty.index(i), count=NG)            # every group releases a slot
+        for i in gl.static_range(NUM_K):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=NG)             # every group releases a slot
+        for i in gl.static_range(NUM_V):
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(v_empty.index(i), count=NG)
         for g in gl.static_range(NG):
             mbarrier.init(turn.index(g), count=1)
         descs = (q_desc, k_desc, v_desc, o_desc)
         bufs = (q_smem, k_smem, v_smem)
-        bars = (q_ready, q_empty, kv_ready, kv_empty, turn)
+        bars = (q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn)
         dims = (sched, qk_scale, H, GROUP, SQ, SK, n_m)
         if NG == 3:
             gl.warp_specialize([
-                (_ws_consumer, (descs, bufs, bars, dims, o_ptr, BLOCK_N, NUM_BUF, CAUSAL, PERSISTENT, NG, 0)),
-                (_ws_consumer1, (descs, bufs, bars, dims, o_ptr, BLOCK_N, NUM_BUF, CAUSAL, PERSISTENT, NG)),
-                (_ws_consumer2, (descs, bufs, bars, dims, o_ptr, BLOCK_N, NUM_BUF, CAUSAL, PERSISTENT, NG)),
-                (_ws_loader, (descs, bufs, bars, dims, BLOCK_N, NUM_BUF, CAUSAL, PERSISTENT, NG)),
+                (_ws_consumer, (descs, bufs, bars, dims, o_ptr, BLOCK_N, NUM_K, NUM_V, CAUSAL, PERSISTENT, NG, 0)),
+                (_ws_consumer1, (descs, bufs, bars, dims, o_ptr, BLOCK_N, NUM_K, NUM_V, CAUSAL, PERSISTENT, NG)),
+                (_ws_consumer2, (descs, bufs, bars, dims, o_ptr, BLOCK_N, NUM_K, NUM_V, CAUSAL, PERSISTENT, NG)),
+                (_ws_loader, (descs, bufs, bars, dims, BLOCK_N, NUM_K, NUM_V, CAUSAL, PERSISTENT, NG)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
         else:
             gl.warp_specialize([
-                (_ws_consumer, (descs, bufs, bars, dims, o_ptr, BLOCK_N, NUM_BUF, CAUSAL, PERSISTENT, NG, 0)),
-                (_ws_consumer1, (descs, bufs, bars, dims, o_ptr, BLOCK_N, NUM_BUF, CAUSAL, PERSISTENT, NG)),
-                (_ws_loader, (descs, bufs, bars, dims, BLOCK_N, NUM_BUF, CAUSAL, PERSISTENT, NG)),
+                (_ws_consumer, (descs, bufs, bars, dims, o_ptr, BLOCK_N, NUM_K, NUM_V, CAUSAL, PERSISTENT, NG, 0)),
+                (_ws_consumer1, (descs, bufs, bars, dims, o_ptr, BLOCK_N, NUM_K, NUM_V, CAUSAL, PERSISTENT, NG)),
+                (_ws_loader, (descs, bufs, bars, dims, BLOCK_N, NUM_K, NUM_V, CAUSAL, PERSISTENT, NG)),
             ], [4, 1], [CONSUMER_REGS, 24])
 '''
 

@@ -1,8 +1,10 @@
-"""Sweep behind docs/benchmarks.md's "persistent schedule" rows: the "ws" point with q released
-after a tile's last q k^T (o out through the last K tile) and the persistent grid's tiles dealt
-by the host (kernels/attention.py _ws_schedule) or strided, against SDPA; BASE=<a rendered source> adds that
-source's two grids (the kernel before this change) to each row. Values at ragged and strided
-shapes first; rows in $OUT/ws_schedule.json; medians over three rounds of do_bench."""
+"""Sweep behind docs/benchmarks.md's "persistent schedule" and "K and V rings" rows: the "ws"
+point (q released after a tile's last q k^T, o out through the last K tile, K and V in rings of
+their own) on the persistent grid's tiles dealt by the host (kernels/attention.py _ws_schedule)
+or strided, against SDPA; BASE=<a rendered source> adds that source's two grids (the kernel
+before a change) to each row; RINGS=1 adds the persistent grid at other ring depths (ALT_RING);
+GROUPS3=1 three consumer groups at head dim 64. Values at ragged and strided shapes first; rows
+in $OUT/ws_schedule.json; medians over three rounds of do_bench."""
 import os, statistics, sys, time
 sys.path.insert(0, os.getcwd()); sys.path.insert(0, "docs/sweeps")
 import torch, triton
@@ -13,6 +15,10 @@ emit = recorder("ws_schedule.json")
 print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
 ws = load(A.render(A.WS_OPENER), "ws_point")
 taken = spy(ws, "_ws_launch")
+RING = {}                            # head dim -> (key step, K ring, V ring) forced at launch
+_launch = ws._ws_launch
+ws._ws_launch = lambda q, k, v, o, s, c, tile: _launch(q, k, v, o, s, c, RING.get(q.shape[3], tile))
+ALT_RING = {64: (128, 6, 6), 128: (128, 4, 2), 256: (64, 2, 2)}
 for pers in (True, False):
     ws.WS_PERSISTENT = pers
     attention_values(ws.kernel_fn, taken, emit, ws_cases(), persistent=pers)
@@ -29,6 +35,11 @@ if os.environ.get("GROUPS3"):
     ws.WS_GROUPS = 3
     attention_values(ws.kernel_fn, taken, emit, [c for c in ws_cases() if c[0][3] == 64], groups=3)
     ws.WS_GROUPS = 2
+if os.environ.get("RINGS"):
+    variants.append(("persistent_alt_ring", ws, dict(G2, WS_PERSISTENT=True, WS_DEALT=True, ring=ALT_RING)))
+    RING.update(ALT_RING)
+    attention_values(ws.kernel_fn, taken, emit, ws_cases(), ring="alt")
+    RING.clear()
 variants += [("base_tiles", base, {"WS_PERSISTENT": False}), ("base_persistent", base, {"WS_PERSISTENT": True})] if base else []
 for B, H, S, D, Hkv, causal in [(4, 32, 4096, 128, 8, True), (4, 32, 4096, 128, 8, False), (8, 32, 2048, 128, 8, True),
                                 (1, 32, 2048, 128, 8, True), (4, 32, 4096, 64, 8, True), (4, 16, 4096, 256, 8, True),
@@ -46,8 +57,12 @@ for B, H, S, D, Hkv, causal in [(4, 32, 4096, 128, 8, True), (4, 32, 4096, 128, 
             if name.endswith("3groups") and D != 64:
                 continue
             for c, val in consts.items():
-                setattr(m, c, val)
+                if c == "ring":
+                    RING.update(val)
+                else:
+                    setattr(m, c, val)
             runs.setdefault(name, []).append(bench(lambda: m.kernel_fn(q, k, v, causal, None)))
+            RING.clear()
         ws.WS_DEALT, ws.WS_GROUPS = True, 2
     med = {n: statistics.median(t) * 1e3 for n, t in runs.items()}
     row = dict(shape=f"{B}x{H}x{S}x{D} kv{Hkv} {'causal' if causal else 'full'}", first_call_ms=first_ms)
