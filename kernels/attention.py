@@ -1027,9 +1027,12 @@ def kernel_fn({sig}):
 # tile (registers where a K tile has 64 rows). Timed at 4 x 32 x 4096 x 128, GQA 8, bf16,
 # causal (docs/benchmarks.md): H200 1.087x SDPA by do_bench (persistent grid) and 1.03x
 # torch.compile and eager by the loop's own timing; H100 1.045x and 1.04x. The interpreter
-# cannot run Gluon: on the CPU the TMA kernel computes. Shared memory at head dim 128: 2 q tiles
-# [64, 128] and 3 K/V tiles [128, 128] each, 224 KB; each program moves q once, its keys and
-# values once per 128 query rows (L2 mostly), and o once.
+# cannot run Gluon: on the CPU the TMA kernel computes. K and V have rings of their own: a K
+# block is free once its scores are read, a V block once its p @ v is done, so at head dim 256
+# (64-key blocks, 3 K and 2 V) the loader works a block ahead where one shared ring of 2 left
+# it none. Shared memory at head dim 128: 2 q tiles [64, 128], 3 K and 3 V tiles [128, 128],
+# 224 KB; each program moves q once, its keys and values once per 128 query rows (L2 mostly),
+# and o once.
 _WS_SRC = f'''
 import heapq
 
