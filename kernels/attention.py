@@ -1057,10 +1057,11 @@ WS_GROUPS = 2                 # consumer warp groups a program at head dim 64 (2
 # two groups' dots run under each softmax): it compiles for sm_90 (the quick suite checks it)
 # but has not been timed on a GPU, so no point renders it; a sweep sets WS_GROUPS = 3
 # registers a consumer thread, by groups: scores 64x128 fp32 (64 a thread), o 64xD fp32 (64 at
-# D = 128), p as the dot's registers (32); 2 x 128 x 240 + 32 x 24 and 3 x 128 x 168 + 32 x 24
-# stay within 65,536. At launch 12 (13) warps x 32 x maxnreg must fit the same 65,536.
-WS_CONSUMER_REGS = {{2: 240, 3: 168}}
-WS_MAXNREG = {{2: 168, 3: 152}}
+# D = 128), p as the dot's registers (32). The launch rounds the warps up to whole warp groups
+# (4 + 4 + 1 -> 12, 4 + 4 + 4 + 1 -> 16), and warps x 32 x maxnreg must fit 65,536 registers
+# (so 128 with three groups); then 2 x 128 x 240 + 128 x 24 and 3 x 128 x 160 + 128 x 24 fit.
+WS_CONSUMER_REGS = {{2: 240, 3: 160}}
+WS_MAXNREG = {{2: 168, 3: 128}}
 WS_PERSISTENT = {{ws_persistent}}         # one program an SM walking tiles (else one program a tile)
 WS_TILE_COST = 2              # a tile's start and end, in key blocks, for the persistent schedule
 WS_DEALT = {{ws_dealt}}             # tiles dealt to the least-loaded program (else program p: p, p + P, ...)

@@ -1591,8 +1591,10 @@ def test_attention_ws_launcher_call_binds_to_the_kernels_parameters(cand_dir):
             grid, bound, kwargs = calls[-1]
             assert bound["NG"] == ng and bound["n_m"] == -(-1000 // (64 * ng))
             assert bound["CONSUMER_REGS"] == mod.WS_CONSUMER_REGS[ng] and kwargs["maxnreg"] == mod.WS_MAXNREG[ng]
-            assert (4 * ng + 1) * 32 * mod.WS_MAXNREG[ng] <= 65536          # the register file at launch
-            assert ng * 128 * mod.WS_CONSUMER_REGS[ng] + 32 * 24 <= 65536    # after setmaxnreg
+            # the register file at launch (warps rounded up to whole warp groups: an H100 refused
+            # 13 warps' 512 threads at 152 registers) and after setmaxnreg
+            assert 4 * (ng + 1) * 32 * mod.WS_MAXNREG[ng] <= 65536
+            assert ng * 128 * mod.WS_CONSUMER_REGS[ng] + 128 * 24 <= 65536
     finally:
         mod._attn_fwd_ws = kernel
         mod.WS_GROUPS = 2
