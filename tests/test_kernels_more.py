@@ -1501,23 +1501,23 @@ def test_attention_ws_point_carries_the_gluon_kernel_and_runs_the_tma_kernel_off
 
 
 def test_attention_ws_tile_fits_shared_memory_and_refuses_what_the_kernel_cannot_take(cand_dir):
-    """_ws_tile: (key step, K ring, V ring) within the device's shared memory, key steps 128 or
-    64, at least 2 stages each, V shortened before K; None for head dims it does not take, unequal q/v head dims, fp32."""
+    """_ws_tile: (key step, K ring, V ring, split) within the device's shared memory, key steps
+    128 or 64; one K/V ring while 3 slots fit, else K and V apart (3 and 2, or 2 and 2); None for head dims it does not take, unequal q/v head dims, fp32."""
     fn = load_candidate(attention.render(attention.WS_OPENER), cand_dir)
     tile = sys.modules[fn.__module__]._ws_tile
     h100 = 232448                                        # shared_memory_per_block_optin, sm_90
-    assert tile(128, 128, 128, 3, 2, h100) == (128, 3, 3)   # 32 KB of q, 96 KB each of K and V
-    assert tile(128, 128, 128, 5, 2, h100) == (128, 3, 3)
-    assert tile(128, 128, 128, 4, 2, h100) == (128, 3, 3)   # V shortened first, then K: 4 + 3, 3 + 3
-    assert tile(64, 64, 128, 4, 2, h100) == (128, 4, 4)
-    assert tile(256, 256, 128, 3, 2, h100) == (64, 3, 2)    # 256-wide heads: 64-key blocks, 224 KB
-    assert tile(256, 256, 64, 2, 2, h100) == (64, 2, 2)
-    assert tile(128, 128, 64, 1, 2, h100) == (64, 2, 2)     # never fewer than 2 of each
-    assert tile(128, 128, 128, 3, 2, 100 * 1024) == (64, 2, 2)
+    assert tile(128, 128, 128, 3, 2, h100) == (128, 3, 3, False)   # 32 KB of q, 192 KB of K/V
+    assert tile(128, 128, 128, 5, 2, h100) == (128, 3, 3, False)
+    assert tile(64, 64, 128, 4, 2, h100) == (128, 4, 4, False)
+    assert tile(256, 256, 128, 3, 2, h100) == (64, 3, 2, True)     # 256-wide heads: K and V apart
+    assert tile(256, 256, 64, 2, 2, h100) == (64, 3, 2, True)
+    assert tile(128, 128, 64, 1, 2, h100) == (64, 3, 2, True)      # a ring of 2 asked: K and V apart
+    assert tile(128, 128, 128, 3, 2, 100 * 1024) == (64, 2, 2, True)
     assert tile(256, 256, 128, 3, 2, 100 * 1024) is None
     for d, dv, n in ((128, 128, 3), (256, 256, 3), (64, 64, 6)):           # what it picks fits
-        bn, nk, nv = tile(d, dv, 128, n, 2, h100)
+        bn, nk, nv, split = tile(d, dv, 128, n, 2, h100)
         assert (2 * 64 * d + (nk + nv) * bn * d) * 2 + 1024 <= h100 and nk >= nv >= 2
+        assert split == (nk == 3 and nv == 2 or nk == 2)
     for d, dv, size in ((96, 96, 2), (80, 80, 2), (192, 128, 2), (128, 128, 4), (32, 32, 2)):
         assert tile(d, dv, 128, 3, size, h100) is None, (d, dv, size)
 
@@ -1573,12 +1573,12 @@ def test_attention_ws_launcher_call_binds_to_the_kernels_parameters(cand_dir):
             q = torch.randn(B, H, S, D, dtype=torch.bfloat16)
             k = torch.randn(B, Hkv, S, D, dtype=torch.bfloat16)
             o = torch.empty_like(q)
-            mod._ws_launch(q, k, k, o, 0.125, True, (128, 3, 2))
+            mod._ws_launch(q, k, k, o, 0.125, True, (128, 3, 2, True))
             grid, bound, kwargs = calls[-1]
             n_tiles = B * H * -(-S // 128)
             assert grid == ((min(132, n_tiles) if persistent else n_tiles),)
             assert bound["SQ"] == S and bound["SK"] == S and bound["H"] == H and bound["GROUP"] == H // Hkv
-            assert bound["PERSISTENT"] is persistent and bound["BLOCK_N"] == 128 and (bound["NUM_K"], bound["NUM_V"]) == (3, 2)
+            assert bound["PERSISTENT"] is persistent and bound["BLOCK_N"] == 128 and (bound["NUM_K"], bound["NUM_V"], bound["SPLIT"]) == (3, 2, True)
             assert bound["NG"] == mod.WS_GROUPS == 2 and bound["CONSUMER_REGS"] == mod.WS_CONSUMER_REGS[2]
             assert kwargs["maxnreg"] == mod.WS_MAXNREG[2] and kwargs["num_warps"] == 4
             if persistent:
@@ -1587,7 +1587,7 @@ def test_attention_ws_launcher_call_binds_to_the_kernels_parameters(cand_dir):
         mod.WS_GROUPS = 3
         for D, ng in ((64, 3), (128, 2)):
             q = torch.randn(2, 8, 1000, D, dtype=torch.bfloat16)
-            mod._ws_launch(q, q[:, :2], q[:, :2], torch.empty_like(q), 0.125, True, (128, 3, 2))
+            mod._ws_launch(q, q[:, :2], q[:, :2], torch.empty_like(q), 0.125, True, (128, 3, 2, True))
             grid, bound, kwargs = calls[-1]
             assert bound["NG"] == ng and bound["n_m"] == -(-1000 // (64 * ng))
             assert bound["CONSUMER_REGS"] == mod.WS_CONSUMER_REGS[ng] and kwargs["maxnreg"] == mod.WS_MAXNREG[ng]
@@ -1667,7 +1667,8 @@ def _compile_ws_for_sm90(src, bn, d, stages, causal, persistent=True, groups=2):
                else "*bf16" if n == "o_ptr" else "*i32" if n == "sched"
                else "i32" if n in ("H", "GROUP", "SQ", "SK", "n_m") else "constexpr")
            for n in fn.arg_names}
-    const = {"BLOCK_N": bn, "NUM_K": stages[0], "NUM_V": stages[1], "CAUSAL": causal,
+    const = {"BLOCK_N": bn, "NUM_K": stages[0], "NUM_V": stages[1], "SPLIT": stages[0] != stages[1],
+             "CAUSAL": causal,
              "PERSISTENT": persistent,
              "NG": groups, "CONSUMER_REGS": mod.WS_CONSUMER_REGS[groups], "num_warps": 4}
     return triton.compile(GluonASTSource(fn, sig, const), target=GPUTarget("cuda", 90, 32),
@@ -1709,8 +1710,9 @@ def test_attention_ws_kernel_compiles_for_hopper_without_a_gpu(tmp_path):
     path.write_text(attention.render(attention.WS_OPENER))
     # (key step, head dim, (K ring, V ring), causal, persistent, consumer groups); 3 groups at
     # head dim 64 is the layout no point renders yet (WS_GROUPS): it must still compile
+    # (K ring, V ring): one ring where equal, K and V apart where not
     cases = [(128, 128, (3, 3), True, True, 2), (64, 256, (3, 2), False, False, 2),
-             (128, 64, (3, 3), True, False, 2), (128, 64, (4, 4), True, True, 3)]
+             (128, 64, (3, 3), True, False, 2), (128, 64, (4, 4), True, True, 3), (64, 256, (3, 2), True, True, 2)]
     r = subprocess.run([sys.executable, "-c", _WS_COMPILE, str(path), json.dumps(cases)],
                        capture_output=True, text=True, timeout=300,
                        env={**os.environ, "TRITON_INTERPRET": "0"},

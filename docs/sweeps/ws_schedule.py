@@ -18,7 +18,7 @@ taken = spy(ws, "_ws_launch")
 RING = {}                            # head dim -> (key step, K ring, V ring) forced at launch
 _launch = ws._ws_launch
 ws._ws_launch = lambda q, k, v, o, s, c, tile: _launch(q, k, v, o, s, c, RING.get(q.shape[3], tile))
-ALT_RING = {64: (128, 6, 6), 128: (128, 4, 2), 256: (64, 2, 2)}
+ALT_RING = {64: (128, 4, 4, True), 128: (128, 3, 3, True), 256: (64, 2, 2, True)}   # K and V apart
 for pers in (True, False):
     ws.WS_PERSISTENT = pers
     attention_values(ws.kernel_fn, taken, emit, ws_cases(), persistent=pers)
