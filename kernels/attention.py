@@ -1054,8 +1054,9 @@ WS_ROWS = 64                  # query rows per consumer warp group (wgmma's M fo
 WS_HEAD_DIMS = {WS_HEAD_DIMS!r}
 WS_GROUPS = 2                 # consumer warp groups a program at head dim 64 (2 at 128 and 256)
 # 3 groups, 192-row tiles, is FlashAttention-3's layout at head dim 64 (softmax-bound with two:
-# two groups' dots run under each softmax): it compiles for sm_90 (the quick suite checks it)
-# but has not been timed on a GPU, so no point renders it; a sweep sets WS_GROUPS = 3
+# two groups' dots run under each softmax). Timed on an H100 (docs/sweeps/h100_ws_rings.json) it
+# ran 0.59x SDPA at 4 x 32 x 4096 x 64 against 0.91-0.94x with two groups (0.44x against 0.84x at
+# GPT-2's 8 x 12 x 1024), so no point renders it; a sweep sets WS_GROUPS = 3 (GROUPS3=1)
 # registers a consumer thread, by groups: scores 64x128 fp32 (64 a thread), o 64xD fp32 (64 at
 # D = 128), p as the dot's registers (32). The launch rounds the warps up to whole warp groups
 # (4 + 4 + 1 -> 12, 4 + 4 + 4 + 1 -> 16), and warps x 32 x maxnreg must fit 65,536 registers
