@@ -1472,17 +1472,22 @@ if _GLUON:
         q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [NUM_K, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [NUM_K, 1], mbarrier.MBarrierLayout())
-        v_ready = gl.allocate_shared_memory(gl.int64, [NUM_V, 1], mbarrier.MBarrierLayout())
-        v_empty = gl.allocate_shared_memory(gl.int64, [NUM_V, 1], mbarrier.MBarrierLayout())
+        if SPLIT:
+            v_ready = gl.allocate_shared_memory(gl.int64, [NUM_V, 1], mbarrier.MBarrierLayout())
+            v_empty = gl.allocate_shared_memory(gl.int64, [NUM_V, 1], mbarrier.MBarrierLayout())
+        else:                                                      # one ring: K's barriers are V's
+            v_ready = k_ready
+            v_empty = k_empty
         turn = gl.allocate_shared_memory(gl.int64, [NG, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_ready, count=1)
         mbarrier.init(q_empty, count=NG)                          # every group is done with q
         for i in gl.static_range(NUM_K):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(k_empty.index(i), count=NG)             # every group releases a slot
-        for i in gl.static_range(NUM_V):
-            mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(v_empty.index(i), count=NG)
+        if SPLIT:
+            for i in gl.static_range(NUM_V):
+                mbarrier.init(v_ready.index(i), count=1)
+                mbarrier.init(v_empty.index(i), count=NG)
         for g in gl.static_range(NG):
             mbarrier.init(turn.index(g), count=1)
         descs = (q_desc, k_desc, v_desc, o_desc)
