@@ -2,7 +2,7 @@
 point (q released after a tile's last q k^T, o out through the last K tile, K and V in rings of
 their own) on the persistent grid's tiles dealt by the host (kernels/attention.py _ws_schedule)
 or strided, against SDPA; BASE=<a rendered source> adds that source's two grids (the kernel
-before a change) to each row; RINGS=1 adds the persistent grid at other ring depths (ALT_RING);
+before a change) to each row; RINGS=1 adds the persistent grid at other ring depths (ALT_RING); HEAD_DIMS=256,128 times those rows only;
 GROUPS3=1 three consumer groups at head dim 64. Values at ragged and strided shapes first; rows
 in $OUT/ws_schedule.json; medians over three rounds of do_bench."""
 import os, statistics, sys, time
@@ -18,7 +18,8 @@ taken = spy(ws, "_ws_launch")
 RING = {}                            # head dim -> (key step, K ring, V ring) forced at launch
 _launch = ws._ws_launch
 ws._ws_launch = lambda q, k, v, o, s, c, tile: _launch(q, k, v, o, s, c, RING.get(q.shape[3], tile))
-ALT_RING = {64: (128, 4, 4, True), 128: (128, 3, 3, True), 256: (64, 2, 2, True)}   # K and V apart
+ALT_RING = {64: (128, 4, 4, True), 128: (128, 3, 3, True), 256: (64, 2, 3, True)}   # K and V apart
+HEAD_DIMS = [int(d) for d in os.environ.get("HEAD_DIMS", "64,128,256").split(",")]   # rows timed
 for pers in (True, False):
     ws.WS_PERSISTENT = pers
     attention_values(ws.kernel_fn, taken, emit, ws_cases(), persistent=pers)
@@ -44,6 +45,8 @@ variants += [("base_tiles", base, {"WS_PERSISTENT": False}), ("base_persistent",
 for B, H, S, D, Hkv, causal in [(4, 32, 4096, 128, 8, True), (4, 32, 4096, 128, 8, False), (8, 32, 2048, 128, 8, True),
                                 (1, 32, 2048, 128, 8, True), (4, 32, 4096, 64, 8, True), (4, 16, 4096, 256, 8, True),
                                 (8, 12, 1024, 64, 12, True), (16, 32, 1024, 128, 8, True)]:
+    if D not in HEAD_DIMS:
+        continue
     q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.bfloat16)
