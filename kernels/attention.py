@@ -1027,10 +1027,11 @@ def kernel_fn({sig}):
 # tile (registers where a K tile has 64 rows). Timed at 4 x 32 x 4096 x 128, GQA 8, bf16,
 # causal (docs/benchmarks.md): H200 1.087x SDPA by do_bench (persistent grid) and 1.03x
 # torch.compile and eager by the loop's own timing; H100 1.045x and 1.04x. The interpreter
-# cannot run Gluon: on the CPU the TMA kernel computes. K and V have rings of their own: a K
-# block is free once its scores are read, a V block once its p @ v is done, so at head dim 256
-# (64-key blocks, 3 K and 2 V) the loader works a block ahead where one shared ring of 2 left
-# it none. Shared memory at head dim 128: 2 q tiles [64, 128], 3 K and 3 V tiles [128, 128],
+# cannot run Gluon: on the CPU the TMA kernel computes. Where one shared K/V ring would hold
+# only 2 blocks (head dim 256: 64 keys, 64 KB a block), K and V get rings of their own (SPLIT):
+# a K block is free once its scores are read, a V block once its p @ v is done, so 3 K and 2 V
+# keep the loader a block ahead where the shared ring of 2 left it none (H100: 0.89-0.96x SDPA
+# against 0.70-0.74x). Shared memory at head dim 128: 2 q tiles [64, 128], 3 K and 3 V tiles [128, 128],
 # 224 KB; each program moves q once, its keys and values once per 128 query rows (L2 mostly),
 # and o once.
 _WS_SRC = f'''
@@ -1102,7 +1103,7 @@ def _ws_tile(d, dv, bn, stages, itemsize, budget):
     of ``stages`` K/V slots (fewer where they do not fit) while it keeps 3: the loader is then
     a block ahead. Where only 2 fit (head dim 256: 64-key blocks), K and V get rings of their
     own (split): a K block frees once its scores are read, so 3 K and 2 V (224 KB) keep the
-    loader ahead (H100: 0.96x SDPA against 0.74x with one ring of 2)."""
+    loader ahead (H100: 0.89-0.96x SDPA against 0.70-0.74x with one ring of 2)."""
     if d != dv or d not in WS_HEAD_DIMS or itemsize != 2:
         return None
     bn = 128 if bn >= 128 else 64
@@ -1264,9 +1265,9 @@ if _GLUON:
         once every group has read it for the last time (its q k^T done), V block g into V slot
         g % NUM_V once every group's p @ v on what was there is done; K one block ahead of V
         (both are needed together: q k_j^T goes out with p_(j-1) v_(j-1)). Else K and V block g
-        share slot g % NUM_K and its barriers (k_ready, k_empty). The tile's NG q
-        parts once every group has issued the last tile's last q k^T (q_empty), after the
-        tile's first K block: so the next tile's q and first blocks load under this tile's end."""
+        share slot g % NUM_K and its barriers (k_ready, k_empty). The tile's NG q parts once
+        every group has issued the last tile's last q k^T (q_empty), after the tile's first K
+        block: so the next tile's q and first blocks load under this tile's end."""
         q_desc, k_desc, v_desc, o_desc = descs
         q_smem, k_smem, v_smem = bufs
         q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn = bars
@@ -1326,9 +1327,10 @@ if _GLUON:
                      NUM_V: gl.constexpr, SPLIT: gl.constexpr, CAUSAL: gl.constexpr,
                      PERSISTENT: gl.constexpr, NG: gl.constexpr, G: gl.constexpr):
         """Consumer warp group G (0 .. NG - 1): query rows row0 + 64 G .. + 63 of each tile.
-        The groups take the tensor cores in turn, G after G - 1 (group 0 after the last). A K
-        block is released once its scores are read (a tile's last one after o has gone out
-        through it), a V block once its p @ v is done."""
+        The groups take the tensor cores in turn, G after G - 1 (group 0 after the last). SPLIT:
+        a K block is released once its scores are read, a V block once its p @ v is done; else
+        a K/V slot once its p @ v is done. A tile's last K block is released after o has gone
+        out through it."""
         q_desc, k_desc, v_desc, o_desc = descs
         q_smem, k_smem, v_smem = bufs
         q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn = bars
