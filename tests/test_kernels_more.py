@@ -1679,7 +1679,8 @@ def _compile_ws_for_sm90(src, bn, d, stages, causal, persistent=True, groups=2):
 # which TRITON_INTERPRET=1, as the suite sets it, swaps for interpreted ones
 _WS_COMPILE = """
 import json, sys
-from tests.test_kernels_more import _compile_ws_for_sm90
+import triton
+from tests.test_kernels_more import _compile_ws_for_sm90, _sass_stack
 out = []
 for bn, d, stages, causal, pers, groups in json.loads(sys.argv[2]):
     try:
@@ -1692,9 +1693,26 @@ for bn, d, stages, causal, pers, groups in json.loads(sys.argv[2]):
         sys.exit(0)
     ptx = k.asm["ptx"]
     out.append({"wgmma": "wgmma.mma_async" in ptx, "setmaxnreg": "setmaxnreg" in ptx,
-                "local": ".local" in ptx, "shared": k.metadata.shared})
-print(json.dumps({"kernels": out}))
+                "local": ".local" in ptx, "shared": k.metadata.shared, "stack": _sass_stack(k)})
+print(json.dumps({"kernels": out, "triton": triton.__version__}))
 """
+
+
+def _sass_stack(kernel):
+    """Bytes of stack (register spills) in the compiled sm_90 code, from Triton's own cuobjdump;
+    None where this install has no cuobjdump. PTX shows no spill: ptxas makes them."""
+    import os
+    import subprocess
+    import tempfile
+    import triton
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.path.exists(tool):
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+    return next((int(w[6:]) for w in usage.split() if w.startswith("STACK:")), None)
 
 
 def test_attention_ws_kernel_compiles_for_hopper_without_a_gpu(tmp_path):
@@ -1721,9 +1739,15 @@ def test_attention_ws_kernel_compiles_for_hopper_without_a_gpu(tmp_path):
     got = json.loads(r.stdout.strip().splitlines()[-1])
     if "skip" in got:
         pytest.skip(got["skip"])
-    for (bn, d, (nk, nv), _, _, groups), k in zip(cases, got["kernels"]):
+    for (bn, d, (nk, nv), causal, _, groups), k in zip(cases, got["kernels"]):
         assert k["wgmma"] and k["setmaxnreg"] and not k["local"], k
         assert k["shared"] <= (groups * 64 * d + (nk + nv) * bn * d) * 2 + 1024, k
+        # no spills at the causal points with two groups on Triton 3.6, the version every Hopper
+        # figure was timed on (its head dim 256 without causality, one program a tile, spills 48
+        # bytes; 3.9's compiler spills 8-128 bytes at these points; three groups at maxnreg 128
+        # spill 208 bytes on both, which is why they ran 0.59x SDPA and no point renders them)
+        if got["triton"].startswith("3.6") and groups == 2 and causal and k["stack"] is not None:
+            assert k["stack"] == 0, k
 
 
 @pytest.mark.skipif(not _hopper(), reason="GPU only: the Gluon kernel needs a Hopper GPU (sm_90)")
