@@ -419,8 +419,8 @@ SPLIT_OPENERS = ({"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3
 # or 256), on its two persistent grids (dealt, then strided). H100, do_bench, bf16, GQA 8,
 # causal: 128-key blocks and a ring of 3 K/V tiles ran 4 x 32 x 4096 x 128 1.05x SDPA (the
 # Triton point HALF_OPENERS[0] about 0.85x), 8 x 2048 1.03-1.04x, head dim 64 0.96x; strided
-# LLaMA-3-8B's 1 x 2048 1.13x (docs/benchmarks.md). Elsewhere than on Hopper the point runs
-# its Triton TMA kernel (this tile).
+# LLaMA-3-8B's 1 x 2048 1.13x; head dim 256 (64-key blocks, K and V apart) 0.89-0.96x
+# (docs/benchmarks.md). Elsewhere than on Hopper the point runs its Triton TMA kernel (this tile).
 WS_OPENER = dict(HALF_OPENERS[0], loads="ws", block_n=128, ws_grid="persistent")
 
 
