@@ -1064,7 +1064,8 @@ WS_GROUPS = 2                 # consumer warp groups a program at head dim 64 (2
 # (so 128 with three groups); then 2 x 128 x 240 + 128 x 24 and 3 x 128 x 160 + 128 x 24 fit.
 # ptxas honours both numbers: with Triton 3.6 two groups compile spill-free at the causal points
 # only at 240 / 168 (232 or 160 spill), three groups at 160 / 128 spill 208 bytes (their 0.59x);
-# Triton 3.9's compiler spills 8-128 bytes even at 240 / 168 (not timed: the GPU has 3.6).
+# Triton 3.9's compiler spills 8-128 bytes even at 240 / 168: the key-column indices the mask
+# compares, reloaded in masked blocks only (not timed: the GPU has 3.6).
 WS_CONSUMER_REGS = {{2: 240, 3: 160}}
 WS_MAXNREG = {{2: 168, 3: 128}}
 WS_PERSISTENT = {{ws_persistent}}         # one program an SM walking tiles (else one program a tile)
