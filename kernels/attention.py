@@ -82,7 +82,8 @@ Search space (``SPACE``), rendered by ``render`` into one self-contained candida
   Hopper GPU (sm_90), bf16/fp16, head dims 64, 128 or 256 (q's and v's equal), no runtime mask or
   cap, a positive scale: the warp-specialized kernel written in Gluon (``_WS_SRC``: a loader
   warp, two consumer warp groups taking turns on the tensor cores, FlashAttention-3's schedule;
-  block_n its key step, 64 or 128, num_stages its K/V ring depth); anything else, and the
+  block_n its key step, 64 or 128, num_stages its K/V ring depth, K and V apart where fewer than
+  3 slots of one ring fit); anything else, and the
   interpreter, the "tma" kernel of the same point.
 - ws_grid (loads "ws" only): "tiles", one program a 128-row tile, the GPU's scheduler handing
   tiles to SMs as they free; "persistent", one program an SM, its tiles dealt by the host
@@ -1014,8 +1015,8 @@ def kernel_fn({sig}):
 # FlashAttention-3's schedule, which Triton's own warp specialization does not build for this
 # loop (the warp_specialize axis: 0.83x SDPA, no faster than without it): a program takes 128
 # query rows as two consumer warp groups of 64 rows, and a loader warp. The loader fills a ring
-# of K/V tiles through TMA (mbarriers: a slot is ready when its bytes land, empty when both
-# groups have released it). The two groups take turns on the tensor cores (a "turn" mbarrier
+# of K/V tiles through TMA, or a K ring and a V ring (mbarriers: a slot is ready when its bytes
+# land, empty when both groups have released it). The two groups take turns on the tensor cores (a "turn" mbarrier
 # each): one issues q @ k_j^T and p_{j-1} @ v_{j-1} (async wgmma) and hands the turn over, then
 # runs block j's softmax while the other group's dots run; inside a group the softmax of block j
 # also runs under its own p_{j-1} @ v_{j-1}. Registers: the loader gives back down to 24 a

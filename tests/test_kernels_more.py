@@ -1502,7 +1502,8 @@ def test_attention_ws_point_carries_the_gluon_kernel_and_runs_the_tma_kernel_off
 
 def test_attention_ws_tile_fits_shared_memory_and_refuses_what_the_kernel_cannot_take(cand_dir):
     """_ws_tile: (key step, K ring, V ring, split) within the device's shared memory, key steps
-    128 or 64; one K/V ring while 3 slots fit, else K and V apart (3 and 2, or 2 and 2); None for head dims it does not take, unequal q/v head dims, fp32."""
+    128 or 64; one K/V ring while 3 slots fit, else K and V apart (3 and 2, or 2 and 2); None
+    for head dims it does not take, unequal q/v head dims, fp32."""
     fn = load_candidate(attention.render(attention.WS_OPENER), cand_dir)
     tile = sys.modules[fn.__module__]._ws_tile
     h100 = 232448                                        # shared_memory_per_block_optin, sm_90
