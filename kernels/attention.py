@@ -1056,18 +1056,20 @@ WS_ROWS = 64                  # query rows per consumer warp group (wgmma's M fo
 WS_HEAD_DIMS = {WS_HEAD_DIMS!r}
 WS_GROUPS = 2                 # consumer warp groups a program at head dim 64 (2 at 128 and 256)
 # 3 groups, 192-row tiles, is FlashAttention-3's layout at head dim 64 (softmax-bound with two:
-# two groups' dots run under each softmax). Timed on an H100 (docs/sweeps/h100_ws_rings.json) it
-# ran 0.59x SDPA at 4 x 32 x 4096 x 64 against 0.91-0.94x with two groups (0.44x against 0.84x at
-# GPT-2's 8 x 12 x 1024), so no point renders it; a sweep sets WS_GROUPS = 3 (GROUPS3=1)
-# registers a consumer thread, by groups: scores 64x128 fp32 (64 a thread), o 64xD fp32 (64 at
-# D = 128), p as the dot's registers (32). The launch rounds the warps up to whole warp groups
-# (4 + 4 + 1 -> 12, 4 + 4 + 4 + 1 -> 16), and warps x 32 x maxnreg must fit 65,536 registers
-# (so 128 with three groups); then 2 x 128 x 240 + 128 x 24 and 3 x 128 x 160 + 128 x 24 fit.
-# ptxas honours both numbers: with Triton 3.6 two groups compile spill-free at the causal points
-# only at 240 / 168 (232 or 160 spill), three groups at 160 / 128 spill 208 bytes (their 0.59x);
-# Triton 3.9's compiler spills 8-128 bytes even at 240 / 168: the key-column indices the mask
-# compares, reloaded in masked blocks only (not timed: the GPU has 3.6).
-WS_CONSUMER_REGS = {{2: 240, 3: 160}}
+# two groups' dots run under each softmax). Timed on an H100 at 160 registers a consumer
+# (docs/sweeps/h100_ws_rings.json) it ran 0.59x SDPA at 4 x 32 x 4096 x 64 against 0.91-0.94x with
+# two groups (0.44x against 0.84x at GPT-2's 8 x 12 x 1024), so no point renders it; a sweep sets
+# WS_GROUPS = 3 (GROUPS3=1). Registers a consumer thread, by groups: scores 64x128 fp32 (64 a
+# thread), o 64xD fp32 (64 at D = 128), p as the dot's registers (32). The launch rounds the warps
+# up to whole warp groups (4 + 4 + 1 -> 12, 4 + 4 + 4 + 1 -> 16), and warps x 32 x maxnreg must
+# fit 65,536 registers (so 128 with three groups); then 2 x 128 x 240 + 128 x 24 and
+# 3 x 128 x 152 + 128 x 24 fit. ptxas honours both numbers, read from the sm_90 code's stack
+# (Triton 3.6): two groups compile spill-free at the causal points only at 240 / 168 (232 or 160
+# spill); three groups spill 208 bytes at 160 / 128 (what was timed), 16 at 152, 72 at 144, so
+# 152 is what the next sweep times. Triton 3.9's compiler spills 8-128 bytes even at 240 / 168:
+# the key-column indices the mask compares, reloaded in masked blocks only (not timed: the GPU
+# has 3.6).
+WS_CONSUMER_REGS = {{2: 240, 3: 152}}
 WS_MAXNREG = {{2: 168, 3: 128}}
 WS_PERSISTENT = {{ws_persistent}}         # one program an SM walking tiles (else one program a tile)
 WS_TILE_COST = 2              # a tile's start and end, in key blocks, for the persistent schedule
