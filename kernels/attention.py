@@ -1423,6 +1423,7 @@ if _GLUON:
                     mbarrier.arrive(k_empty.index(sv), count=1)
 
             last = it + n_total - 1
+            sk = last % NUM_K
             sv = last % NUM_V
             acc = acc * gl.convert_layout(alpha, row_o)[:, None]
             pd = gl.convert_layout(p.to(dtype), p_layout)
@@ -1439,7 +1440,7 @@ if _GLUON:
                 # o out through TMA from this group's rows of the last K tile (q's buffer already
                 # holds the next tile's q): free once every group read q for the last time
                 mbarrier.wait(q_empty, tc & 1)
-                o_s = k_smem.index(last % NUM_K).slice(G * _WS_M, _WS_M, dim=2)       # [1, 1, 64, D]
+                o_s = k_smem.index(sk).slice(G * _WS_M, _WS_M, dim=2)       # [1, 1, 64, D]
                 o_s.store(o.reshape([1, 1, _WS_M, D]))
                 fence_async_shared()
                 _tma_out(o_desc, [bh // H, bh % H, row0, 0], o_s)
@@ -1448,7 +1449,7 @@ if _GLUON:
                 rows = row0 + o_rows
                 offs = (bh.to(gl.int64) * SQ + rows)[:, None] * D + o_cols[None, :]
                 gl.store(o_ptr + offs, o, mask=(rows < SQ)[:, None])
-            mbarrier.arrive(k_empty.index(last % NUM_K), count=1)   # (SPLIT off: V's too)
+            mbarrier.arrive(k_empty.index(sk), count=1)   # (SPLIT off: V's too)
             it += n_total
             turns += n_total + 1
             tc += 1
