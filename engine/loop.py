@@ -496,8 +496,11 @@ def _profile_graph(cfg, store, run_id, model, inputs, log):
     store.update_run(run_id, current_reason="profiling the model")
     gp = profiler.profile_graph(cap, matches, regions=regs)
     for u in gp.unplaced:
-        store.event(run_id, f"{u['family']}: {u['count']} match(es), {u['time_us']:.0f} us per "
-                            f"forward, no target: {u['why']}", "warn")
+        why = (f"{u['family']}: {u['count']} match(es), {u['time_us']:.0f} us per forward, "
+               f"no target: {u['why']}")
+        store.event(run_id, why, "warn")
+        if not gp.targets:      # the run ends here: the console says why, not only the store
+            log(why)
     rows = [asdict(f) for f in gp.result.families]
     store.save_profile(run_id, rows, gp.result.total_us)
     del cap, matches

@@ -940,6 +940,22 @@ def test_a_model_with_nothing_to_optimize_ends_at_its_profile(tmp_path):
     assert took < 30, took                            # no worker, no loop, no end-to-end stage
 
 
+
+def test_a_match_no_kernel_takes_says_why_on_the_console(tmp_path):
+    # KernelBench level 1's attention at head dim 1024 (shrunk): matched, but no kernel holds a
+    # [BLOCK_M, 1024] tile; the console names the reason, not only "nothing to optimize"
+    f = tmp_path / "sdpa1024.py"
+    f.write_text("import torch\nclass Model(torch.nn.Module):\n    def forward(self, q, k, v):\n"
+                 "        return torch.nn.functional.scaled_dot_product_attention(q, k, v)\n"
+                 "def get_inputs():\n    return [torch.rand(1, 2, 16, 1024) for _ in range(3)]\n")
+    lines = []
+    run_id = execute(RunConfig(model=str(f), budget_minutes=5, db=str(tmp_path / "r.db")),
+                     log=lines.append)
+    store = Store(tmp_path / "r.db", readonly=True)
+    assert store.get_run(run_id)["status"] == "done" and not store.experiments(run_id)
+    why = [s for s in lines if "no target: head dim 1024 > 256" in s]
+    assert why and why[0].startswith("attention: 1 match(es)"), lines
+
 # ---- ceilings per dtype ----------------------------------------------------------------------
 
 def test_speed_of_light_uses_the_rate_of_the_dtype():
