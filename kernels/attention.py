@@ -1076,7 +1076,7 @@ WS_TILE_COST = 2              # a tile's start and end, in key blocks, for the p
 WS_DEALT = {{ws_dealt}}             # tiles dealt to the least-loaded program (else program p: p, p + P, ...)
 _WGMMA = {{}}
 _WS_ORDER = {{}}
-_WS_DESCS = {{}}     # operands' shapes and strides -> the four descriptors' fields, checked once
+_WS_LAYOUTS = {{}}
 _SMS = {{}}
 
 
@@ -1163,36 +1163,6 @@ def _ws_schedule(n_bh, n_m, SK, bn, causal, device, rows=2 * WS_ROWS):
     return _WS_ORDER[key]
 
 
-def _ws_descs(q, k, v, o, bn):
-    """The four 4-D descriptors (q and o in [1, 1, WS_ROWS, D] blocks, k and v in [1, 1, bn, D]).
-    A descriptor's fields depend on the operand's shape, strides and dtype alone, besides the
-    tensor itself: they are built and checked by from_tensor once per shape (its checks cost
-    ~5 us a descriptor of host time), and each call copies them with its own tensors in. The
-    cached fields hold no tensor (a cached tensor would never be freed). The operands' 16-byte
-    alignment is the caller's check (kernel_fn's plan key holds it)."""
-    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, bn)
-    fields = _WS_DESCS.get(key)
-    if fields is None:
-        if len(_WS_DESCS) > 256:            # a bound on a long-lived process's cache
-            _WS_DESCS.clear()
-        D = q.shape[3]
-        gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-        lq = gl.NVMMASharedLayout.get_default_for([1, 1, WS_ROWS, D], gdt)
-        lk = gl.NVMMASharedLayout.get_default_for([1, 1, bn, D], gdt)
-        descs = (GluonDescriptor.from_tensor(q, [1, 1, WS_ROWS, D], lq),
-                 GluonDescriptor.from_tensor(k, [1, 1, bn, D], lk),
-                 GluonDescriptor.from_tensor(v, [1, 1, bn, D], lk),
-                 GluonDescriptor.from_tensor(o, [1, 1, WS_ROWS, D], lq))
-        fields = _WS_DESCS[key] = tuple(dict(vars(d), base=None) for d in descs)
-    out = []
-    for f, t in zip(fields, (q, k, v, o)):
-        d = object.__new__(GluonDescriptor)     # the checked fields, without __init__'s checks
-        vars(d).update(f)
-        d.base = t
-        out.append(d)
-    return out
-
-
 def _ws_launch(q, k, v, o, qk_scale, causal, tile):
     """o = attention(q, k, v) by the warp-specialized kernel: 4-D descriptors (any strides a
     descriptor takes; rows past Sq and Sk read as zeros); o ([B, H, Sq, D], contiguous) stored
@@ -1200,7 +1170,16 @@ def _ws_launch(q, k, v, o, qk_scale, causal, tile):
     short for every group's rows)."""
     bn, nk, nv, split = tile
     B, H, SQ, D = q.shape
-    qd, kd, vd, od = _ws_descs(q, k, v, o, bn)
+    key = (q.dtype, D, bn)
+    if key not in _WS_LAYOUTS:
+        gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+        _WS_LAYOUTS[key] = (gl.NVMMASharedLayout.get_default_for([1, 1, WS_ROWS, D], gdt),
+                            gl.NVMMASharedLayout.get_default_for([1, 1, bn, D], gdt))
+    lq, lk = _WS_LAYOUTS[key]
+    qd = GluonDescriptor.from_tensor(q, [1, 1, WS_ROWS, D], lq)
+    kd = GluonDescriptor.from_tensor(k, [1, 1, bn, D], lk)
+    vd = GluonDescriptor.from_tensor(v, [1, 1, bn, D], lk)
+    od = GluonDescriptor.from_tensor(o, [1, 1, WS_ROWS, D], lq)
     ng = _ws_groups(D)
     n_m = _cdiv(SQ, ng * WS_ROWS)
     if WS_PERSISTENT:
