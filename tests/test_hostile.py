@@ -115,6 +115,15 @@ def test_allow_list_accepts_every_starter_and_recorded_kernel():
             k = rnd.choice(list(fam.space))
             p[k] = rnd.choice(fam.space[k])
             sources.append((fam, fam.render(p)))
+        # every opener, at the shapes that pick them (Hopper's warp-specialized attention's
+        # launcher is one of them: a sweep loads it directly, only the loop checks it)
+        openers = list(fam.openers)
+        if fam.openers_for is not None:
+            for shape, dtype in ((fam.bench_shapes[0], "bfloat16"), (fam.bench_shapes[0], "float32"),
+                                 (fam.bench_shapes[-1], "float16")):
+                openers += list(fam.openers_for(shape, dtype))
+        for o in openers:
+            sources.append((fam, fam.render(dict(fam.default, **o))))
     n_recorded = 0
     for db in sorted((ROOT / "data").glob("recorded_*.db")):
         con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
