@@ -17,7 +17,15 @@ def recorder(filename):
 
 
 def load(src, name):
-    """The candidate source ``src`` written to a temporary file and imported as ``name``."""
+    """The candidate source ``src`` written to a temporary file and imported as ``name``, after
+    the loop's own static check (engine/allowlist.py): a sweep times only what the loop could
+    run. (A launcher that used vars() ran in a sweep and failed every experiment in the loop.)"""
+    import ast
+    from engine.verify import static_check
+    fn = next((n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name == "kernel_fn"), None)
+    why = static_check(src, tuple(a.arg for a in fn.args.args) if fn else ())
+    if why:
+        raise ValueError(f"{name}: the loop's static check rejects this source: {why}")
     path = os.path.join(tempfile.gettempdir(), f"sweep_{name}.py"); open(path, "w").write(src)
     spec = importlib.util.spec_from_file_location(name, path); m = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(m); return m
