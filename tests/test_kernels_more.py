@@ -1745,7 +1745,7 @@ def test_attention_ws_kernel_compiles_for_hopper_without_a_gpu(tmp_path):
         assert k["shared"] <= (groups * 64 * d + (nk + nv) * bn * d) * 2 + 1024, k
         # no spills at the causal points with two groups on Triton 3.6, the version every Hopper
         # figure was timed on (its head dim 256 without causality, one program a tile, spills 48
-        # bytes; 3.9's compiler spills 8-128 bytes at these points, stored once a tile and
+        # bytes; 3.9's compiler spills 8-128 bytes at these points, stored once and
         # reloaded in its masked blocks; three groups spill 16 bytes at 152 registers a consumer,
         # 208 at 160, and ran 0.68x and 0.59x SDPA: no point renders them)
         if got["triton"].startswith("3.6") and groups == 2 and causal and k["stack"] is not None:
