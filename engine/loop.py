@@ -279,6 +279,10 @@ def _remove_created(paths: list[Path]) -> None:
 # the flat E2E_SHARE of the budget (E2E_MIN_S to E2E_MAX_S).
 E2E_SHARE, E2E_MIN_S, E2E_MAX_S = 0.25, 15.0, 600.0
 E2E_MAX_SHARE = 0.5
+# fewer seconds than this left to the loop after the setup and the end-to-end stage's reserve:
+# the console says so (a large model's first verified experiment alone takes 30-60 s on a GPU;
+# a Gemma-7B-shaped model at 1.5 minutes ran its starter and nothing else)
+LOOP_FEW_S = 90.0
 
 
 def _deadline(cfg: RunConfig, started: float) -> float | None:
@@ -294,6 +298,23 @@ def _e2e_reserve_s(cfg: RunConfig, stage_s: float | None = None) -> float:
     if stage_s is None:
         return min(E2E_MAX_S, max(E2E_MIN_S, E2E_SHARE * budget_s))
     return min(E2E_MAX_SHARE * budget_s, max(E2E_MIN_S, stage_s))
+
+
+def _few_loop_seconds(cfg: RunConfig, started: float, deadline: float | None,
+                      stage_s: float | None) -> str | None:
+    """What the console says when the whole-run budget leaves the loop fewer than LOOP_FEW_S
+    seconds after the setup (capture, profile, baselines) and the end-to-end stage's reserve;
+    None when it leaves more, or has no deadline."""
+    if deadline is None:
+        return None
+    now = time.monotonic()
+    reserve = _e2e_reserve_s(cfg, stage_s)
+    left = deadline - now - reserve
+    if left >= LOOP_FEW_S:
+        return None
+    return (f"the budget leaves the loop {max(0.0, left):.0f} s after the setup "
+            f"({now - started:.0f} s) and the end-to-end stage's reserve ({reserve:.0f} s): a "
+            f"few experiments at most; a larger --budget-minutes gives the search room")
 
 
 def _loop_cfg(cfg: RunConfig, deadline: float | None, stage_s: float | None = None) -> RunConfig:
@@ -653,6 +674,10 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=Non
                                         f"{comp['error']}", "warn")
         proposer = proposer or proposers.make(cfg.proposer, cfg.seed, cfg=cfg, api_key=api_key)
         stage_s = _stage_estimate(cfg, store, run_id, timing_mode, deadline)
+        few = _few_loop_seconds(cfg, started, deadline, stage_s)
+        if few:
+            store.event(run_id, few, "warn")
+            log(few)
         status = _Dispatch(_loop_cfg(cfg, deadline, stage_s), store, pool, proposer, run_id,
                            timing_mode, control, log).run(run["current_target"])
     except BaseException as e:

@@ -681,6 +681,15 @@ def test_the_loop_gets_what_the_whole_run_budget_leaves_after_the_end_to_end_sta
     # never less than the first mode: a compile baseline always runs
     assert integrate.stage_modes_s(fig, "gpu", 1.0)[0] == integrate.COMPILE_MODES[:1]
     st.close()
+    # a budget that leaves the loop little (a Gemma-7B-shaped model at 1.5 minutes: 25 s of
+    # setup, the stage's reserve, and the starter alone ran): the console says so, with figures
+    from engine.loop import LOOP_FEW_S, _few_loop_seconds
+    started = time.monotonic() - 25.0
+    few = _few_loop_seconds(RunConfig(budget_minutes=1.5), started, started + 90.0, 212.0)
+    assert few and "leaves the loop 20 s after the setup (25 s)" in few and "reserve (45 s)" in few
+    assert _few_loop_seconds(RunConfig(budget_minutes=10.0), started, started + 600.0, 212.0) is None
+    assert _few_loop_seconds(RunConfig(budget_minutes=None), started, None, 212.0) is None
+    assert LOOP_FEW_S > 30.0
 
 
 class _TwoShapes(nn.Module):        # three GEMMs, two distinct shapes: [2, 8, 16] x [16, 16] twice
