@@ -949,7 +949,6 @@ def test_a_model_with_nothing_to_optimize_ends_at_its_profile(tmp_path):
     assert took < 30, took                            # no worker, no loop, no end-to-end stage
 
 
-
 def test_a_match_no_kernel_takes_says_why_on_the_console(tmp_path):
     # KernelBench level 1's attention at head dim 1024 (shrunk): matched, but no kernel holds a
     # [BLOCK_M, 1024] tile; the console names the reason, not only "nothing to optimize"
@@ -964,6 +963,7 @@ def test_a_match_no_kernel_takes_says_why_on_the_console(tmp_path):
     assert store.get_run(run_id)["status"] == "done" and not store.experiments(run_id)
     why = [s for s in lines if "no target: head dim 1024 > 256" in s]
     assert why and why[0].startswith("attention: 1 match(es)"), lines
+
 
 # ---- ceilings per dtype ----------------------------------------------------------------------
 
