@@ -1,6 +1,7 @@
 """The verifier against deliberately wrong candidates, each rejected at the right stage, and
 correct candidates of unusual structure, which pass. All run in one real worker process; crashes
 and hangs replace it, and the next candidate is judged by a fresh one."""
+import time
 from pathlib import Path
 
 import pytest
@@ -412,6 +413,71 @@ def test_a_targets_noise_is_its_shapes_noise_weighted_by_their_share_of_the_tota
     assert min(r["noise"] for r in rows) <= bench.total_noise(rows) <= max(r["noise"] for r in rows)
     assert bench.total_noise(rows[:1]) == pytest.approx(0.020)
     assert bench.total_noise([dict(count=1, us=0.0, noise=0.3)]) == 0.3
+
+
+def test_the_spin_before_a_timed_call_covers_its_launch_path():
+    """The GPU spins before the start event while the host queues the call: ~100 us, or the
+    call's own host time and a margin where that is longer (the Gluon attention launcher's 136
+    us on an H100's host; a candidate launching several kernels), up to a bound that keeps a
+    repetition inside the judge's wall-clock check: a launch-heavy honest candidate is never
+    taken for a forged timer because the spin grew."""
+    from engine import bench, judge
+    rate = 1980.0                                             # cycles a us (an H100's clock)
+    assert bench.spin_cycles(20.0, rate) == bench.SPIN_CYCLES
+    assert bench.spin_cycles(136.0, rate) == int((136.0 + bench.SPIN_MARGIN_US) * rate)
+    assert bench.spin_cycles(1e6, rate) == int(bench.MAX_SPIN_US * rate)
+    flush_us, kernel_us = 90.0, 10.0                          # a 256 MiB flush on an H100
+    for host_us in (20.0, 136.0, 300.0, 400.0, 500.0, 600.0):
+        spin_us = bench.spin_cycles(host_us, rate) / rate
+        # the kernel starts when both the spin has ended and the host has queued it
+        rep_us = max(flush_us + spin_us, host_us) + kernel_us
+        assert rep_us <= 2 * (kernel_us + judge.OVERHEAD_US["gpu"]), host_us
+        if host_us <= 350.0:                                  # covered: the events see the kernel
+            assert flush_us + spin_us >= host_us + bench.SPIN_MARGIN_US
+
+
+def test_the_gpu_samples_spin_for_the_call_they_time(monkeypatch):
+    """The GPU path of bench.samples without a GPU: events, the spin and the sync stood in by
+    host-clock fakes (the real ones need CUDA), a call whose launch takes ~2 ms of host time.
+    Each repetition spins what spin_cycles gives for the measured launch (the cap here), the rate
+    is measured once, and every sample is an event interval."""
+    from engine import bench
+    spins, clock = [], time.perf_counter
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self):
+            self.t = clock()
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return (other.t - self.t) * 1e3
+
+    def sleep(cycles):
+        spins.append(cycles)
+        time.sleep(cycles / 2e9)                              # a 2 GHz spin, on the host clock
+
+    monkeypatch.setattr(bench, "_Event", Event)
+    monkeypatch.setattr(bench, "_sleep", sleep)
+    monkeypatch.setattr(bench, "_synchronize", lambda: None)
+    monkeypatch.setattr(bench, "_flush_buf", torch.empty(16))
+    monkeypatch.setattr(bench, "_cycles_per_us", [])
+
+    def launch(x):
+        t = clock()
+        while clock() - t < 2e-3:                            # a 2 ms launch path
+            pass
+    got = bench.samples(launch, [{"x": 1}, {"x": 2}], True, 4)
+    assert len(got) == 4 and all(x >= 2000.0 for x in got)
+    rate = bench._cycles_per_us[0]
+    assert 0.0 < rate < 2001.0                 # ~2000 cycles a us (a loaded host sleeps longer)
+    assert spins[0] == bench.SPIN_CYCLES                     # the rate's own measurement
+    assert spins[1:] == [bench.spin_cycles(2000.0, rate)] * 4        # a 2 ms launch: the cap
+    assert bench.spin_cycles(2000.0, 2000.0) == int(bench.MAX_SPIN_US * 2000.0)
 
 
 @pytest.mark.parametrize("noisy", [True, False])
