@@ -416,6 +416,9 @@ def _prepare(cfg: RunConfig, store: Store, control: Control, log) -> str:
         _stopped_while_profiling(store, run_id, control)
         raise
     except Exception as e:
+        if _interrupted(e):               # the stop unwound through an exit that failed
+            _stopped_while_profiling(store, run_id, control)
+            raise KeyboardInterrupt from e
         store.update_run(run_id, status="failed", current_reason=None,
                          error=f"profiling failed: {type(e).__name__}: {e}")
         control.set(state="failed", error=f"profiling failed: {type(e).__name__}: {e}")
@@ -461,6 +464,19 @@ def _prepare_isolated(cfg: RunConfig, store: Store, control: Control, log) -> st
     except isolate.StageStopped:
         _stopped_while_profiling(store, control.status()["run_id"], control)
         raise
+
+
+def _interrupted(e: BaseException | None) -> bool:
+    """A Ctrl-C or SIGTERM (KeyboardInterrupt), or an error raised while one unwound: a context
+    manager's exit that fails on the way out (torch's dispatch-mode stack under profiling: "Trying
+    to pop empty mode stack", seen when SIGTERM landed mid-profile) is still a stop, not a failure."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__context__ or e.__cause__
+    return False
 
 
 def _stopped_while_profiling(store: Store, run_id: str | None, control: Control) -> None:
@@ -681,12 +697,14 @@ def _execute(cfg, control, store, resume_run_id, log, proposer=None, api_key=Non
         status = _Dispatch(_loop_cfg(cfg, deadline, stage_s), store, pool, proposer, run_id,
                            timing_mode, control, log).run(run["current_target"])
     except BaseException as e:
-        status = "stopped" if isinstance(e, KeyboardInterrupt) else "failed"
+        status = "stopped" if _interrupted(e) else "failed"
         if status == "failed":
             store.update_run(run_id, status="failed", error=f"{type(e).__name__}: {e}")
             store.event(run_id, f"engine error: {type(e).__name__}: {e}\n"
                         f"{traceback.format_exc()[-1500:]}", "error")
             control.set(state="failed", error=f"{type(e).__name__}: {e}")
+        elif not isinstance(e, KeyboardInterrupt):
+            raise KeyboardInterrupt from e     # a stop, as the callers know one
         raise
     finally:
         if hasattr(proposer, "close"):

@@ -965,6 +965,41 @@ def test_a_match_no_kernel_takes_says_why_on_the_console(tmp_path):
     assert why and why[0].startswith("attention: 1 match(es)"), lines
 
 
+
+def test_a_stop_that_unwinds_through_a_failing_exit_while_profiling_is_a_stop(tmp_path, monkeypatch):
+    """SIGTERM mid-profile raised KeyboardInterrupt inside torch's dispatch mode, whose exit then
+    failed ("Trying to pop empty mode stack", an AssertionError): the run showed "failed". An
+    error whose chain holds the interrupt is a stop: the run ends "stopped" (resumable) and the
+    caller gets the KeyboardInterrupt the command line turns into its one line."""
+    from engine import loop
+
+    def interrupted(*a, **k):
+        try:
+            raise KeyboardInterrupt
+        finally:
+            raise AssertionError("Trying to pop empty mode stack")
+    monkeypatch.setattr(loop, "_profile_graph", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        execute(RunConfig(model="op:softmax:6x100", budget_experiments=5, db=str(tmp_path / "r.db")),
+                log=lambda s: None)
+    store = Store(tmp_path / "r.db", readonly=True)
+    run = store.get_run(store.list_runs()[0]["id"])
+    assert run["status"] == "stopped" and not run["error"]
+    assert any("stopped while the model was being profiled" in e["message"]
+               for e in store.events(run["id"]))
+    # the chain is read however deep, and a plain error stays a failure
+    assert loop._interrupted(RuntimeError("x")) is False
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise ValueError("exit failed")
+    except ValueError as e:
+        try:
+            raise RuntimeError("wrapped") from e
+        except RuntimeError as w:
+            assert loop._interrupted(w) is True
+
 # ---- ceilings per dtype ----------------------------------------------------------------------
 
 def test_speed_of_light_uses_the_rate_of_the_dtype():
