@@ -5,7 +5,7 @@ buffer larger than the cache, inputs rotated among several fresh sets (so no rep
 inputs in cache), median of many repetitions, repeated in independent rounds so that the spread of
 the round medians gives the measurement's noise. Between the flush and the start event the GPU
 spins (torch.cuda._sleep) for about 100 us, or for the call's own host time (measured on an
-untimed call before each set of samples) and 50 us more where that is longer: the host meanwhile
+untimed call once the warm-up is done) and 50 us more where that is longer: the host meanwhile
 queues the call, so the events bracket the kernels' device time and not the Python launch path
 (tens of us per call for a Triton launch, 65-136 us for the Gluon attention launcher on an H100's
 host, more for a candidate that launches several kernels; it varies from process to process and
@@ -98,24 +98,28 @@ def device_time_ms(fn, reps: int = 20, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
-def warm_up(fn, input_sets: list[dict], gpu: bool) -> None:
-    """Compile, autotune and fill caches before anything is timed."""
+def warm_up(fn, input_sets: list[dict], gpu: bool) -> int:
+    """Compile, autotune and fill caches before anything is timed. Returns the spin that covers
+    the call's launch path (``samples``' spin), measured once the caches are warm."""
     k = len(input_sets)
     if gpu:
         for i in range(max(3, k)):
             fn(**input_sets[i % k])
         _synchronize()
-    else:
-        fn(**input_sets[0])                           # the interpreter rewrites the kernel once
+        return _spin_for(lambda: fn(**input_sets[0]))
+    fn(**input_sets[0])                               # the interpreter rewrites the kernel once
+    return SPIN_CYCLES
 
 
-def samples(fn, input_sets: list[dict], gpu: bool, n: int, offset: int = 0) -> list[float]:
+def samples(fn, input_sets: list[dict], gpu: bool, n: int, offset: int = 0,
+            spin: int | None = None) -> list[float]:
     """``n`` timed calls in microseconds, each on the next input set (from ``offset``): on a GPU
     device events around the call after an L2 flush and a spin that covers the call's host time
-    (one more, untimed, call measures it); else the host clock."""
+    (``warm_up``'s; None: one more, untimed, call measures it); else the host clock."""
     k = len(input_sets)
     out = []
-    spin = _spin_for(lambda: fn(**input_sets[offset % k])) if gpu and n else SPIN_CYCLES
+    if spin is None:
+        spin = _spin_for(lambda: fn(**input_sets[offset % k])) if gpu and n else SPIN_CYCLES
     for i in range(n):
         inputs = input_sets[(offset + i) % k]
         if gpu:
@@ -174,13 +178,13 @@ def time_call(fn, input_sets: list[dict], gpu: bool, rounds: int = 3,
     per-round medians, "samples": n}. ``target_ms`` sizes the repetitions per round from a first
     estimate; under the interpreter a few repetitions are enough (each is already long).
     """
-    warm_up(fn, input_sets, gpu)
+    spin = warm_up(fn, input_sets, gpu)
     if gpu:
         est_us = device_time_ms(lambda: fn(**input_sets[0]), reps=3, warmup=0) * 1e3
     else:
         est_us = samples(fn, input_sets, gpu, 1)[0]
     reps = reps_for(est_us, gpu, rounds, target_ms, max_reps)
-    return summarize([samples(fn, input_sets, gpu, reps, r * reps) for r in range(rounds)])
+    return summarize([samples(fn, input_sets, gpu, reps, r * reps, spin) for r in range(rounds)])
 
 
 def input_set_count(bytes_per_set: int, l2_bytes: int, gpu: bool, cap_bytes: int = 2 * 2**30) -> int:

@@ -606,11 +606,11 @@ def _op_prep(req, state, send, workdir):
     k = bench.input_set_count(nbytes, l2, gpu)
     sets = [fam.make_inputs(tuple(req["shape"]), dtype, device, gen) for _ in range(k)]
     try:
-        bench.warm_up(fn, sets, gpu)
+        spin = bench.warm_up(fn, sets, gpu)
     except Exception as e:
         return send({"ok": False, "error": f"raised during timing: {type(e).__name__}: "
                                            f"{str(e)[:400]}", "restart": _fatal(str(e))})
-    state["sets"][req["key"]] = (fn, sets)
+    state["sets"][req["key"]] = (fn, sets, spin)
     tampered = _tampered(state)
     if tampered:
         return send({"ok": False, "error": tampered, "restart": True})
@@ -620,9 +620,10 @@ def _op_prep(req, state, send, workdir):
 def _op_sample(req, state, send, workdir):
     """``n`` timed calls (bench.samples) on the prepared sets; the judge computes the rest."""
     from engine import bench
-    fn, sets = state["sets"][req["key"]]
+    fn, sets, spin = state["sets"][req["key"]]
     try:
-        out = bench.samples(fn, sets, _device() == "cuda", int(req["n"]), int(req.get("offset", 0)))
+        out = bench.samples(fn, sets, _device() == "cuda", int(req["n"]), int(req.get("offset", 0)),
+                            spin)
     except Exception as e:
         return send({"ok": False, "error": f"raised during timing: {type(e).__name__}: "
                                            f"{str(e)[:400]}", "restart": _fatal(str(e))})

@@ -478,6 +478,12 @@ def test_the_gpu_samples_spin_for_the_call_they_time(monkeypatch):
     assert spins[0] == bench.SPIN_CYCLES                     # the rate's own measurement
     assert spins[1:] == [bench.spin_cycles(2000.0, rate)] * 4        # a 2 ms launch: the cap
     assert bench.spin_cycles(2000.0, 2000.0) == int(bench.MAX_SPIN_US * 2000.0)
+    # the worker's road: warm_up measures the spin once, each batch of samples reuses it
+    spins.clear()
+    spin = bench.warm_up(launch, [{"x": 1}, {"x": 2}], True)
+    assert spin == bench.spin_cycles(2000.0, rate) and spins == []
+    got = bench.samples(launch, [{"x": 1}, {"x": 2}], True, 3, spin=spin)
+    assert len(got) == 3 and spins == [spin] * 3
 
 
 @pytest.mark.parametrize("noisy", [True, False])
