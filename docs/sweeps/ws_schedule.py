@@ -3,8 +3,9 @@ point (q released after a tile's last q k^T, o out through the last K tile, K an
 their own) on the persistent grid's tiles dealt by the host (kernels/attention.py _ws_schedule)
 or strided, against SDPA; BASE=<a rendered source> adds that source's two grids (the kernel
 before a change) to each row; RINGS=1 adds the persistent grid at other ring depths (ALT_RING);
-HEAD_DIMS=256,128 times those rows only; GROUPS3=1 three consumer groups at head dim 64. Values at ragged and strided shapes first; rows
-in $OUT/ws_schedule.json; medians over three rounds of do_bench."""
+HEAD_DIMS=256,128 times those rows only; GROUPS3=1 three consumer groups at head dim 64. Values
+at ragged and strided shapes first; rows in $OUT/ws_schedule.json; medians over three rounds of
+do_bench."""
 import os, statistics, sys, time
 sys.path.insert(0, os.getcwd()); sys.path.insert(0, "docs/sweeps")
 import torch, triton
