@@ -26,11 +26,15 @@ at 16384 elements (ROWS halves until it fits).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 
 import torch
+import torch.nn.functional as F
 
 from kernels import Family
 from kernels import _common as C
+from kernels import matmul as MM
 from kernels.patterns import Fit, NoFit, Ref, Spelling, T
 
 NAME = "rotary"
@@ -503,12 +507,405 @@ def _interleaved_inputs(shape, dtype, device, gen, kind="normal"):
     return inp
 
 
+# ---------------------------------------------------------------------------------------------
+# the projection fused in (spec {"linear": true}): RoPE in the q/k projection's epilogue
+# ---------------------------------------------------------------------------------------------
+# LLaMA, Mistral, Qwen2 and Gemma project q and k, split the heads out and rotate them:
+#     q = q_proj(h).view(B, S, H, Dh).transpose(1, 2);  q = q * cos + rotate_half(q) * sin
+# Apart, the projection writes q [B, S, H*Dh] and the rotary op reads it back and writes it again
+# (2 * B*S*H*Dh*itemsize more traffic: 32 MB for LLaMA-3-8B's q at 1 x 2048 in bf16). Neither
+# eager nor torch.compile fuses the two (a rotated element needs its partner half Dh/2 columns
+# away: no pointwise epilogue of the GEMM's own tile). Fused, a tile computes the two halves of
+# its heads as two fp32 accumulators, acc1 = h @ w[head, :Dh/2]^T and acc2 = h @ w[head, Dh/2:]^T,
+# sharing every loaded tile of h, and rotates them in registers before the one store:
+#     y1 = acc1 * cos1 - acc2 * sin1,   y2 = acc2 * cos2 + acc1 * sin2.
+#
+# Shape (B, S, K, H, Dh): hidden [B, S, K], weight [H*Dh, K] (nn.Linear's layout), the
+# tables cos, sin [S, Dh] (leading dims of 1 allowed), an optional bias [H*Dh] (Qwen2's
+# q/k projections); the result y [B, H, S, Dh], a transposed view of a contiguous
+# [B, S, H, Dh], the layout the model's own rotation returns. Precision: fp32 accumulation
+# (fp32 operands without TF32), the rotation in fp32, rounded once.
+
+LINEAR_ARGS = ("hidden", "weight", "cos", "sin")
+
+
+def linear_problem(shape) -> tuple[int, int, int, int, int]:
+    """(B, S, K, H, Dh) of a family shape; Dh even."""
+    shape = tuple(int(s) for s in shape)
+    if len(shape) != 5 or shape[-1] % 2 or min(shape) < 1:
+        raise ValueError(f"a rotary+linear shape is (B, S, K, H, Dh) with Dh even, got {shape}")
+    return shape
+
+
+def linear_reference(hidden, weight, cos, sin, bias=None):
+    """RoPE of the projection as the model computes it: F.linear, the heads split out and
+    moved forward, the rotation (float64 operands: the ground truth)."""
+    b, s, _ = hidden.shape
+    dh = cos.shape[-1]
+    q = F.linear(hidden, weight, bias).view(b, s, weight.shape[0] // dh, dh).transpose(1, 2)
+    return reference(q, cos.reshape(s, dh), sin.reshape(s, dh))
+
+
+def linear_bound(hidden, weight, cos, sin, bias=None):
+    """The rotation's error_bound on the projection's magnitude |hidden| @ |weight|^T (+ |bias|),
+    times max(1, sqrt(K) / 8) (fp32 accumulation, as the matmul family's bound)."""
+    b, s, k = hidden.shape
+    dh = cos.shape[-1]
+    x, w = hidden.abs(), weight.abs()
+    if x.dtype != torch.float64:
+        x, w = x.float(), w.float()
+    mag = x @ w.t()
+    if bias is not None:
+        mag = mag + bias.abs().to(mag.dtype)
+    mag = mag.view(b, s, weight.shape[0] // dh, dh).transpose(1, 2)
+    return error_bound(mag, cos.reshape(s, dh).to(mag.dtype), sin.reshape(s, dh).to(mag.dtype)) \
+        * max(1.0, math.sqrt(k) / 8.0)
+
+
+# stol on the bound above: 64 fp32 ulps of accumulation (matmul's), plus for 16-bit operands the
+# model's own roundings (q to the dtype before the rotation, the rotation's products: rotary's
+# BOUND_TOL), which the eager baseline makes and the fused kernel need not
+LINEAR_BOUND_TOL = {
+    torch.float32: 64 * 2.0**-24 + BOUND_TOL[torch.float32],
+    torch.float16: 64 * 2.0**-24 + 2.0**-11 + BOUND_TOL[torch.float16],
+    torch.bfloat16: 64 * 2.0**-24 + 2.0**-8 + BOUND_TOL[torch.bfloat16],
+}
+# hidden's scale for "huge": the projection lands near fp16's top / far beyond fp32 LLM values
+_LHUGE = {torch.float16: 2e3, torch.bfloat16: 1e15, torch.float32: 1e15}
+
+
+def make_linear_inputs(shape, dtype, device, gen, kind="normal"):
+    """{hidden [B, S, K], weight [H*Dh, K] (spread 1 / sqrt(K): q of unit spread), cos, sin
+    [S, Dh]} from ``gen``; kinds as the family's (hidden scaled), "random_tables" arbitrary
+    tables (a kernel reading the wrong half or row of them shows)."""
+    dtype = C.as_dtype(dtype)
+    b, s, k, h, dh = linear_problem(shape)
+    x = C.randn(gen, b * s, k)
+    w = C.randn(gen, h * dh, k) * (1.0 / math.sqrt(k))
+    cos, sin = tables(s, dh)
+    if kind == "huge":
+        x = x * _LHUGE[dtype]
+    elif kind == "tiny":
+        x = x * C.log_uniform(gen, b * s, -6.0, -4.0)
+    elif kind == "mixed_scale":
+        x = x * C.log_uniform(gen, b * s, -3.0, 3.0)
+    elif kind == "heavy_tail":
+        x = C.cauchy(gen, b * s, k).clamp(-1e3, 1e3)
+    elif kind == "random_tables":
+        cos, sin = C.randn(gen, s, dh), C.randn(gen, s, dh)
+    elif kind != "normal":
+        raise ValueError(f"unknown input kind {kind!r}; known: normal, {', '.join(ADVERSARIAL)}")
+    return {"hidden": x.reshape(b, s, k).to(dtype).to(device), "weight": w.to(dtype).to(device),
+            "cos": cos.to(dtype).to(device), "sin": sin.to(dtype).to(device)}
+
+
+def make_linear_bias_inputs(shape, dtype, device, gen, kind="normal"):
+    """make_linear_inputs and a bias [H*Dh] (spread 0.5; Qwen2's q/k biases reach a few units)."""
+    inp = make_linear_inputs(shape, dtype, device, gen, kind)
+    _, _, _, h, dh = linear_problem(shape)
+    inp["bias"] = (C.randn(gen, h * dh) * 0.5).to(C.as_dtype(dtype)).to(device)
+    return inp
+
+
+def linear_cost(shape, dtype):
+    """(bytes, flops): hidden, the weight and the tables once, y written once; the GEMM's
+    2*B*S*K*H*Dh flops and the rotation's 3 per element. q is never written apart: the traffic
+    the fusion saves is 2*B*S*H*Dh*itemsize."""
+    item = C.itemsize(dtype)
+    b, s, k, h, dh = linear_problem(shape)
+    n = h * dh
+    return (b * s * k + n * k + b * s * n + 2 * s * dh) * item, 2 * b * s * k * n + 3 * b * s * n
+
+
+# LLaMA-3-8B's q and k (32 and 8 heads of 128 over 4096) at 1 x 2048 and 8 x 2048, Qwen2-7B's
+# (28 heads, 3584), GPT-NeoX-ish 64-wide heads
+LINEAR_BENCH_SHAPES = ((1, 2048, 4096, 32, 128), (1, 2048, 4096, 8, 128), (8, 2048, 4096, 32, 128),
+                       (8, 2048, 4096, 8, 128), (1, 2048, 3584, 28, 128), (4, 1024, 2048, 32, 64))
+# Small enough for the interpreter's GEMM; heads of 2 to 128 lanes, Dh/2 no power of two (80,
+# 96: padded lanes), K tails, one row, one head
+LINEAR_SWEEP_SHAPES = ((1, 1, 8, 1, 2), (2, 3, 16, 2, 8), (1, 5, 33, 3, 16), (2, 17, 64, 2, 32),
+                       (1, 9, 40, 2, 80), (1, 7, 24, 3, 96), (1, 33, 64, 1, 128))
+LINEAR_EDGE_SHAPES = ((1, 1, 1, 1, 2), (3, 1, 7, 1, 4), (1, 97, 16, 3, 8), (1, 2, 16, 5, 64),
+                      (2, 1, 130, 1, 256))
+LINEAR_ADVERSARIAL = ADVERSARIAL
+
+LINEAR_SPACE = {
+    "block_m": [32, 64, 128],
+    "heads": [1, 2, 4],
+    "block_k": [32, 64, 128],
+    "group_m": [1, 8, 16],
+    "num_warps": [4, 8],
+    "num_stages": [2, 3, 4, 5],
+    "loads": ["pointers", "tma"],
+}
+LINEAR_DEFAULT = {"block_m": 64, "heads": 1, "block_k": 32, "group_m": 8, "num_warps": 4,
+                  "num_stages": 3, "loads": "pointers"}
+
+_PROJ_ARGS = ("a_ptr, w_ptr, bias_ptr, cos_ptr, sin_ptr, y_ptr, M, N, K, S, H,\n"
+              "               stride_am, stride_ak, stride_wn, stride_wk, stride_cs, stride_cd,\n"
+              "               stride_ss, stride_sd,\n"
+              "               HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_M: tl.constexpr,\n"
+              "               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,\n"
+              "               EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,\n"
+              "               DOT_FP32: tl.constexpr")
+
+# The rotation of a tile's two fp32 accumulators: acc1 [BLOCK_M, cols] holds the first halves
+# of its heads, acc2 the second halves, column j of a head at weight row head * 2 * HALF + jj
+# (jj = j clamped into the half); pos: each row's position (its table row).
+_ROTATE_TILE = '''
+if HAS_BIAS:
+    acc1 += tl.load(bias_ptr + row1).to(tl.float32)[None, :]
+    acc2 += tl.load(bias_ptr + row1 + HALF).to(tl.float32)[None, :]
+c_row = cos_ptr + pos[:, None] * stride_cs
+s_row = sin_ptr + pos[:, None] * stride_ss
+c1 = tl.load(c_row + jj[None, :] * stride_cd).to(tl.float32)
+c2 = tl.load(c_row + (jj + HALF)[None, :] * stride_cd).to(tl.float32)
+s1 = tl.load(s_row + jj[None, :] * stride_sd).to(tl.float32)
+s2 = tl.load(s_row + (jj + HALF)[None, :] * stride_sd).to(tl.float32)
+# x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1)
+y1 = acc1 * c1 + (-acc2) * s1
+y2 = acc2 * c2 + acc1 * s2'''
+
+
+def _proj_pointer_kernel() -> str:
+    body = MM.plain_tile_head() + '''
+head = rbn // BLOCK_H                                              # [BLOCK_N] each column's head
+j = rbn % BLOCK_H                                                  # its lane within the half
+jj = tl.minimum(j, HALF - 1)                                       # padded lanes re-read lane HALF-1
+row1 = head * (2 * HALF) + jj                                      # weight row of the first half
+a_ptrs = a_ptr + ram[:, None] * stride_am + rk[None, :] * stride_ak           # [BLOCK_M, BLOCK_K]
+w1_ptrs = w_ptr + rk[:, None] * stride_wk + row1[None, :] * stride_wn         # [BLOCK_K, BLOCK_N]
+w2_ptrs = w_ptr + rk[:, None] * stride_wk + (row1 + HALF)[None, :] * stride_wn
+acc1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+''' + MM.k_loop([("acc1", "w1_ptrs", "w1", "stride_wk"), ("acc2", "w2_ptrs", "w2", "stride_wk")]) + '''
+pos = ram % S                                                      # [BLOCK_M] positions
+''' + _ROTATE_TILE + '''
+# y contiguous [B*S, H, 2 * HALF]: row m, head, lane
+y_ptrs = y_ptr + rm.to(tl.int64)[:, None] * (H * 2 * HALF) + (head * (2 * HALF) + j)[None, :]
+y_mask = (rm < M)[:, None] & ((rn < N) & (j < HALF))[None, :]
+tl.store(y_ptrs, y1.to(y_ptr.dtype.element_ty), mask=y_mask)
+tl.store(y_ptrs + HALF, y2.to(y_ptr.dtype.element_ty), mask=y_mask)'''
+    return f'''@triton.jit
+def _rope_proj({_PROJ_ARGS}):
+    """One tile [BLOCK_M rows, BLOCK_N / BLOCK_H heads] of y: the two halves of each head as
+    two fp32 accumulators sharing every loaded tile of a, rotated, stored once. Columns are
+    indexed in a padded half space N = H * BLOCK_H (BLOCK_H = next_pow2(HALF) lanes a head)."""
+{C.indent(body, 4)}
+'''
+
+
+# loads "tma": a persistent kernel, every operand tile by TMA. The weight [H*Dh, K] is read as
+# [H, Dh, K] (tiles [HEADS, HALF, BLOCK_K] at [head0, 0, k] and [head0, HALF, k]: the two halves
+# of HEADS heads), y [B*S, H*Dh] written as [B*S, H, Dh] the same way; hidden as [B*S, K].
+# The tables are read through pointers in the epilogue (L2-resident: S x Dh).
+_PROJ_TMA_KERNEL = f'''@triton.jit
+def _rope_proj_tma(a_desc, w_desc, y_desc, bias_ptr, cos_ptr, sin_ptr, M, K, S, H, NUM_PROGS,
+                   stride_cs, stride_cd, stride_ss, stride_sd,
+                   HALF: tl.constexpr, HEADS: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   IEEE: tl.constexpr, DOT_FP32: tl.constexpr):
+    """Tiles [BLOCK_M rows, HEADS heads] of y, walked by NUM_PROGS programs; the two halves of
+    each head accumulated apart (fp32) and rotated before the store; BLOCK_N = HEADS * HALF."""
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(H, HEADS)
+    num_pid_in_group = GROUP_M * num_pid_n
+    for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, NUM_PROGS, flatten=True):
+{C.indent(MM.GROUP_ORDER_SRC.strip(chr(10)), 8)}
+        off_m = pid_m * BLOCK_M
+        head0 = pid_n * HEADS
+        acc1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            a = a_desc.load([off_m, k * BLOCK_K])
+            w1 = tl.trans(w_desc.load([head0, 0, k * BLOCK_K]).reshape(BLOCK_N, BLOCK_K))
+            w2 = tl.trans(w_desc.load([head0, HALF, k * BLOCK_K]).reshape(BLOCK_N, BLOCK_K))
+            if DOT_FP32:                       # interpreter: its tl.dot cannot multiply bf16
+                a = a.to(tl.float32)
+                w1 = w1.to(tl.float32)
+                w2 = w2.to(tl.float32)
+            if IEEE:                           # fp32 operands: full fp32, no TF32
+                acc1 = tl.dot(a, w1, acc1, input_precision="ieee")
+                acc2 = tl.dot(a, w2, acc2, input_precision="ieee")
+            else:
+                acc1 = tl.dot(a, w1, acc1)
+                acc2 = tl.dot(a, w2, acc2)
+        cols = tl.arange(0, BLOCK_N)
+        head = tl.minimum(head0 + cols // HALF, H - 1)             # past the last head: re-read it
+        jj = cols % HALF
+        row1 = head * (2 * HALF) + jj
+        pos = ((off_m + tl.arange(0, BLOCK_M)) % M) % S
+{C.indent(_ROTATE_TILE, 8)}
+        y_desc.store([off_m, head0, 0], y1.to(y_desc.dtype).reshape(BLOCK_M, HEADS, HALF))
+        y_desc.store([off_m, head0, HALF], y2.to(y_desc.dtype).reshape(BLOCK_M, HEADS, HALF))
+
+
+def _proj_tma(x2, weight, bias, cos2, sin2, y, S, H, Dh, ieee, dot_fp32):
+    # the TMA tiles, or False where the device, the head width or the layouts rule them out
+    half = Dh // 2
+    if not _has_tma(x2.device) or half != _pow2(half) or half * x2.element_size() < 16:
+        return False
+    if not (_rows_ok(x2) and _rows_ok(weight) and weight.stride(0) == weight.shape[1]):
+        return False
+    M, K = x2.shape
+    heads = min(HEADS, _pow2(H) if H == _pow2(H) else _pow2(H) // 2)   # a power of two <= H
+    if heads * half < 16:                # the smallest tl.dot
+        return False
+    bm, bn, bk, stages = _fit_gemm(BLOCK_M, heads * half, BLOCK_K, NUM_STAGES, NUM_WARPS, M,
+                                   heads * half, K, x2.element_size(), _smem_budget(x2.device),
+                                   operands=3, keep_n=True)
+    progs = min(_cdiv(M, bm) * _cdiv(H, heads), _num_sms(x2.device))
+    _rope_proj_tma[(progs,)](
+        TensorDescriptor(x2, [M, K], [x2.stride(0), 1], [bm, bk]),
+        TensorDescriptor(weight, [H, Dh, K], [Dh * K, K, 1], [heads, half, bk]),
+        TensorDescriptor(y, [M, H, Dh], [H * Dh, Dh, 1], [bm, heads, half]),
+        bias, cos2, sin2, M, K, S, H, progs, *cos2.stride(), *sin2.stride(), HALF=half,
+        HEADS=heads, BLOCK_M=bm, BLOCK_N=heads * half, BLOCK_K=bk, GROUP_M=GROUP_M, HAS_BIAS=bias is not y,
+        IEEE=ieee, DOT_FP32=dot_fp32, num_warps=NUM_WARPS, num_stages=stages)
+    return True
+'''
+
+
+def _proj_launcher(p, bias: bool) -> str:
+    call = '''block_h = max(2, _pow2(half))                             # lanes a half
+        bm, bn, bk, stages = _fit_gemm(BLOCK_M, max(16, HEADS * block_h), BLOCK_K, NUM_STAGES, NUM_WARPS,
+                                       M, H * block_h, K, x2.element_size(),
+                                       _smem_budget(x2.device), operands=3, keep_n=True)
+        _rope_proj[(_cdiv(M, bm) * _cdiv(H * block_h, bn),)](
+            x2, weight, b, cos2, sin2, y, M, H * block_h, K, S, H, x2.stride(0), x2.stride(1),
+            weight.stride(0), weight.stride(1), *cos2.stride(), *sin2.stride(), HALF=half,
+            BLOCK_H=block_h, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M,
+            EVEN_K=K % bk == 0, HAS_BIAS=b is not y, IEEE=ieee, DOT_FP32=dot_fp32,
+            num_warps=NUM_WARPS, num_stages=stages)'''
+    if p["loads"] == "tma":              # the pointer tiles where descriptors are ruled out
+        call = ("if not _proj_tma(x2, weight, b, cos2, sin2, y, S, H, Dh, ieee, dot_fp32):\n"
+                "            " + call.replace("\n", "\n    "))
+    sig = "hidden, weight, cos, sin, bias" if bias else "hidden, weight, cos, sin"
+    check = '''
+    if bias.shape != (N,) or bias.dtype != weight.dtype:
+        raise ValueError(f"bias must be [H*Dh={N}] in the weight's dtype, got {list(bias.shape)} {bias.dtype}")''' if bias else ""
+    bias_arg = "bias" if bias else "y                                                      # no bias: any pointer"
+    return f'''
+
+def kernel_fn({sig}):
+    """RoPE of the projection hidden @ weight^T{" + bias" if bias else ""} with its heads split out: hidden [B, S, K],
+    weight [H*Dh, K], cos, sin [S, Dh] (leading dims of 1 allowed), any strides; returns y
+    [B, H, S, Dh], a transposed view of a contiguous [B, S, H, Dh] (the model's layout)."""
+    if hidden.dim() != 3 or weight.dim() != 2:
+        raise ValueError(f"rotary+linear takes hidden [B, S, K] and weight [H*Dh, K], got "
+                         f"{{list(hidden.shape)}} and {{list(weight.shape)}}")
+    B, S, K = hidden.shape
+    N = weight.shape[0]
+    Dh = cos.shape[-1]
+    cos2 = cos.reshape(cos.shape[-2], Dh)                          # [S, Dh] (a view: leading 1s)
+    sin2 = sin.reshape(sin.shape[-2], sin.shape[-1])
+    if Dh % 2 or N % Dh or weight.shape[1] != K or cos2.shape != (S, Dh) or sin2.shape != (S, Dh):
+        raise ValueError(f"weight [H*Dh, K={{K}}] and tables [S={{S}}, Dh] with Dh even, got weight "
+                         f"{{list(weight.shape)}}, cos {{list(cos.shape)}}, sin {{list(sin.shape)}}")
+    if not (hidden.dtype == weight.dtype == cos.dtype == sin.dtype):
+        raise ValueError("hidden, weight and the tables must share a dtype"){check}
+    H = N // Dh
+    half = Dh // 2
+    M = B * S
+    x2 = hidden.reshape(M, K)            # [M, K]: a view whenever B and S can merge
+    y = torch.empty((B, S, H, Dh), dtype=hidden.dtype, device=hidden.device)
+    if M > 0 and H > 0:
+        if K == 0:
+            y = torch.zeros((B, S, H, Dh), dtype=hidden.dtype, device=hidden.device)
+            return y.transpose(1, 2)
+        # the interpreter's tl.dot cannot multiply bf16 tiles (numpy has none): upcast them there
+        dot_fp32 = hidden.dtype == torch.bfloat16 and hidden.device.type == "cpu"
+        ieee = hidden.dtype == torch.float32 or dot_fp32
+        b = {bias_arg}
+        {call}
+    return y.transpose(1, 2)
+'''
+
+
+def render_linear(params, bias: bool = False) -> str:
+    """Complete candidate source of RoPE fused into its projection (spec {"linear": true}) for
+    one point of LINEAR_SPACE (missing params take LINEAR_DEFAULT values); ``bias``: the
+    projection has one (kernel_fn's last argument)."""
+    p = C.resolve(NAME, LINEAR_SPACE, LINEAR_DEFAULT, params)
+    tma = p["loads"] == "tma"
+    how = ("persistent TMA tiles (pointer tiles where the head width or the layouts rule "
+           "descriptors out)" if tma else "one program per tile, loads through pointers")
+    doc = f'''"""Rotary candidate with the projection fused in ({p["loads"]}): y = rope(hidden @ weight^T{" + bias" if bias else ""}),
+the heads split out and moved forward, rope(x) = x * cos + rotate_half(x) * sin.
+
+hidden [B, S, K], weight [H*Dh, K] (nn.Linear's layout), cos, sin [S, Dh]{", bias [H*Dh]" if bias else ""}; y [B, H, S, Dh]
+as a transposed view of a contiguous [B, S, H, Dh]. A tile holds the two halves of its heads
+as two fp32 accumulators (sharing each loaded tile of hidden) and rotates them in registers:
+q is never written apart. Bytes the op must move: (B*S*K + H*Dh*K + B*S*H*Dh + 2*S*Dh)*itemsize;
+flops 2*B*S*K*H*Dh. This variant: {how}.
+Point: {C.point_line(LINEAR_SPACE, p)}
+"""
+{C.IMPORTS_SRC}
+BLOCK_M = {p["block_m"]}          # tile rows (tokens; clamped at launch)
+HEADS = {p["heads"]}              # heads a tile (its columns: HEADS x Dh, as two halves)
+BLOCK_K = {p["block_k"]}          # K step
+GROUP_M = {p["group_m"]}           # row-tiles per group of the swizzled tile order
+NUM_WARPS = {p["num_warps"]}
+NUM_STAGES = {p["num_stages"]}        # software-pipelining depth of the K loop
+'''
+    parts = [doc, MM.GEMM_HELPERS_SRC, "\n", _proj_pointer_kernel()]
+    if tma:
+        parts += [C.NUM_SMS_SRC, "\n\n", C.TMA_HELPERS_SRC, C.ROWS_OK_SRC, "\n\n", _PROJ_TMA_KERNEL]
+    parts.append(_proj_launcher(p, bias))
+    return C.tidy("\n".join(parts))
+
+
+def _linear_openers(shape, dtype: str) -> tuple:
+    """bf16/fp16: the TMA tiles first, 128 rows by 256 columns (two heads of 128), then by one
+    head; fp32 keeps the starter's pointers (its TMA tiles would be fp32 dots on tensor cores)."""
+    if str(dtype).removeprefix("torch.") == "float32":
+        return ()
+    dh = int(tuple(shape)[-1])
+    wide = max(1, min(4, 256 // max(dh, 1)))
+    return ({"loads": "tma", "block_m": 128, "heads": wide, "block_k": 64, "num_warps": 8,
+             "num_stages": 3},
+            {"loads": "tma", "block_m": 128, "heads": max(1, wide // 2), "block_k": 64,
+             "num_warps": 8, "num_stages": 4})
+
+
+def _configure_linear(spec: dict) -> Family:
+    bias = bool(spec.get("bias", False))
+    args = LINEAR_ARGS + (("bias",) if bias else ())
+
+    def cost(shape, dtype):
+        b, f = linear_cost(shape, dtype)
+        n = shape[3] * shape[4]
+        return (b + n * C.itemsize(dtype), f + shape[0] * shape[1] * n) if bias else (b, f)
+    return dataclasses.replace(
+        FAMILY, signature=f"kernel_fn({', '.join(args)}) with the projection fused in",
+        arg_names=args, reference=linear_reference,
+        make_inputs=make_linear_bias_inputs if bias else make_linear_inputs,
+        cost=cost, bench_shapes=LINEAR_BENCH_SHAPES, sweep_shapes=LINEAR_SWEEP_SHAPES,
+        edge_shapes=LINEAR_EDGE_SHAPES, adversarial=LINEAR_ADVERSARIAL, space=LINEAR_SPACE,
+        default=LINEAR_DEFAULT, render=functools.partial(render_linear, bias=bias),
+        error_bound=linear_bound, bound_tol=LINEAR_BOUND_TOL, openers_for=_linear_openers,
+        description=("Rotate-half RoPE fused into its projection: rope(hidden @ weight^T"
+                     + (" + bias" if bias else "") + ") with the heads split out, y [B, H, S, Dh]."),
+        notes={"convention": "rotate-half", "shape": "(B, S, K, H, Dh)",
+               "weight": "[H*Dh, K], nn.Linear's layout", "bound": "compute"},
+        op_schema=("(Tensor hidden, Tensor weight, Tensor cos, Tensor sin, Tensor bias) -> Tensor"
+                   if bias else "(Tensor hidden, Tensor weight, Tensor cos, Tensor sin) -> Tensor"),
+        spec=dict(spec))
+
+
 def configure(spec: dict) -> Family:
     """``spec["style"] = "interleaved"``: pairs (x[2i], x[2i+1]) rotate together (GPT-J),
-    tables with each frequency twice in a row."""
+    tables with each frequency twice in a row. ``spec["linear"]``: the q or k projection
+    before the rotation fused in, kernel_fn(hidden, weight, cos, sin) (rotate-half;
+    ``bias``: the projection's bias, kernel_fn(hidden, weight, cos, sin, bias))."""
     style = spec.get("style", "half")
-    if set(spec) - {"style"} or style not in ("half", "interleaved"):
-        raise ValueError(f"rotary takes a spec {{style: half|interleaved}}; got {spec!r}")
+    if (set(spec) - {"style", "linear", "bias"} or style not in ("half", "interleaved")
+            or spec.get("linear", False) not in (True, False) or spec.get("bias", False) not in (True, False)
+            or spec.get("bias") and not spec.get("linear") or spec.get("linear") and style != "half"):
+        raise ValueError(f"rotary takes a spec {{style: half|interleaved, linear: bool, and with "
+                         f"linear (rotate-half only): bias: bool}}; got {spec!r}")
+    if spec.get("linear"):
+        return _configure_linear(spec)
     if style == "half":
         return FAMILY
 
