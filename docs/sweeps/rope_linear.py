@@ -1,0 +1,70 @@
+"""Exploratory sweep behind docs/benchmarks.md's "RoPE in the q/k projection" section: the rotary
+{"linear": true} kernel's points (pointer and TMA tiles, one to four heads a tile) against what
+the model runs, the projection then the rotation (eager: cuBLAS and two elementwise passes;
+torch.compile default and max-autotune-no-cudagraphs), and cuBLAS's projection alone (the floor
+an unfused rotation adds to). LLaMA-3-8B's q and k at 1 x 2048 and 8 x 2048, bf16.
+
+    OUT=dir python docs/sweeps/rope_linear.py SECONDS
+
+triton.testing.do_bench medians (L2 flushed by do_bench), not the judge's timing; every point's
+values checked against the fp32 reference first. Writes $OUT/rope_linear.json.
+"""
+import os, sys, time
+import torch
+import torch.nn.functional as F
+sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kernels
+from kernels import rotary as R
+from sweeplib import bencher, load, recorder
+budget = float(sys.argv[1])
+t0 = time.time()
+emit = recorder("rope_linear.json")
+bench = bencher(10, 100)
+fam = kernels.get("rotary", {"linear": True})
+T = dict(R.LINEAR_DEFAULT, loads="tma", block_m=128, block_k=64, num_warps=8, num_stages=3)
+POINTS = [("tma 128 x 2 heads k64 w8 s3", dict(T, heads=2)),
+          ("tma 128 x 1 head k64 w8 s4", dict(T, heads=1, num_stages=4)),
+          ("tma 128 x 2 heads k64 w8 s4", dict(T, heads=2, num_stages=4)),
+          ("tma 64 x 2 heads k64 w4 s4", dict(T, heads=2, block_m=64, num_warps=4, num_stages=4)),
+          ("tma 128 x 1 head k128 w8 s3", dict(T, heads=1, block_k=128)),
+          ("pointers 128 x 1 head k64 w8 s3", dict(T, loads="pointers", heads=1)),
+          ("starter", {})]
+mods = {name: load(fam.render(p), f"rope_lin_{i}") for i, (name, p) in enumerate(POINTS)}
+
+
+def model(h, w, cos, sin):
+    return R.linear_reference(h, w, cos, sin)
+
+
+compiled = {m: torch.compile(model, mode=m, dynamic=False) for m in ("default", "max-autotune-no-cudagraphs")}
+for B, S, K, H, Dh in ((1, 2048, 4096, 32, 128), (1, 2048, 4096, 8, 128), (8, 2048, 4096, 32, 128),
+                       (8, 2048, 4096, 8, 128)):
+    if time.time() - t0 > budget:
+        break
+    shape = f"{B}x{S}x{K}x{H}x{Dh}"
+    g = torch.Generator(device="cuda").manual_seed(0)
+    inp = fam.make_inputs((B, S, K, H, Dh), "bfloat16", "cuda", g)
+    h, w, cos, sin = inp["hidden"], inp["weight"], inp["cos"], inp["sin"]
+    ref = R.linear_reference(h.float(), w.float(), cos.float(), sin.float())
+    eager = bench(lambda: model(h, w, cos, sin))
+    proj = bench(lambda: F.linear(h, w))
+    emit(shape=shape, point="eager (cuBLAS + rotation)", us=eager * 1e3)
+    emit(shape=shape, point="cuBLAS projection alone", us=proj * 1e3)
+    base = eager
+    for mode, fn in compiled.items():
+        try:
+            fn(h, w, cos, sin); ms = bench(lambda: fn(h, w, cos, sin)); base = min(base, ms)
+            emit(shape=shape, point=f"compile {mode}", us=ms * 1e3)
+        except Exception as e:
+            emit(shape=shape, point=f"compile {mode}", error=repr(e)[:300])
+    for name, m in mods.items():
+        if time.time() - t0 > budget:
+            break
+        try:
+            y = m.kernel_fn(h, w, cos, sin); torch.cuda.synchronize()
+            err = ((y.float() - ref).norm() / ref.norm()).item()
+            ms = bench(lambda: m.kernel_fn(h, w, cos, sin))
+            emit(shape=shape, point=name, us=ms * 1e3, vs_faster_baseline=base / ms,
+                 vs_projection_alone=proj / ms, relerr=err, stride=list(y.stride()))
+        except Exception as e:
+            emit(shape=shape, point=name, error=repr(e)[:400])
