@@ -660,40 +660,61 @@ class Match:
             break
         else:
             return None
-        op = _opname(n.target)
-        args = dict(norm_args(n))
-        if op == "linear":
-            x, w = args.get("input"), args.get("weight")
-            b = args.get("bias")
-            if b is not None:
-                if not (isinstance(b, fx.Node) and _rank(b) == 1 and int(cap.val(b).shape[0]) == width
-                        and cap.val(b).dtype == cap.val(n).dtype) or extra["bias"] is not None:
-                    return None            # two biases (the layer's and an add): not one head
-                extra["bias"] = b
-        elif op in ("mm", "matmul"):
-            x, wt, w = args.get("self"), args.get("other"), None
-            if isinstance(wt, fx.Node) and wt.op == "call_function" and _rank(wt) == 2:
-                top = _opname(wt.target)
-                targs = dict(norm_args(wt))
-                swap = (top in ("t", "numpy_T") or top == "transpose" and {targs.get("dim0") % 2, targs.get("dim1") % 2} == {0, 1}
-                        or top == "permute" and [d % 2 for d in targs.get("dims", ())] == [1, 0])
-                if swap:
-                    w = wt.args[0]
-                    chain.append(wt)
-        else:
+        layer = _layer(n, width)
+        if layer is None:
             return None
-        if not (isinstance(x, fx.Node) and isinstance(w, fx.Node) and _rank(w) == 2):
-            return None
-        xv, wv, lv = cap.val(x), cap.val(w), cap.val(n)
-        if not (isinstance(xv, torch.Tensor) and xv.dim() >= 1 and tuple(wv.shape) == (width, xv.shape[-1])
-                and xv.dtype == wv.dtype == lv.dtype and lv.is_floating_point()):
-            return None
-        chain.append(n)
+        x, w, b, wt = layer
+        if b is not None:
+            if extra["bias"] is not None:
+                return None                # two biases (the layer's and an add): not one head
+            extra["bias"] = b
+        chain += wt + [n]
         inside = set(self.nodes) | set(chain)
         if any(u not in inside for c in chain for u in c.users):
             return None            # the logits (or a view of them) are read elsewhere too
-        upcast = want.dtype == torch.float32 and lv.dtype != torch.float32
+        upcast = want.dtype == torch.float32 and cap.val(n).dtype != torch.float32
         return x, w, chain, upcast, extra
+
+    def projection_of(self, name):
+        """A q or k projection with its heads split out and moved forward, which a rotation's
+        kernel can compute itself: ``name`` [B, H, S, Dh] is linear(x, w, b) [B, S, H*Dh] (or
+        [B*S, H*Dh]; aten linear, or mm / matmul of x by a 2-D w transposed; the bias
+        optional) viewed as [B, S, H, Dh] and transposed (1, 2) (transformers' LLaMA, Mistral,
+        Qwen2, Gemma: ``q_proj(h).view(B, S, -1, Dh).transpose(1, 2)``), every node from the
+        layer on read by this match alone. Returns (x, w, b or None, nodes between), else None."""
+        n = self.node(name)
+        v = cap.val(n)
+        if not (isinstance(v, torch.Tensor) and v.dim() == 4 and isinstance(n, fx.Node)
+                and n.op == "call_function"):
+            return None
+        b_, h_, s_, dh = (int(d) for d in v.shape)
+        op = _opname(n.target)
+        args = dict(norm_args(n))
+        if op == "transpose":
+            if {args.get("dim0") % 4, args.get("dim1") % 4} != {1, 2}:
+                return None
+        elif op != "permute" or [d % 4 for d in args.get("dims", ())] != [0, 2, 1, 3]:
+            return None
+        chain = [n]
+        n = n.args[0]
+        while (isinstance(n, fx.Node) and n.op == "call_function"
+               and _opname(n.target) in ("view", "reshape", "_unsafe_view")):
+            chain.append(n)
+            n = n.args[0]
+        lv = cap.val(n)
+        if not (isinstance(n, fx.Node) and n.op == "call_function" and isinstance(lv, torch.Tensor)
+                and lv.dim() in (2, 3) and lv.numel() == b_ * h_ * s_ * dh and lv.is_contiguous()
+                and int(lv.shape[-1]) == h_ * dh and (lv.dim() == 2 or tuple(lv.shape[:2]) == (b_, s_))):
+            return None
+        layer = _layer(n, h_ * dh)
+        if layer is None:
+            return None
+        x, w, b, wt = layer
+        chain += wt + [n]
+        inside = set(self.nodes) | set(chain)
+        if any(u not in inside for c in chain for u in c.users):
+            return None            # q (or a view of it) is read elsewhere too
+        return x, w, b, chain
 
     def scalar(self, name):
         """A captured number (a literal, or a constant 0-d tensor), else None."""
@@ -712,6 +733,43 @@ class Match:
 
     def describe(self) -> str:
         return f"{self.pattern} at {self.output.name}"
+
+
+def _layer(n, width: int):
+    """(x, w, bias or None, [the transpose of w where one is between]) when ``n`` computes
+    x @ w^T (+ bias) of width ``width`` in x's dtype: aten linear, or mm / matmul of x by a 2-D
+    w transposed (t, transpose, permute); else None."""
+    if not (isinstance(n, fx.Node) and n.op == "call_function"):
+        return None
+    op = _opname(n.target)
+    args = dict(norm_args(n))
+    b, wt = None, []
+    if op == "linear":
+        x, w = args.get("input"), args.get("weight")
+        b = args.get("bias")
+        if b is not None and not (isinstance(b, fx.Node) and _rank(b) == 1
+                                  and int(cap.val(b).shape[0]) == width
+                                  and cap.val(b).dtype == cap.val(n).dtype):
+            return None
+    elif op in ("mm", "matmul"):
+        x, t, w = args.get("self"), args.get("other"), None
+        if isinstance(t, fx.Node) and t.op == "call_function" and _rank(t) == 2:
+            top = _opname(t.target)
+            targs = dict(norm_args(t))
+            swap = (top in ("t", "numpy_T") or top == "transpose" and {targs.get("dim0") % 2, targs.get("dim1") % 2} == {0, 1}
+                    or top == "permute" and [d % 2 for d in targs.get("dims", ())] == [1, 0])
+            if swap:
+                w = t.args[0]
+                wt = [t]
+    else:
+        return None
+    if not (isinstance(x, fx.Node) and isinstance(w, fx.Node) and _rank(w) == 2):
+        return None
+    xv, wv, lv = cap.val(x), cap.val(w), cap.val(n)
+    if not (isinstance(xv, torch.Tensor) and xv.dim() >= 1 and tuple(wv.shape) == (width, xv.shape[-1])
+            and xv.dtype == wv.dtype == lv.dtype and lv.is_floating_point()):
+        return None
+    return x, w, b, wt
 
 
 class _State:

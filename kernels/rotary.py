@@ -484,7 +484,30 @@ def from_match(m):
     if m.meta("cos")["dtype"] != x["dtype"] or m.meta("sin")["dtype"] != x["dtype"]:
         raise NoFit("tables in another dtype than x: the contract takes one")
     spec = {"style": "interleaved"} if style == "interleaved" else {}
-    return Fit(spec, shape, {"x": refs["x"], "cos": refs["cos"], "sin": refs["sin"]}, post=post)
+    fit = Fit(spec, shape, {"x": refs["x"], "cos": refs["cos"], "sin": refs["sin"]}, post=post)
+    proj = m.projection_of("x") if style in ("half", "chunk") and not post else None
+    return fit if proj is None else _projection_fit(m, proj, fit)
+
+
+def _projection_fit(m, proj, plain: Fit) -> Fit:
+    """x is a q or k projection's output with its heads split out, read by the rotation alone
+    (``Match.projection_of``): the projection joins the match (spec linear), hidden [B, S, K]
+    and the weight (and a bias) the kernel's arguments; the plain rotation of x its fallback."""
+    hidden, weight, bias, between = proj
+    b, h, s, dh = plain.shape
+    hv = hidden.meta["val"]
+    k = int(hv.shape[-1])
+    m.rebind("hidden", hidden, through=between)
+    m.rebind("weight", weight)
+    hid = (Ref("hidden") if hv.dim() == 3 and tuple(hv.shape[:2]) == (b, s)
+           else Ref("hidden", (("reshape", [b, s, k]),)))        # [B*S, K] of an mm
+    args = {"hidden": hid, "weight": Ref("weight"), "cos": plain.args["cos"], "sin": plain.args["sin"]}
+    spec = {"linear": True}
+    if bias is not None:
+        m.rebind("bias", bias)
+        spec["bias"] = True
+        args["bias"] = Ref("bias")
+    return Fit(spec, (b, s, k, h, dh), args, fallback=plain)
 
 
 def _interleaved_reference(x, cos, sin):
@@ -636,7 +659,7 @@ LINEAR_SPACE = {
     "group_m": [1, 8, 16],
     "num_warps": [4, 8],
     "num_stages": [2, 3, 4, 5],
-    "loads": ["pointers", "tma"],
+    "loads": ["pointers", "tma", "tma_ws"],
 }
 LINEAR_DEFAULT = {"block_m": 64, "heads": 1, "block_k": 32, "group_m": 8, "num_warps": 4,
                   "num_stages": 3, "loads": "pointers"}
@@ -695,73 +718,87 @@ def _rope_proj({_PROJ_ARGS}):
 '''
 
 
-# loads "tma": a persistent kernel, every operand tile by TMA. The weight [H*Dh, K] is read as
-# [H, Dh, K] (tiles [HEADS, HALF, BLOCK_K] at [head0, 0, k] and [head0, HALF, k]: the two halves
-# of HEADS heads), y [B*S, H*Dh] written as [B*S, H, Dh] the same way; hidden as [B*S, K].
-# The tables are read through pointers in the epilogue (L2-resident: S x Dh).
-_PROJ_TMA_KERNEL = f'''@triton.jit
+# loads "tma" / "tma_ws": a persistent kernel, every operand tile by TMA, the matmul family's
+# K-major tile loop: HEADS heads are HEADS * Dh consecutive weight rows, one [HEADS * Dh, K]
+# tile of the weight [H*Dh, K]. The fp32 tile [BLOCK_M, HEADS * Dh] is split in registers into
+# the halves of its heads ([BLOCK_M * HEADS, Dh] -> two [BLOCK_M * HEADS, HALF], as matmul's
+# subtiled store splits a tile), rotated, and stored as [BLOCK_M, HEADS, HALF] boxes of y viewed
+# [B*S, H, Dh]. "tma_ws" warp-specializes the tile loop (producer warps issue the loads while
+# the consumers run the MMAs and the previous tile's epilogue). The tables are read through
+# pointers in the epilogue (L2-resident: S x Dh).
+def _proj_tma_kernel(ws: bool) -> str:
+    loop = "tl.range(tl.program_id(0), num_pid_m * num_pid_n, NUM_PROGS, flatten=True" + (
+        ", warp_specialize=True)" if ws else ")")
+    return f'''@triton.jit
 def _rope_proj_tma(a_desc, w_desc, y_desc, bias_ptr, cos_ptr, sin_ptr, M, K, S, H, NUM_PROGS,
                    stride_cs, stride_cd, stride_ss, stride_sd,
                    HALF: tl.constexpr, HEADS: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr,
-                   IEEE: tl.constexpr, DOT_FP32: tl.constexpr):
-    """Tiles [BLOCK_M rows, HEADS heads] of y, walked by NUM_PROGS programs; the two halves of
-    each head accumulated apart (fp32) and rotated before the store; BLOCK_N = HEADS * HALF."""
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, DOT_FP32: tl.constexpr):
+    """Tiles [BLOCK_M rows, HEADS heads] of y (BLOCK_N = HEADS * 2 * HALF columns), walked by
+    NUM_PROGS programs; each tile's halves rotated before the store."""
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(H, HEADS)
     num_pid_in_group = GROUP_M * num_pid_n
-    for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, NUM_PROGS, flatten=True):
+    for tile in {loop}:
 {C.indent(MM.GROUP_ORDER_SRC.strip(chr(10)), 8)}
         off_m = pid_m * BLOCK_M
         head0 = pid_n * HEADS
-        acc1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in range(0, tl.cdiv(K, BLOCK_K)):
-            a = a_desc.load([off_m, k * BLOCK_K])
-            w1 = tl.trans(w_desc.load([head0, 0, k * BLOCK_K]).reshape(BLOCK_N, BLOCK_K))
-            w2 = tl.trans(w_desc.load([head0, HALF, k * BLOCK_K]).reshape(BLOCK_N, BLOCK_K))
-            if DOT_FP32:                       # interpreter: its tl.dot cannot multiply bf16
-                a = a.to(tl.float32)
-                w1 = w1.to(tl.float32)
-                w2 = w2.to(tl.float32)
-            if IEEE:                           # fp32 operands: full fp32, no TF32
-                acc1 = tl.dot(a, w1, acc1, input_precision="ieee")
-                acc2 = tl.dot(a, w2, acc2, input_precision="ieee")
-            else:
-                acc1 = tl.dot(a, w1, acc1)
-                acc2 = tl.dot(a, w2, acc2)
-        cols = tl.arange(0, BLOCK_N)
-        head = tl.minimum(head0 + cols // HALF, H - 1)             # past the last head: re-read it
-        jj = cols % HALF
-        row1 = head * (2 * HALF) + jj
-        pos = ((off_m + tl.arange(0, BLOCK_M)) % M) % S
-{C.indent(_ROTATE_TILE, 8)}
+        off_n = head0 * (2 * HALF)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+{C.indent(MM.tma_kmajor_k_loop([("acc", "w_desc", "w")]), 8)}
+        # [BLOCK_M, HEADS * 2 * HALF] -> rows (m, head), halves apart: [BLOCK_M * HEADS, HALF] each
+        halves = tl.permute(tl.reshape(acc, (BLOCK_M * HEADS, 2, HALF)), (0, 2, 1))
+        acc1, acc2 = tl.split(halves)
+        r = tl.arange(0, BLOCK_M * HEADS)
+        pos = ((off_m + r // HEADS) % M) % S                      # each row's table row
+        jj = tl.arange(0, HALF)
+        row1 = (tl.minimum(head0 + r % HEADS, H - 1) * (2 * HALF))[:, None] + jj[None, :]
+        if HAS_BIAS:
+            acc1 += tl.load(bias_ptr + row1).to(tl.float32)
+            acc2 += tl.load(bias_ptr + row1 + HALF).to(tl.float32)
+        c_row = cos_ptr + pos[:, None] * stride_cs
+        s_row = sin_ptr + pos[:, None] * stride_ss
+        c1 = tl.load(c_row + jj[None, :] * stride_cd).to(tl.float32)
+        c2 = tl.load(c_row + (jj + HALF)[None, :] * stride_cd).to(tl.float32)
+        s1 = tl.load(s_row + jj[None, :] * stride_sd).to(tl.float32)
+        s2 = tl.load(s_row + (jj + HALF)[None, :] * stride_sd).to(tl.float32)
+        # x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1)
+        y1 = acc1 * c1 + (-acc2) * s1
+        y2 = acc2 * c2 + acc1 * s2
         y_desc.store([off_m, head0, 0], y1.to(y_desc.dtype).reshape(BLOCK_M, HEADS, HALF))
         y_desc.store([off_m, head0, HALF], y2.to(y_desc.dtype).reshape(BLOCK_M, HEADS, HALF))
+'''
 
+
+_PROJ_TMA_HOST = '''
 
 def _proj_tma(x2, weight, bias, cos2, sin2, y, S, H, Dh, ieee, dot_fp32):
     # the TMA tiles, or False where the device, the head width or the layouts rule them out
     half = Dh // 2
     if not _has_tma(x2.device) or half != _pow2(half) or half * x2.element_size() < 16:
         return False
-    if not (_rows_ok(x2) and _rows_ok(weight) and weight.stride(0) == weight.shape[1]):
+    if not (_rows_ok(x2) and _rows_ok(weight)):
+        return False
+    if Dh > 256:                         # a TMA box spans at most 256 rows
         return False
     M, K = x2.shape
-    heads = min(HEADS, _pow2(H) if H == _pow2(H) else _pow2(H) // 2)   # a power of two <= H
-    if heads * half < 16:                # the smallest tl.dot
-        return False
-    bm, bn, bk, stages = _fit_gemm(BLOCK_M, heads * half, BLOCK_K, NUM_STAGES, NUM_WARPS, M,
-                                   heads * half, K, x2.element_size(), _smem_budget(x2.device),
-                                   operands=3, keep_n=True)
+    # a power of two <= H, the weight's box HEADS * Dh <= 256 rows
+    heads = min(HEADS, 256 // Dh, _pow2(H) if H == _pow2(H) else _pow2(H) // 2)
+    item = x2.element_size()
+    # the pipeline's buffers share the shared memory with the staged y tile (bm x heads * Dh)
+    budget = _smem_budget(x2.device) - min(BLOCK_M, max(16, _pow2(M))) * heads * Dh * item
+    bm, bn, bk, stages = _fit_gemm(BLOCK_M, heads * Dh, BLOCK_K, NUM_STAGES, NUM_WARPS, M,
+                                   heads * Dh, K, item, budget, keep_n=True)
     progs = min(_cdiv(M, bm) * _cdiv(H, heads), _num_sms(x2.device))
     _rope_proj_tma[(progs,)](
         TensorDescriptor(x2, [M, K], [x2.stride(0), 1], [bm, bk]),
-        TensorDescriptor(weight, [H, Dh, K], [Dh * K, K, 1], [heads, half, bk]),
+        TensorDescriptor(weight, [H * Dh, K], [weight.stride(0), 1], [heads * Dh, bk]),
         TensorDescriptor(y, [M, H, Dh], [H * Dh, Dh, 1], [bm, heads, half]),
         bias, cos2, sin2, M, K, S, H, progs, *cos2.stride(), *sin2.stride(), HALF=half,
-        HEADS=heads, BLOCK_M=bm, BLOCK_N=heads * half, BLOCK_K=bk, GROUP_M=GROUP_M, HAS_BIAS=bias is not y,
-        IEEE=ieee, DOT_FP32=dot_fp32, num_warps=NUM_WARPS, num_stages=stages)
+        HEADS=heads, BLOCK_M=bm, BLOCK_N=heads * Dh, BLOCK_K=bk, GROUP_M=GROUP_M,
+        HAS_BIAS=bias is not y, IEEE=ieee, DOT_FP32=dot_fp32, num_warps=NUM_WARPS,
+        num_stages=stages)
     return True
 '''
 
@@ -777,7 +814,7 @@ def _proj_launcher(p, bias: bool) -> str:
             BLOCK_H=block_h, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M,
             EVEN_K=K % bk == 0, HAS_BIAS=b is not y, IEEE=ieee, DOT_FP32=dot_fp32,
             num_warps=NUM_WARPS, num_stages=stages)'''
-    if p["loads"] == "tma":              # the pointer tiles where descriptors are ruled out
+    if p["loads"] != "pointers":         # the pointer tiles where descriptors are ruled out
         call = ("if not _proj_tma(x2, weight, b, cos2, sin2, y, S, H, Dh, ieee, dot_fp32):\n"
                 "            " + call.replace("\n", "\n    "))
     sig = "hidden, weight, cos, sin, bias" if bias else "hidden, weight, cos, sin"
@@ -827,9 +864,12 @@ def render_linear(params, bias: bool = False) -> str:
     one point of LINEAR_SPACE (missing params take LINEAR_DEFAULT values); ``bias``: the
     projection has one (kernel_fn's last argument)."""
     p = C.resolve(NAME, LINEAR_SPACE, LINEAR_DEFAULT, params)
-    tma = p["loads"] == "tma"
-    how = ("persistent TMA tiles (pointer tiles where the head width or the layouts rule "
-           "descriptors out)" if tma else "one program per tile, loads through pointers")
+    tma = p["loads"] != "pointers"
+    how = {"pointers": "one program per tile, loads through pointers",
+           "tma": "persistent TMA tiles (pointer tiles where the head width or the layouts "
+                  "rule descriptors out)",
+           "tma_ws": "persistent TMA tiles, warp-specialized (pointer tiles where the head "
+                     "width or the layouts rule descriptors out)"}[p["loads"]]
     doc = f'''"""Rotary candidate with the projection fused in ({p["loads"]}): y = rope(hidden @ weight^T{" + bias" if bias else ""}),
 the heads split out and moved forward, rope(x) = x * cos + rotate_half(x) * sin.
 
@@ -850,7 +890,8 @@ NUM_STAGES = {p["num_stages"]}        # software-pipelining depth of the K loop
 '''
     parts = [doc, MM.GEMM_HELPERS_SRC, "\n", _proj_pointer_kernel()]
     if tma:
-        parts += [C.NUM_SMS_SRC, "\n\n", C.TMA_HELPERS_SRC, C.ROWS_OK_SRC, "\n\n", _PROJ_TMA_KERNEL]
+        parts += [C.NUM_SMS_SRC, "\n\n", C.TMA_HELPERS_SRC, C.ROWS_OK_SRC, "\n\n",
+                  _proj_tma_kernel(p["loads"] == "tma_ws"), _PROJ_TMA_HOST]
     parts.append(_proj_launcher(p, bias))
     return C.tidy("\n".join(parts))
 

@@ -554,9 +554,13 @@ def test_graph_profile_counts_every_microsecond_once():
     assert set(gp.node_us) <= names
     by = {r.family: r for r in rows}
     # the forward returns the loss alone: the LM head's linear joins the cross-entropy's match
-    # (cross_entropy {"linear": true}), the other 8 linears stay GEMMs
-    assert by["attention"].calls == 2 and by["rmsnorm"].calls == 5 and by["matmul"].calls == 8
+    # (cross_entropy {"linear": true}), the q and k projections their rotations' (rotary
+    # {"linear": true}), the other 4 linears (v, o) stay GEMMs
+    assert by["attention"].calls == 2 and by["rmsnorm"].calls == 5 and by["matmul"].calls == 4
     assert [p.spec for p in gp.targets if p.family == "cross_entropy"] == [{"linear": True}]
+    rot = [p for p in gp.targets if p.family == "rotary"]
+    assert [p.spec for p in rot] == [{"linear": True}] and by["rotary"].calls == 4
+    assert sorted(tuple(s["shape"]) for s in rot[0].shapes) == [(2, 32, 64, 2, 16), (2, 32, 64, 4, 16)]
     # targets: one per (family, spec), the shapes the matches fixed, shares within the total
     t = {(p.family, bool(p.spec.get("residual"))): p for p in gp.targets}
     # the first layer's input norm reads the embedding; the other four read a residual add

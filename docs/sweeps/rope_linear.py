@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kernels
+from kernels import matmul as MM
 from kernels import rotary as R
 from sweeplib import bencher, load, recorder
 budget = float(sys.argv[1])
@@ -21,15 +22,18 @@ t0 = time.time()
 emit = recorder("rope_linear.json")
 bench = bencher(10, 100)
 fam = kernels.get("rotary", {"linear": True})
-T = dict(R.LINEAR_DEFAULT, loads="tma", block_m=128, block_k=64, num_warps=8, num_stages=3)
-POINTS = [("tma 128 x 2 heads k64 w8 s3", dict(T, heads=2)),
-          ("tma 128 x 1 head k64 w8 s4", dict(T, heads=1, num_stages=4)),
-          ("tma 128 x 2 heads k64 w8 s4", dict(T, heads=2, num_stages=4)),
-          ("tma 64 x 2 heads k64 w4 s4", dict(T, heads=2, block_m=64, num_warps=4, num_stages=4)),
-          ("tma 128 x 1 head k128 w8 s3", dict(T, heads=1, block_k=128)),
-          ("pointers 128 x 1 head k64 w8 s3", dict(T, loads="pointers", heads=1)),
-          ("starter", {})]
+T = dict(R.LINEAR_DEFAULT, loads="tma_ws", block_m=128, block_k=64, num_warps=8, num_stages=3)
+POINTS = [("tma_ws 128 x 2 heads k64 w8 s3", dict(T, heads=2)),
+          ("tma 128 x 2 heads k64 w8 s3", dict(T, heads=2, loads="tma")),
+          ("tma_ws 128 x 1 head k64 w8 s4", dict(T, heads=1, num_stages=4)),
+          ("tma 128 x 1 head k64 w8 s4", dict(T, heads=1, num_stages=4, loads="tma")),
+          ("tma_ws 128 x 2 heads k32 w8 s4", dict(T, heads=2, block_k=32, num_stages=4))]
 mods = {name: load(fam.render(p), f"rope_lin_{i}") for i, (name, p) in enumerate(POINTS)}
+
+
+# the matmul family's bf16 opener (persistent, warp-specialized TMA, 128 x 256 x 64) on the
+# projection alone: where our GEMM stands against cuBLAS at this shape
+mm = load(kernels.get("matmul").render(MM.HALF_PERSISTENT), "rope_lin_mm")
 
 
 def model(h, w, cos, sin):
@@ -50,6 +54,11 @@ for B, S, K, H, Dh in ((1, 2048, 4096, 32, 128), (1, 2048, 4096, 8, 128), (8, 20
     proj = bench(lambda: F.linear(h, w))
     emit(shape=shape, point="eager (cuBLAS + rotation)", us=eager * 1e3)
     emit(shape=shape, point="cuBLAS projection alone", us=proj * 1e3)
+    try:
+        wt = w.t(); mm.kernel_fn(h.reshape(-1, K), wt); ms = bench(lambda: mm.kernel_fn(h.reshape(-1, K), wt))
+        emit(shape=shape, point="matmul family's opener, projection alone", us=ms * 1e3, vs_cublas=proj / ms)
+    except Exception as e:
+        emit(shape=shape, point="matmul family's opener, projection alone", error=repr(e)[:300])
     base = eager
     for mode, fn in compiled.items():
         try:
