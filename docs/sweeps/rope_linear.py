@@ -1,8 +1,8 @@
 """Exploratory sweep behind docs/benchmarks.md's "RoPE in the q/k projection" section: the rotary
-{"linear": true} kernel's points (pointer and TMA tiles, one to four heads a tile) against what
-the model runs, the projection then the rotation (eager: cuBLAS and two elementwise passes;
-torch.compile default and max-autotune-no-cudagraphs), and cuBLAS's projection alone (the floor
-an unfused rotation adds to). LLaMA-3-8B's q and k at 1 x 2048 and 8 x 2048, bf16.
+{"linear": true} kernel's TMA points (one or two heads a tile, warp-specialized or not) against
+what the model runs, the projection then the rotation (eager: cuBLAS and two elementwise passes;
+torch.compile default and max-autotune-no-cudagraphs), cuBLAS's projection alone (the floor an
+unfused rotation adds to) and the matmul family's opener on it. LLaMA-3-8B's q and k at 1 x 2048 and 8 x 2048, bf16.
 
     OUT=dir python docs/sweeps/rope_linear.py SECONDS
 
