@@ -941,7 +941,7 @@ def configure(spec: dict) -> Family:
     ``bias``: the projection's bias, kernel_fn(hidden, weight, cos, sin, bias))."""
     style = spec.get("style", "half")
     if (set(spec) - {"style", "linear", "bias"} or style not in ("half", "interleaved")
-            or spec.get("linear", False) not in (True, False) or spec.get("bias", False) not in (True, False)
+            or not isinstance(spec.get("linear", False), bool) or not isinstance(spec.get("bias", False), bool)
             or spec.get("bias") and not spec.get("linear") or spec.get("linear") and style != "half"):
         raise ValueError(f"rotary takes a spec {{style: half|interleaved, linear: bool, and with "
                          f"linear (rotate-half only): bias: bool}}; got {spec!r}")

@@ -2339,3 +2339,94 @@ def test_mimo_v2_flash_with_attention_sinks_is_placed_and_served_by_the_rewritte
     assert opt.calls == {"placed": 1, "original": 0, "guard_miss": 0}
     err, where = integrate.compare(integrate.flatten(got), integrate.flatten(ref))
     assert err <= 1e-4, where
+
+
+# ---- RoPE fused into the q/k projection (rotary {"linear": true}) ----------------------------
+
+class _QKRope(nn.Module):
+    """q and k projected, their heads split out and rotated, the way model code writes it;
+    ``spelling``: "linear" (nn.Linear), "mm" (x @ W.t() on the flattened tokens), "reuse" (q
+    also read before its rotation: the projection must be stored, no fusion)."""
+    def __init__(self, spelling="linear", bias=False):
+        super().__init__()
+        self.spelling = spelling
+        self.q = nn.Linear(32, 4 * 8, bias=bias)
+        self.k = nn.Linear(32, 2 * 8, bias=bias)
+        cos, sin = models.rotary_tables(8, 16, 10000.0)              # [S = 16, Dh = 8]
+        self.register_buffer("cos", cos)
+        self.register_buffer("sin", sin)
+
+    def forward(self, x):
+        B, S, _ = x.shape
+        if self.spelling == "mm":
+            q = (x.reshape(B * S, 32) @ self.q.weight.t()).view(B, S, 4, 8).transpose(1, 2)
+        else:
+            q = self.q(x).view(B, S, 4, 8).transpose(1, 2)
+        k = self.k(x).view(B, S, 2, 8).transpose(1, 2)
+        qr = q * self.cos[:S] + _rotary._half_slices(q) * self.sin[:S]
+        kr = k * self.cos[:S] + _rotary._half_slices(k) * self.sin[:S]
+        out = qr.sum(1, keepdim=True) + kr.sum(1, keepdim=True)
+        return out + q.mean() if self.spelling == "reuse" else out
+
+
+@pytest.mark.parametrize("spelling, bias, want", [
+    ("linear", False, [{"linear": True}, {"linear": True}]),
+    ("linear", True, [{"linear": True, "bias": True}, {"linear": True, "bias": True}]),
+    ("mm", False, [{"linear": True}, {"linear": True}]),
+    ("reuse", False, [{}, {"linear": True}]),           # q read elsewhere: its rotation alone
+])
+def test_rope_in_the_projection_is_matched_placed_and_agrees(spelling, bias, want):
+    """A rotation whose x is a projection's output with its heads split out (view, transpose)
+    and read by nothing else takes the projection into its match (rotary linear: hidden, the
+    weight, a bias); placed with the starter, the projection's linear leaves the graph and
+    the model agrees. A q also read before its rotation keeps the plain contract (its
+    projection a matmul match of its own)."""
+    torch.manual_seed(0)
+    model = _QKRope(spelling, bias).eval()
+    x = torch.randn(2, 16, 32)
+    cap, ms = found(model, x)
+    rot = [m for g in ms.values() for m in g if m.family == "rotary"]
+    assert [m.fit.spec for m in rot] == want
+    for m in rot:
+        assert m.probe == "agrees with the family reference", m.probe
+        if m.fit.spec.get("linear"):
+            assert m.fit.shape[:3] == (2, 16, 32) and m.fit.fallback.spec == {}
+    pl, _ = place_starters(cap, ms)
+    assert not pl.skipped, pl.skipped
+    left = [n for gm in pl.graphs for n in gm.graph.nodes
+            if n.op == "call_function" and ("linear" in str(n.target) or "mm" in str(n.target))]
+    assert not left, left            # fused, or (q read elsewhere) a GEMM of the matmul family
+    assert [m.family for g in ms.values() for m in g].count("matmul") == (spelling == "reuse")
+    opt = place.optimized(cap, pl)
+    with torch.no_grad():
+        err, where = integrate.compare(integrate.flatten(opt(x)), integrate.flatten(model(x)))
+    assert opt.calls["placed"] == 1
+    assert err <= integrate.E2E_TOLERANCE["float32"], where
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                    reason="transformers is not installed (requirements-dev.txt)")
+@pytest.mark.parametrize("arch", ["Llama", "Qwen2"])
+def test_transformers_q_and_k_rotations_take_their_projections(arch):
+    """transformers' LLaMA and Qwen2 (biased q/k projections): both rotations of each layer
+    are rotary linear, placed with the starter the model agrees, and only the v and o
+    projections (and the MLP's) stay linears."""
+    import transformers
+    cfg = getattr(transformers, f"{arch}Config")(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=101, use_cache=False)
+    torch.manual_seed(0)
+    model = getattr(transformers, f"{arch}ForCausalLM")(cfg).eval()
+    ids = torch.randint(0, 101, (2, 12), generator=torch.Generator().manual_seed(1))
+    cap, ms = found(model, ids)
+    spec = {"linear": True, **({"bias": True} if arch == "Qwen2" else {})}
+    rot = [m for g in ms.values() for m in g if m.family == "rotary"]
+    assert [m.fit.spec for m in rot] == [spec, spec]
+    assert sorted(m.fit.shape for m in rot) == [(2, 12, 32, 2, 8), (2, 12, 32, 4, 8)]
+    pl, _ = place_starters(cap, ms)
+    assert not pl.skipped, pl.skipped
+    opt = place.optimized(cap, pl)
+    with torch.no_grad():
+        err, where = integrate.compare(integrate.flatten(opt(ids).logits),
+                                       integrate.flatten(model(ids).logits))
+    assert err <= integrate.E2E_TOLERANCE["float32"], where

@@ -1813,3 +1813,63 @@ def test_attention_targets_search_ws_only_where_it_can_run():
         t = kernels.get("attention", spec).for_target((2, 8, 1024, 128, 8, 0), "bfloat16")
         assert "ws" not in t.space["loads"], spec
     assert set(fam.space) == set(half.space)            # the axes stay; values narrow
+
+
+# ---- RoPE fused into the q/k projection (rotary {"linear": true}) ----------------------------
+
+_ROPE_LIN = [2, 9, 48, 2, 32]          # B, S, K, H, Dh: halves of 16 lanes (32 bytes in bf16: TMA)
+
+
+@pytest.mark.parametrize("loads,bias", [("pointers", False), ("tma_ws", False), ("tma", True)])
+def test_rotary_linear_passes_the_five_verifier_stages(loads, bias, cand_dir):
+    """RoPE in its projection's epilogue: the pointer tiles (two accumulators, a head's halves)
+    and the persistent TMA tiles (one accumulator split into the halves in registers; warp-
+    specialized or not), with and without the projection's bias (Qwen2), through every
+    verifier stage under the interpreter, arbitrary tables included."""
+    spec = {"linear": True, **({"bias": True} if bias else {})}
+    fam = kernels.get("rotary", spec)
+    assert fam.arg_names == ("hidden", "weight", "cos", "sin") + (("bias",) if bias else ())
+    assert "random_tables" in fam.adversarial
+    src = fam.render(dict(fam.default, loads=loads, heads=2, block_m=32, block_k=32))
+    assert ("def _rope_proj_tma(" in src) == (loads != "pointers")
+    assert ("warp_specialize=True" in src) == (loads == "tma_ws")
+    fn = load_candidate(src, cand_dir)
+    passes_every_stage(fam, fn, _ROPE_LIN, "bfloat16", seed=5)
+
+
+def test_rotary_linear_layout_and_the_wrong_half_rejected(cand_dir):
+    """The result is the model's layout (a transposed view of a contiguous [B, S, H, Dh]); a
+    kernel that rotates with the wrong sign, or reads the second half's table for the first,
+    fails the verifier (random tables make the halves differ)."""
+    fam = kernels.get("rotary", {"linear": True})
+    src = fam.render(dict(fam.default, loads="tma", heads=1))
+    fn = load_candidate(src, cand_dir)
+    inp = inputs_for(fam, _ROPE_LIN, "float32", 3, "random_tables")
+    y = fn(**inp)
+    assert y.shape == (2, 2, 9, 32) and y.stride() == (9 * 64, 32, 64, 1)
+    ref = fam.reference(**as_f64(inp))
+    assert torch.allclose(y.double(), ref, rtol=1e-5, atol=1e-5)
+    for wrong in (src.replace("y1 = acc1 * c1 + (-acc2) * s1", "y1 = acc1 * c1 + acc2 * s1"),
+                  src.replace("c1 = tl.load(c_row + jj[None, :] * stride_cd)",
+                              "c1 = tl.load(c_row + (jj + HALF)[None, :] * stride_cd)")):
+        assert wrong != src
+        bad = load_candidate(wrong, cand_dir)
+        v = verify.Verifier(fam, {"dtype": "float32", "shapes": [{"shape": _ROPE_LIN, "count": 1}],
+                                  "seed": 5}, DEVICE, interpret=DEVICE == "cpu")
+        verify.install_launch_counter()
+        stages = [v.run_stage(bad, s) for s in verify.STAGES]
+        assert any(r.status == "failed" for r in stages), [(r.stage, r.status) for r in stages]
+
+
+def test_rotary_linear_openers_and_contract():
+    """bf16 targets open on the TMA tiles, two heads of 128 (a 128 x 256 tile) then one; fp32
+    keeps the starter. The spec takes linear only with rotate-half and bias only with linear."""
+    fam = kernels.get("rotary", {"linear": True}).for_target([1, 2048, 4096, 32, 128], "bfloat16")
+    assert [o["heads"] for o in fam.openers] == [2, 1] and {o["loads"] for o in fam.openers} == {"tma"}
+    assert kernels.get("rotary", {"linear": True}).for_target([1, 64, 64, 4, 16], "float32").openers == ()
+    for bad in ({"bias": True}, {"linear": True, "style": "interleaved"}, {"linear": 1}):
+        with pytest.raises(ValueError, match="rotary takes a spec"):
+            kernels.get("rotary", bad)
+    b, f = kernels.get("rotary", {"linear": True}).cost((1, 2048, 4096, 32, 128), "bfloat16")
+    assert f == 2 * 2048 * 4096 * 4096 + 3 * 2048 * 4096
+    assert b == (2048 * 4096 + 4096 * 4096 + 2048 * 4096 + 2 * 2048 * 128) * 2
