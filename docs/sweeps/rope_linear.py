@@ -4,7 +4,7 @@ what the model runs, the projection then the rotation (eager: cuBLAS and two ele
 torch.compile default and max-autotune-no-cudagraphs), cuBLAS's projection alone (the floor an
 unfused rotation adds to) and the matmul family's opener on it. LLaMA-3-8B's q and k at 1 x 2048 and 8 x 2048, bf16.
 
-    OUT=dir python docs/sweeps/rope_linear.py SECONDS
+    OUT=dir [SHAPES=BxSxKxHxDh,...] python docs/sweeps/rope_linear.py SECONDS
 
 triton.testing.do_bench medians (L2 flushed by do_bench), not the judge's timing; every point's
 values checked against the fp32 reference first. Writes $OUT/rope_linear.json.
@@ -41,8 +41,11 @@ def model(h, w, cos, sin):
 
 
 compiled = {m: torch.compile(model, mode=m, dynamic=False) for m in ("default", "max-autotune-no-cudagraphs")}
-for B, S, K, H, Dh in ((1, 2048, 4096, 32, 128), (1, 2048, 4096, 8, 128), (8, 2048, 4096, 32, 128),
-                       (8, 2048, 4096, 8, 128)):
+SHAPES = ((1, 2048, 4096, 32, 128), (1, 2048, 4096, 8, 128), (8, 2048, 4096, 32, 128),
+          (8, 2048, 4096, 8, 128))
+if os.environ.get("SHAPES"):           # SHAPES=1x2048x4096x8x128,...: these alone
+    SHAPES = [tuple(int(v) for v in s.split("x")) for s in os.environ["SHAPES"].split(",")]
+for B, S, K, H, Dh in SHAPES:
     if time.time() - t0 > budget:
         break
     shape = f"{B}x{S}x{K}x{H}x{Dh}"
