@@ -672,13 +672,14 @@ _PROJ_ARGS = ("a_ptr, w_ptr, bias_ptr, cos_ptr, sin_ptr, y_ptr, M, N, K, S, H,\n
               "               EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,\n"
               "               DOT_FP32: tl.constexpr")
 
-# The rotation of a tile's two fp32 accumulators: acc1 [BLOCK_M, cols] holds the first halves
-# of its heads, acc2 the second halves, column j of a head at weight row head * 2 * HALF + jj
-# (jj = j clamped into the half); pos: each row's position (its table row).
+# The rotation of a tile's two fp32 accumulators: acc1 holds the first halves of its heads, acc2
+# the second halves, lane jj of a half at weight row row1 (the pointer tile: [BLOCK_N] columns,
+# broadcast over the rows by BIAS_ROWS; the TMA tile: [BLOCK_M * HEADS, HALF] already); pos:
+# each row's position (its table row).
 _ROTATE_TILE = '''
 if HAS_BIAS:
-    acc1 += tl.load(bias_ptr + row1).to(tl.float32)[None, :]
-    acc2 += tl.load(bias_ptr + row1 + HALF).to(tl.float32)[None, :]
+    acc1 += tl.load(bias_ptr + row1).to(tl.float32)BIAS_ROWS
+    acc2 += tl.load(bias_ptr + row1 + HALF).to(tl.float32)BIAS_ROWS
 c_row = cos_ptr + pos[:, None] * stride_cs
 s_row = sin_ptr + pos[:, None] * stride_ss
 c1 = tl.load(c_row + jj[None, :] * stride_cd).to(tl.float32)
@@ -703,7 +704,7 @@ acc1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 ''' + MM.k_loop([("acc1", "w1_ptrs", "w1", "stride_wk"), ("acc2", "w2_ptrs", "w2", "stride_wk")]) + '''
 pos = ram % S                                                      # [BLOCK_M] positions
-''' + _ROTATE_TILE + '''
+''' + _ROTATE_TILE.replace("BIAS_ROWS", "[None, :]") + '''
 # y contiguous [B*S, H, 2 * HALF]: row m, head, lane
 y_ptrs = y_ptr + rm.to(tl.int64)[:, None] * (H * 2 * HALF) + (head * (2 * HALF) + j)[None, :]
 y_mask = (rm < M)[:, None] & ((rn < N) & (j < HALF))[None, :]
@@ -754,18 +755,7 @@ def _rope_proj_tma(a_desc, w_desc, y_desc, bias_ptr, cos_ptr, sin_ptr, M, K, S, 
         pos = ((off_m + r // HEADS) % M) % S                      # each row's table row
         jj = tl.arange(0, HALF)
         row1 = (tl.minimum(head0 + r % HEADS, H - 1) * (2 * HALF))[:, None] + jj[None, :]
-        if HAS_BIAS:
-            acc1 += tl.load(bias_ptr + row1).to(tl.float32)
-            acc2 += tl.load(bias_ptr + row1 + HALF).to(tl.float32)
-        c_row = cos_ptr + pos[:, None] * stride_cs
-        s_row = sin_ptr + pos[:, None] * stride_ss
-        c1 = tl.load(c_row + jj[None, :] * stride_cd).to(tl.float32)
-        c2 = tl.load(c_row + (jj + HALF)[None, :] * stride_cd).to(tl.float32)
-        s1 = tl.load(s_row + jj[None, :] * stride_sd).to(tl.float32)
-        s2 = tl.load(s_row + (jj + HALF)[None, :] * stride_sd).to(tl.float32)
-        # x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1)
-        y1 = acc1 * c1 + (-acc2) * s1
-        y2 = acc2 * c2 + acc1 * s2
+{C.indent(_ROTATE_TILE.replace("BIAS_ROWS", ""), 8)}
         y_desc.store([off_m, head0, 0], y1.to(y_desc.dtype).reshape(BLOCK_M, HEADS, HALF))
         y_desc.store([off_m, head0, HALF], y2.to(y_desc.dtype).reshape(BLOCK_M, HEADS, HALF))
 '''
