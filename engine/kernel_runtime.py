@@ -895,8 +895,21 @@ class Site:
     id: int
     kernel: Kernel
     args: tuple           # per kernel argument: (shape, dtype, stride, device type) of a tensor, else None
-    out: tuple            # (shape, dtype) the kernel returns (contiguous)
+    out: tuple            # (shape, dtype[, stride]) the site returns: contiguous, or the layout
+                          # the family's kernels write (Family.out_order)
     op: object = None
+
+    def layout(self) -> tuple:
+        """The strides of what the site returns."""
+        return tuple(self.out[2]) if len(self.out) > 2 else _dense_strides(self.out[0])
+
+    def result(self, y: torch.Tensor) -> torch.Tensor:
+        """The kernel's result in the site's layout: as it is where the kernel wrote that
+        layout (no copy), else copied into it."""
+        shape, stride = tuple(self.out[0]), self.layout()
+        if same_layout(shape, tuple(y.stride()), stride):
+            return y
+        return y.contiguous() if stride == _dense_strides(shape) else restrided(y, shape, stride)
 
     def fits(self, values) -> bool:
         for v, want in zip(values, self.args):
@@ -970,14 +983,14 @@ def _site_op(site: Site):
     lib = _library()
     lib.define(name + schema)
     fn = site.kernel.fn
-    shape, dtype = site.out
+    shape, dtype, stride = site.out[0], site.out[1], site.layout()
 
     def impl(*args):
-        return fn(*args).contiguous()
+        return site.result(fn(*args))
 
     def fake(*args):
-        return torch.empty(shape, dtype=dtype, device=next(a.device for a in args
-                                                           if isinstance(a, torch.Tensor)))
+        return torch.empty_strided(shape, stride, dtype=dtype,
+                                   device=next(a.device for a in args if isinstance(a, torch.Tensor)))
     lib.impl(name, impl, "CompositeExplicitAutograd")
     torch.library.register_fake(f"{OP_NAMESPACE}::{name}", fake, lib=lib)
     op = getattr(getattr(torch.ops, OP_NAMESPACE), name).default
@@ -1011,7 +1024,7 @@ def site_call(site_id: int, *args):
         args = fitted
     if torch.compiler.is_compiling():
         return site.op(*args)
-    return site.kernel.fn(*args).contiguous()
+    return site.result(site.kernel.fn(*args))
 
 
 def _leaves(x) -> list:
@@ -1128,7 +1141,8 @@ def site_rows(site_ids) -> list[dict]:
         rows.append({"id": sid, "kernel": st.kernel.name,
                      "args": [None if a is None else [list(a[0]), str(a[1]).removeprefix("torch."),
                                                       list(a[2]), a[3]] for a in st.args],
-                     "out": [list(st.out[0]), str(st.out[1]).removeprefix("torch.")]})
+                     "out": [list(st.out[0]), str(st.out[1]).removeprefix("torch."),
+                             list(st.layout())]})
     return rows
 
 
@@ -1158,7 +1172,9 @@ def load_graph(model: nn.Module, folder: str, entry: dict, kernels_by_name: dict
         k = kernels_by_name[row["kernel"]]
         args = tuple(None if a is None else (tuple(a[0]), _DTYPES[a[1]], tuple(a[2]), a[3])
                      for a in row["args"])
-        remap[row["id"]] = add_site(k, args, (tuple(row["out"][0]), _DTYPES[row["out"][1]]))
+        out = row["out"]           # [shape, dtype, stride]; stride absent: contiguous
+        remap[row["id"]] = add_site(k, args, (tuple(out[0]), _DTYPES[out[1]])
+                                    + ((tuple(out[2]),) if len(out) > 2 else ()))
 
     def call(site_id, *args):
         return site_call(remap[site_id], *args)

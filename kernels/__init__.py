@@ -125,6 +125,13 @@ class Family:
     # them at the target's shape; the edge cases run the real shape so. {}: contiguous alone.
     model_strides: dict = field(default_factory=dict)
 
+    # The output's dims, outermost first, as the family's kernels lay it out in memory, where
+    # that is not contiguous: RoPE fused into its projection writes [B, S, H, Dh] and returns
+    # the [B, H, S, Dh] view, (0, 2, 1, 3), the layout the model's own rotation returns. A
+    # placed site declares those strides and hands the result on as it is (a kernel that
+    # returns another layout is copied into them). None: contiguous.
+    out_order: tuple | None = None
+
     def baseline_op(self) -> Callable:
         return self.baseline or self.reference
 

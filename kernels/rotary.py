@@ -919,6 +919,7 @@ def _configure_linear(spec: dict) -> Family:
         edge_shapes=LINEAR_EDGE_SHAPES, adversarial=LINEAR_ADVERSARIAL, space=LINEAR_SPACE,
         default=LINEAR_DEFAULT, render=functools.partial(render_linear, bias=bias),
         error_bound=linear_bound, bound_tol=LINEAR_BOUND_TOL, openers_for=_linear_openers,
+        out_order=(0, 2, 1, 3),            # y is a transposed view of a contiguous [B, S, H, Dh]
         description=("Rotate-half RoPE fused into its projection: rope(hidden @ weight^T"
                      + (" + bias" if bias else "") + ") with the heads split out, y [B, H, S, Dh]."),
         notes={"convention": "rotate-half", "shape": "(B, S, K, H, Dh)",

@@ -2397,6 +2397,17 @@ def test_rope_in_the_projection_is_matched_placed_and_agrees(spelling, bias, wan
             if n.op == "call_function" and ("linear" in str(n.target) or "mm" in str(n.target))]
     assert not left, left            # fused, or (q read elsewhere) a GEMM of the matmul family
     assert [m.family for g in ms.values() for m in g].count("matmul") == (spelling == "reuse")
+    # a fused site returns the kernel's [B, S, H, Dh]-major result as it is (the layout the
+    # model's own rotation returns), declared so to what reads it: no copy to contiguous
+    for n in (n for gm in pl.graphs for n in gm.graph.nodes if n.target is rt.site_call):
+        site = rt.SITES[n.args[0]]
+        if site.kernel.family == "rotary" and site.kernel.spec.get("linear"):
+            b, h, s, dh = site.out[0]
+            assert site.layout() == tuple(n.meta["val"].stride()) == (s * h * dh, dh, h * dh, 1)
+            y = torch.randn(b, s, h, dh).transpose(1, 2)
+            assert site.result(y) is y                   # the kernel's layout: handed on
+            c = site.result(y.contiguous())              # another layout: copied into it
+            assert c.stride() == y.stride() and torch.equal(c, y)
     opt = place.optimized(cap, pl)
     with torch.no_grad():
         err, where = integrate.compare(integrate.flatten(opt(x)), integrate.flatten(model(x)))
