@@ -803,8 +803,8 @@ for start_n in {"tl.range" if ws else "range"}(0, hi, BLOCK_N{ws}):
     v_base = v_ptr + b * stride_vb + hk * stride_vh
     q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
                 mask=(offs_m < SQ)[:, None] & d_ok[None, :], other=0.0)   # [BLOCK_M, BLOCK_D]'''
-        store = '''o_base = o_ptr + (b * H + h) * SQ * DV                         # o contiguous [B, H, SQ, DV]
-    tl.store(o_base + offs_m[:, None] * DV + offs_dv[None, :], o.to(o_ptr.dtype.element_ty),
+        store = '''o_base = o_ptr + (b * SQ * H + h) * DV                         # o [B, SQ, H, DV] in memory
+    tl.store(o_base + offs_m[:, None] * (H * DV) + offs_dv[None, :], o.to(o_ptr.dtype.element_ty),
              mask=(offs_m < SQ)[:, None] & dv_ok[None, :])'''
         if split:
             bases += '''
@@ -818,7 +818,7 @@ for start_n in {"tl.range" if ws else "range"}(0, hi, BLOCK_N{ws}):
         dv2_ok = offs_dv2 < DV'''
             store += '''
     if BLOCK_DV2 > 0:
-        tl.store(o_base + offs_m[:, None] * DV + offs_dv2[None, :], o2.to(o_ptr.dtype.element_ty),
+        tl.store(o_base + offs_m[:, None] * (H * DV) + offs_dv2[None, :], o2.to(o_ptr.dtype.element_ty),
                  mask=(offs_m < SQ)[:, None] & dv2_ok[None, :])'''
     acc2 = ("\n    if BLOCK_DV2 > 0:\n        acc2 = tl.zeros([BLOCK_M, BLOCK_DV2], dtype=tl.float32)   # o's dims BLOCK_DV on"
             if split else "")
@@ -982,9 +982,12 @@ def kernel_fn({sig}):
     """Attention of q [B, H, Sq, D] over k [B, Hkv, Sk, D], v [B, Hkv, Sk, Dv] (H % Hkv == 0,
     query head h reads head h // (H // Hkv); Dv is D but where v's head dim is its own, as in
     multi-head latent attention); causal hides key j > i; scale None means 1/sqrt(D). Returns
-    o [B, H, Sq, Dv] contiguous in q's dtype. Any strides.{mdoc}"""
+    o [B, H, Sq, Dv] in q's dtype, a transposed view of a contiguous [B, Sq, H, Dv]. Any
+    strides.{mdoc}"""
     B, H, SQ, D = q.shape
-    o = torch.empty((B, H, SQ, v.shape[3]), dtype=q.dtype, device=q.device)
+    # o [B, SQ, H, Dv] in memory, returned as its [B, H, SQ, Dv] view: SDPA's layout, which the
+    # model's transpose(1, 2) and reshape before the output projection read without a copy
+    o = torch.empty((B, SQ, H, v.shape[3]), dtype=q.dtype, device=q.device).transpose(1, 2)
     key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device,
            {aligned})
     plan = _PLANS.get(key, False)
@@ -1446,8 +1449,8 @@ if _GLUON:
                 _tma_out(o_desc, [bh // H, bh % H, row0, 0], o_s)
                 gtma.store_wait(pendings=0)
             else:   # a K tile too short for every group's o: from registers, rows past SQ dropped
-                rows = row0 + o_rows
-                offs = (bh.to(gl.int64) * SQ + rows)[:, None] * D + o_cols[None, :]
+                rows = row0 + o_rows                  # o [B, SQ, H, D] in memory
+                offs = (((bh // H).to(gl.int64) * SQ + rows) * H + bh % H)[:, None] * D + o_cols[None, :]
                 gl.store(o_ptr + offs, o, mask=(rows < SQ)[:, None])
             mbarrier.arrive(k_empty.index(sk), count=1)   # (SPLIT off: V's too)
             it += n_total
@@ -2153,4 +2156,5 @@ FAMILY = dataclasses.replace(
                  "aten::_efficient_attention_forward", "aten::_scaled_dot_product_flash_attention",
                  "aten::_scaled_dot_product_efficient_attention",
                  "aten::_scaled_dot_product_cudnn_attention",
-                 "aten::_scaled_dot_product_flash_attention_for_cpu"))
+                 "aten::_scaled_dot_product_flash_attention_for_cpu"),
+    out_order=(0, 2, 1, 3))     # o written [B, Sq, H, Dv]-major, SDPA's layout (kernel_fn)

@@ -679,7 +679,7 @@ def test_kernels_with_v_s_own_head_dim_agree_and_a_kernel_that_reads_v_at_q_s_wi
                 assert out.shape[-1] == spec["v_head_dim"]
                 assert tol_ratio(fam, out, inp) <= 1.0, (params, shape, dt)
     src = fam.render({})
-    bad = src.replace("o = torch.empty((B, H, SQ, v.shape[3])", "o = torch.empty((B, H, SQ, D)")
+    bad = src.replace("o = torch.empty((B, SQ, H, v.shape[3])", "o = torch.empty((B, SQ, H, D)")
     assert bad != src
     inp = fam.make_inputs(shapes[0], torch.float32, DEVICE, gen(6))
     assert tol_ratio(fam, load_candidate(bad, cand_dir)(**inp), inp) > 1.0

@@ -2436,6 +2436,14 @@ def test_transformers_q_and_k_rotations_take_their_projections(arch):
     assert sorted(m.fit.shape for m in rot) == [(2, 12, 32, 2, 8), (2, 12, 32, 4, 8)]
     pl, _ = place_starters(cap, ms)
     assert not pl.skipped, pl.skipped
+    # the rotations' and the attention's sites return [B, S, H, D]-major results, the layouts
+    # the model's own ops return (the attention's output then reaches the o projection through
+    # transpose(1, 2) and a reshape without a copy)
+    sites = [rt.SITES[n.args[0]] for gm in pl.graphs for n in gm.graph.nodes if n.target is rt.site_call]
+    for st in (s for s in sites if s.kernel.family in ("rotary", "attention")):
+        b, h, s, d = st.out[0]
+        assert st.layout() == (s * h * d, d, h * d, 1), (st.kernel.family, st.layout())
+    assert {s.kernel.family for s in sites} >= {"rotary", "attention"}
     opt = place.optimized(cap, pl)
     with torch.no_grad():
         err, where = integrate.compare(integrate.flatten(opt(ids).logits),

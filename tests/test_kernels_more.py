@@ -1873,3 +1873,19 @@ def test_rotary_linear_openers_and_contract():
     b, f = kernels.get("rotary", {"linear": True}).cost((1, 2048, 4096, 32, 128), "bfloat16")
     assert f == 2 * 2048 * 4096 * 4096 + 3 * 2048 * 4096
     assert b == (2048 * 4096 + 4096 * 4096 + 2048 * 4096 + 2 * 2048 * 128) * 2
+
+
+@pytest.mark.parametrize("loads", ["pointers", "tma"])
+def test_attention_writes_o_in_sdpa_s_layout(loads, cand_dir):
+    """o comes back [B, Sq, H, Dv]-major (a transposed view), as SDPA's does: the family says so
+    (out_order), a placed site hands it on as it is, and the model's transpose(1, 2) and reshape
+    before the output projection need no copy. Values as the reference's."""
+    fam = FAMILIES["attention"]
+    assert fam.out_order == (0, 2, 1, 3)
+    fn = load_candidate(fam.render(dict(fam.default, loads=loads)), cand_dir)
+    inp = inputs_for(fam, [2, 4, 24, 16, 2, 1], "float32", 1)
+    o = fn(**inp)
+    assert o.shape == (2, 4, 24, 16) and o.stride() == (24 * 4 * 16, 16, 4 * 16, 1)
+    assert o.transpose(1, 2).reshape(2, 24, 64).data_ptr() == o.data_ptr()
+    ref = fam.reference(**as_f64(inp))
+    assert torch.allclose(o.double(), ref, rtol=1e-4, atol=1e-5)
