@@ -107,7 +107,13 @@ def test_allow_list_accepts_every_starter_and_recorded_kernel():
     import random
     import sqlite3
     sources = []
-    for fam in kernels.all_families():
+    # the plain contracts, and the widened ones whose kernels are other code (a fused projection
+    # or LM head, a residual add)
+    widened = [kernels.get(n, s) for n, s in (("rotary", {"linear": True}),
+                                              ("rotary", {"linear": True, "bias": True}),
+                                              ("cross_entropy", {"linear": True}),
+                                              ("rmsnorm", {"residual": True}))]
+    for fam in list(kernels.all_families()) + widened:
         sources.append((fam, fam.starter()))
         rnd = random.Random(fam.name)
         for _ in range(8):
