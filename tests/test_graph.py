@@ -2449,3 +2449,27 @@ def test_transformers_q_and_k_rotations_take_their_projections(arch):
         err, where = integrate.compare(integrate.flatten(opt(ids).logits),
                                        integrate.flatten(model(ids).logits))
     assert err <= integrate.E2E_TOLERANCE["float32"], where
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                    reason="transformers is not installed (requirements-dev.txt)")
+def test_compiled_optimized_model_reads_the_sites_declared_layouts():
+    """torch.compile of a rewritten transformers LLaMA (inductor on the CPU, the kernels opaque
+    custom ops): the rotations' and the attention's sites return [B, S, H, D]-major results
+    (their fake values say so), inductor plans the rest around them, and the model agrees."""
+    import transformers
+    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=101,
+                                   use_cache=False)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 101, (2, 12), generator=torch.Generator().manual_seed(1))
+    cap, ms = found(model, ids)
+    pl, _ = place_starters(cap, ms)
+    assert {"rotary", "attention"} <= {s["family"] for s in pl.sites}
+    opt = place.optimized(cap, pl, compile_mode="default")
+    with torch.no_grad():
+        err, where = integrate.compare(integrate.flatten(opt(ids).logits),
+                                       integrate.flatten(model(ids).logits))
+    assert opt.calls["placed"] == 1
+    assert err <= integrate.E2E_TOLERANCE["float32"], where
