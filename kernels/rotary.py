@@ -538,9 +538,10 @@ def _interleaved_inputs(shape, dtype, device, gen, kind="normal"):
 # Apart, the projection writes q [B, S, H*Dh] and the rotary op reads it back and writes it again
 # (2 * B*S*H*Dh*itemsize more traffic: 32 MB for LLaMA-3-8B's q at 1 x 2048 in bf16). Neither
 # eager nor torch.compile fuses the two (a rotated element needs its partner half Dh/2 columns
-# away: no pointwise epilogue of the GEMM's own tile). Fused, a tile computes the two halves of
-# its heads as two fp32 accumulators, acc1 = h @ w[head, :Dh/2]^T and acc2 = h @ w[head, Dh/2:]^T,
-# sharing every loaded tile of h, and rotates them in registers before the one store:
+# away: no pointwise epilogue of the GEMM's own tile). Fused, a tile holds whole heads and
+# rotates their halves acc1 = h @ w[head, :Dh/2]^T and acc2 = h @ w[head, Dh/2:]^T in registers
+# before the one store (the pointer tile accumulates them apart, sharing every loaded tile of h;
+# the TMA tile is one [BLOCK_M, HEADS * Dh] accumulator split into them):
 #     y1 = acc1 * cos1 - acc2 * sin1,   y2 = acc2 * cos2 + acc1 * sin2.
 #
 # Shape (B, S, K, H, Dh): hidden [B, S, K], weight [H*Dh, K] (nn.Linear's layout), the
