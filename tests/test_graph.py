@@ -2473,3 +2473,23 @@ def test_compiled_optimized_model_reads_the_sites_declared_layouts():
                                        integrate.flatten(model(ids).logits))
     assert opt.calls["placed"] == 1
     assert err <= integrate.E2E_TOLERANCE["float32"], where
+
+
+def test_a_site_hands_on_its_declared_layout_and_copies_only_a_mismatch():
+    """Site.result: a kernel's result already in the site's layout goes on as it is; another
+    layout is copied into it (contiguous where nothing else is declared: a manifest written
+    before sites carried strides reads as contiguous)."""
+    k = rt.Kernel.__new__(rt.Kernel)
+    plain = rt.Site(0, k, (), ((2, 3, 4, 5), torch.float32))
+    assert plain.layout() == (60, 20, 5, 1)
+    y = torch.randn(2, 3, 4, 5)
+    assert plain.result(y) is y
+    t = torch.randn(2, 4, 3, 5).transpose(1, 2)
+    c = plain.result(t)
+    assert c.is_contiguous() and torch.equal(c, t)
+    bshd = rt.Site(0, k, (), ((2, 3, 4, 5), torch.float32, (60, 5, 15, 1)))
+    assert bshd.result(t) is t
+    d = bshd.result(y)
+    assert d.stride() == (60, 5, 15, 1) and torch.equal(d, y)
+    assert place._ordered_strides((2, 3, 4, 5), (0, 2, 1, 3)) == (60, 5, 15, 1)
+    assert place._ordered_strides((2, 3, 4, 5), None) == (60, 20, 5, 1)
