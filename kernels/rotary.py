@@ -764,14 +764,16 @@ def _rope_proj_tma(a_desc, w_desc, y_desc, bias_ptr, cos_ptr, sin_ptr, M, K, S, 
 
 _PROJ_TMA_HOST = '''
 
-def _proj_tma(x2, weight, bias, cos2, sin2, y, S, H, Dh, ieee, dot_fp32):
-    # the TMA tiles, or False where the device, the head width or the layouts rule them out
+_PROJ_PLANS = {}
+
+
+def _proj_plan(x2, weight, S, H, Dh):
+    # (heads, bm, bk, stages, programs) of the TMA tiles for these operands, or False where the
+    # device, the head width or the layouts rule descriptors out; worked out once per key
     half = Dh // 2
     if not _has_tma(x2.device) or half != _pow2(half) or half * x2.element_size() < 16:
         return False
-    if not (_rows_ok(x2) and _rows_ok(weight)):
-        return False
-    if Dh > 256:                         # a TMA box spans at most 256 rows
+    if not (_rows_ok(x2) and _rows_ok(weight)) or Dh > 256:   # a TMA box spans <= 256 rows
         return False
     M, K = x2.shape
     # a power of two <= H, the weight's box HEADS * Dh <= 256 rows
@@ -783,9 +785,26 @@ def _proj_tma(x2, weight, bias, cos2, sin2, y, S, H, Dh, ieee, dot_fp32):
     item = x2.element_size()
     # the pipeline's buffers share the shared memory with the staged y tile (bm x heads * Dh)
     budget = _smem_budget(x2.device) - min(BLOCK_M, max(16, _pow2(M))) * heads * Dh * item
-    bm, bn, bk, stages = _fit_gemm(BLOCK_M, heads * Dh, BLOCK_K, NUM_STAGES, NUM_WARPS, M,
-                                   heads * Dh, K, item, budget, keep_n=True)
-    progs = min(_cdiv(M, bm) * _cdiv(H, heads), _num_sms(x2.device))
+    bm, _, bk, stages = _fit_gemm(BLOCK_M, heads * Dh, BLOCK_K, NUM_STAGES, NUM_WARPS, M,
+                                  heads * Dh, K, item, budget, keep_n=True)
+    return heads, bm, bk, stages, min(_cdiv(M, bm) * _cdiv(H, heads), sms)
+
+
+def _proj_tma(x2, weight, bias, cos2, sin2, y, S, H, Dh, ieee, dot_fp32):
+    # the TMA tiles, or False where they are ruled out (the plan is cached per shapes, strides,
+    # dtype, device and alignment: a launch works out only its descriptors)
+    key = (x2.shape, x2.stride(), weight.shape, weight.stride(), x2.dtype, x2.device, S, H, Dh,
+           x2.data_ptr() % 16 == 0, weight.data_ptr() % 16 == 0)
+    plan = _PROJ_PLANS.get(key)
+    if plan is None:
+        if len(_PROJ_PLANS) > 1024:      # a bound on a long-lived process's cache
+            _PROJ_PLANS.clear()
+        plan = _PROJ_PLANS[key] = _proj_plan(x2, weight, S, H, Dh)
+    if plan is False:
+        return False
+    heads, bm, bk, stages, progs = plan
+    M, K = x2.shape
+    half = Dh // 2
     _rope_proj_tma[(progs,)](
         TensorDescriptor(x2, [M, K], [x2.stride(0), 1], [bm, bk]),
         TensorDescriptor(weight, [H * Dh, K], [weight.stride(0), 1], [heads * Dh, bk]),

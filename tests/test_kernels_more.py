@@ -1839,7 +1839,7 @@ def test_rotary_linear_passes_the_five_verifier_stages(loads, bias, cand_dir):
 
 def test_rotary_linear_layout_and_the_wrong_half_rejected(cand_dir):
     """The result is the model's layout (a transposed view of a contiguous [B, S, H, Dh]); a
-    kernel that rotates with the wrong sign, or reads the second half's table for the first,
+    second call at the same shapes reuses the launch plan; a kernel that rotates with the wrong sign, or reads the second half's table for the first,
     fails the verifier (random tables make the halves differ)."""
     fam = kernels.get("rotary", {"linear": True})
     src = fam.render(dict(fam.default, loads="tma", heads=1))
@@ -1847,6 +1847,9 @@ def test_rotary_linear_layout_and_the_wrong_half_rejected(cand_dir):
     inp = inputs_for(fam, _ROPE_LIN, "float32", 3, "random_tables")
     y = fn(**inp)
     assert y.shape == (2, 2, 9, 32) and y.stride() == (9 * 64, 32, 64, 1)
+    mod = sys.modules[fn.__module__]
+    plans = len(mod._PROJ_PLANS)
+    assert torch.equal(fn(**inp), y) and len(mod._PROJ_PLANS) == plans     # the tiles worked out once
     ref = fam.reference(**as_f64(inp))
     assert torch.allclose(y.double(), ref, rtol=1e-5, atol=1e-5)
     for wrong in (src.replace("y1 = acc1 * c1 + (-acc2) * s1", "y1 = acc1 * c1 + acc2 * s1"),
