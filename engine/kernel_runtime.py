@@ -895,21 +895,25 @@ class Site:
     id: int
     kernel: Kernel
     args: tuple           # per kernel argument: (shape, dtype, stride, device type) of a tensor, else None
-    out: tuple            # (shape, dtype[, stride]) the site returns: contiguous, or the layout
-                          # the family's kernels write (Family.out_order)
+    out: tuple            # (shape, dtype, stride) the site returns: contiguous, or the layout
+                          # the family's kernels write (Family.out_order); given without the
+                          # stride (a manifest written before sites carried one): contiguous
     op: object = None
+
+    def __post_init__(self):
+        shape = tuple(self.out[0])
+        self.out = (shape, self.out[1],
+                    tuple(self.out[2]) if len(self.out) > 2 else ordered_strides(shape))
 
     def layout(self) -> tuple:
         """The strides of what the site returns."""
-        return tuple(self.out[2]) if len(self.out) > 2 else _dense_strides(self.out[0])
+        return self.out[2]
 
     def result(self, y: torch.Tensor) -> torch.Tensor:
         """The kernel's result in the site's layout: as it is where the kernel wrote that
         layout (no copy), else copied into it."""
-        shape, stride = tuple(self.out[0]), self.layout()
-        if same_layout(shape, tuple(y.stride()), stride):
-            return y
-        return y.contiguous() if stride == _dense_strides(shape) else restrided(y, shape, stride)
+        shape, _, stride = self.out
+        return y if same_layout(shape, y.stride(), stride) else restrided(y, shape, stride)
 
     def fits(self, values) -> bool:
         for v, want in zip(values, self.args):
@@ -948,11 +952,18 @@ class Site:
 
 def _dense_strides(shape) -> tuple:
     """The contiguous strides of ``shape``."""
-    strides, n = [], 1
-    for d in reversed(shape):
-        strides.append(n)
-        n *= max(1, d)
-    return tuple(reversed(strides))
+    return ordered_strides(shape)
+
+
+def ordered_strides(shape, order=None) -> tuple:
+    """Dense strides of ``shape`` with its dims laid out outermost first in ``order`` (a
+    family's out_order; None: contiguous)."""
+    order = range(len(shape)) if order is None else order
+    stride, n = [0] * len(shape), 1
+    for d in reversed(tuple(order)):
+        stride[d] = n
+        n *= max(1, shape[d])
+    return tuple(stride)
 
 
 def same_layout(shape, a, b) -> bool:
@@ -983,7 +994,7 @@ def _site_op(site: Site):
     lib = _library()
     lib.define(name + schema)
     fn = site.kernel.fn
-    shape, dtype, stride = site.out[0], site.out[1], site.layout()
+    shape, dtype, stride = site.out
 
     def impl(*args):
         return site.result(fn(*args))
@@ -1142,7 +1153,7 @@ def site_rows(site_ids) -> list[dict]:
                      "args": [None if a is None else [list(a[0]), str(a[1]).removeprefix("torch."),
                                                       list(a[2]), a[3]] for a in st.args],
                      "out": [list(st.out[0]), str(st.out[1]).removeprefix("torch."),
-                             list(st.layout())]})
+                             list(st.out[2])]})
     return rows
 
 
@@ -1172,9 +1183,8 @@ def load_graph(model: nn.Module, folder: str, entry: dict, kernels_by_name: dict
         k = kernels_by_name[row["kernel"]]
         args = tuple(None if a is None else (tuple(a[0]), _DTYPES[a[1]], tuple(a[2]), a[3])
                      for a in row["args"])
-        out = row["out"]           # [shape, dtype, stride]; stride absent: contiguous
-        remap[row["id"]] = add_site(k, args, (tuple(out[0]), _DTYPES[out[1]])
-                                    + ((tuple(out[2]),) if len(out) > 2 else ()))
+        out = row["out"]           # [shape, dtype, stride]; stride absent: contiguous (Site)
+        remap[row["id"]] = add_site(k, args, (tuple(out[0]), _DTYPES[out[1]], *out[2:]))
 
     def call(site_id, *args):
         return site_call(remap[site_id], *args)

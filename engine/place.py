@@ -270,23 +270,13 @@ def _site_node(g: fx.Graph, fam, k: rt.Kernel, args: list, metas: list, mode):
     except Exception as e:
         return None, f"the {fam.name} reference does not run on these inputs: {type(e).__name__}"
     shape = tuple(int(s) for s in fake_out.shape)
-    stride = _ordered_strides(shape, fam.out_order)
+    stride = rt.ordered_strides(shape, fam.out_order)
     site = rt.add_site(k, tuple(metas), (shape, fake_out.dtype, stride))
     y = g.call_function(rt.site_call, (site,) + tuple(args))
     with mode:                                       # what site_call returns
         y.meta["val"] = torch.empty_strided(shape, stride, dtype=fake_out.dtype, device=fake_out.device)
     return y, site
 
-
-def _ordered_strides(shape: tuple, order) -> tuple:
-    """Dense strides of ``shape`` with its dims laid out outermost first in ``order`` (a
-    family's out_order; None: contiguous)."""
-    order = tuple(range(len(shape))) if order is None else tuple(order)
-    stride, n = [0] * len(shape), 1
-    for d in reversed(order):
-        stride[d] = n
-        n *= max(1, shape[d])
-    return tuple(stride)
 
 
 def _region_plan(graph: cap.Graph, ms: list, region_kernels: list) -> tuple[list, set]:

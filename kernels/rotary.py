@@ -651,7 +651,6 @@ LINEAR_SWEEP_SHAPES = ((1, 1, 8, 1, 2), (2, 3, 16, 2, 8), (1, 5, 33, 3, 16), (2,
                        (1, 9, 40, 2, 80), (1, 7, 24, 3, 96), (1, 33, 64, 1, 128))
 LINEAR_EDGE_SHAPES = ((1, 1, 1, 1, 2), (3, 1, 7, 1, 4), (1, 97, 16, 3, 8), (1, 2, 16, 5, 64),
                       (2, 1, 130, 1, 256))
-LINEAR_ADVERSARIAL = ADVERSARIAL
 
 LINEAR_SPACE = {
     "block_m": [32, 64, 128],
@@ -767,7 +766,7 @@ _PROJ_TMA_HOST = '''
 _PROJ_PLANS = {}
 
 
-def _proj_plan(x2, weight, S, H, Dh):
+def _proj_plan(x2, weight, H, Dh):
     # (heads, bm, bk, stages, programs) of the TMA tiles for these operands, or False where the
     # device, the head width or the layouts rule descriptors out; worked out once per key
     half = Dh // 2
@@ -793,13 +792,13 @@ def _proj_plan(x2, weight, S, H, Dh):
 def _proj_tma(x2, weight, bias, cos2, sin2, y, S, H, Dh, ieee, dot_fp32):
     # the TMA tiles, or False where they are ruled out (the plan is cached per shapes, strides,
     # dtype, device and alignment: a launch works out only its descriptors)
-    key = (x2.shape, x2.stride(), weight.shape, weight.stride(), x2.dtype, x2.device, S, H, Dh,
+    key = (x2.shape, x2.stride(), weight.shape, weight.stride(), x2.dtype, x2.device, Dh,
            x2.data_ptr() % 16 == 0, weight.data_ptr() % 16 == 0)
     plan = _PROJ_PLANS.get(key)
     if plan is None:
         if len(_PROJ_PLANS) > 1024:      # a bound on a long-lived process's cache
             _PROJ_PLANS.clear()
-        plan = _PROJ_PLANS[key] = _proj_plan(x2, weight, S, H, Dh)
+        plan = _PROJ_PLANS[key] = _proj_plan(x2, weight, H, Dh)
     if plan is False:
         return False
     heads, bm, bk, stages, progs = plan
@@ -859,11 +858,10 @@ def kernel_fn({sig}):
     half = Dh // 2
     M = B * S
     x2 = hidden.reshape(M, K)            # [M, K]: a view whenever B and S can merge
+    if K == 0:                           # an empty sum: q = 0, and so its rotation
+        return torch.zeros((B, S, H, Dh), dtype=hidden.dtype, device=hidden.device).transpose(1, 2)
     y = torch.empty((B, S, H, Dh), dtype=hidden.dtype, device=hidden.device)
     if M > 0 and H > 0:
-        if K == 0:
-            y = torch.zeros((B, S, H, Dh), dtype=hidden.dtype, device=hidden.device)
-            return y.transpose(1, 2)
         # the interpreter's tl.dot cannot multiply bf16 tiles (numpy has none): upcast them there
         dot_fp32 = hidden.dtype == torch.bfloat16 and hidden.device.type == "cpu"
         ieee = hidden.dtype == torch.float32 or dot_fp32
@@ -936,7 +934,7 @@ def _configure_linear(spec: dict) -> Family:
         arg_names=args, reference=linear_reference,
         make_inputs=make_linear_bias_inputs if bias else make_linear_inputs,
         cost=cost, bench_shapes=LINEAR_BENCH_SHAPES, sweep_shapes=LINEAR_SWEEP_SHAPES,
-        edge_shapes=LINEAR_EDGE_SHAPES, adversarial=LINEAR_ADVERSARIAL, space=LINEAR_SPACE,
+        edge_shapes=LINEAR_EDGE_SHAPES, adversarial=ADVERSARIAL, space=LINEAR_SPACE,
         default=LINEAR_DEFAULT, render=functools.partial(render_linear, bias=bias),
         error_bound=linear_bound, bound_tol=LINEAR_BOUND_TOL, openers_for=_linear_openers,
         out_order=(0, 2, 1, 3),            # y is a transposed view of a contiguous [B, S, H, Dh]

@@ -2491,5 +2491,5 @@ def test_a_site_hands_on_its_declared_layout_and_copies_only_a_mismatch():
     assert bshd.result(t) is t
     d = bshd.result(y)
     assert d.stride() == (60, 5, 15, 1) and torch.equal(d, y)
-    assert place._ordered_strides((2, 3, 4, 5), (0, 2, 1, 3)) == (60, 5, 15, 1)
-    assert place._ordered_strides((2, 3, 4, 5), None) == (60, 20, 5, 1)
+    assert rt.ordered_strides((2, 3, 4, 5), (0, 2, 1, 3)) == (60, 5, 15, 1)
+    assert rt.ordered_strides((2, 3, 4, 5), None) == (60, 20, 5, 1)
