@@ -126,8 +126,9 @@ class Family:
     model_strides: dict = field(default_factory=dict)
 
     # The output's dims, outermost first, as the family's kernels lay it out in memory, where
-    # that is not contiguous: RoPE fused into its projection writes [B, S, H, Dh] and returns
-    # the [B, H, S, Dh] view, (0, 2, 1, 3), the layout the model's own rotation returns. A
+    # that is not contiguous: RoPE fused into its projection and attention write [B, S, H, D]
+    # and return the [B, H, S, D] view, (0, 2, 1, 3), the layout the model's own rotation and
+    # SDPA return. A
     # placed site declares those strides and hands the result on as it is (a kernel that
     # returns another layout is copied into them). None: contiguous.
     out_order: tuple | None = None
