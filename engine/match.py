@@ -675,28 +675,34 @@ class Match:
         upcast = want.dtype == torch.float32 and cap.val(n).dtype != torch.float32
         return x, w, chain, upcast, extra
 
-    def projection_of(self, name):
-        """A q or k projection with its heads split out and moved forward, which a rotation's
+    def projection_of(self, name, heads_first: bool = True):
+        """A q or k projection with its heads split out (and moved forward), which a rotation's
         kernel can compute itself: ``name`` [B, H, S, Dh] is linear(x, w, b) [B, S, H*Dh] (or
         [B*S, H*Dh]; aten linear, or mm / matmul of x by a 2-D w transposed; the bias
         optional) viewed as [B, S, H, Dh] and transposed (1, 2) (transformers' LLaMA, Mistral,
-        Qwen2, Gemma: ``q_proj(h).view(B, S, -1, Dh).transpose(1, 2)``), every node from the
-        layer on read by this match alone. Returns (x, w, b or None, nodes between), else None."""
+        Qwen2, Gemma: ``q_proj(h).view(B, S, -1, Dh).transpose(1, 2)``); with ``heads_first``
+        False ``name`` is the [B, S, H, Dh] view itself (Meta's LLaMA, gpt-fast, GPT-J rotate
+        before the heads move). Every node from the layer on is read by this match alone.
+        Returns (x, w, b or None, nodes between), else None."""
         n = self.node(name)
         v = cap.val(n)
         if not (isinstance(v, torch.Tensor) and v.dim() == 4 and isinstance(n, fx.Node)
                 and n.op == "call_function"):
             return None
-        b_, h_, s_, dh = (int(d) for d in v.shape)
-        op = _opname(n.target)
-        args = dict(norm_args(n))
-        if op == "transpose":
-            if {args.get("dim0") % 4, args.get("dim1") % 4} != {1, 2}:
+        chain = []
+        if heads_first:
+            b_, h_, s_, dh = (int(d) for d in v.shape)
+            op = _opname(n.target)
+            args = dict(norm_args(n))
+            if op == "transpose":
+                if {args.get("dim0") % 4, args.get("dim1") % 4} != {1, 2}:
+                    return None
+            elif op != "permute" or [d % 4 for d in args.get("dims", ())] != [0, 2, 1, 3]:
                 return None
-        elif op != "permute" or [d % 4 for d in args.get("dims", ())] != [0, 2, 1, 3]:
-            return None
-        chain = [n]
-        n = n.args[0]
+            chain = [n]
+            n = n.args[0]
+        else:
+            b_, s_, h_, dh = (int(d) for d in v.shape)
         while (isinstance(n, fx.Node) and n.op == "call_function"
                and _opname(n.target) in ("view", "reshape", "_unsafe_view")):
             chain.append(n)

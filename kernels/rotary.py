@@ -450,8 +450,17 @@ def _complex_fit(m, x, style):
                                                               ("view_as_real",))
         return Ref("f", real + (("select", -1, part), ("repeat_interleave", 2, -1), ("to", dt)))
     x_ref = Ref("x") if heads_first else Ref("x", (("transpose", 1, 2),))
-    return Fit({"style": "interleaved"}, (b, h, s, dh), {"x": x_ref, "cos": table(0), "sin": table(1)},
-               post=() if heads_first else _bshd_post(m))
+    fit = Fit({"style": "interleaved"}, (b, h, s, dh), {"x": x_ref, "cos": table(0), "sin": table(1)},
+              post=() if heads_first else _bshd_post(m))
+    return _with_projection(m, fit, heads_first)
+
+
+def _with_projection(m, plain: Fit, heads_first: bool) -> Fit:
+    """``plain`` with x's projection fused in where x is one (``Match.projection_of``: the
+    heads split out and moved forward, or, ``heads_first`` False, x still [B, S, H, Dh]); else
+    ``plain`` as it is."""
+    proj = m.projection_of("x", heads_first=heads_first)
+    return plain if proj is None else _projection_fit(m, proj, plain)
 
 
 def from_match(m):
@@ -485,14 +494,15 @@ def from_match(m):
         raise NoFit("tables in another dtype than x: the contract takes one")
     spec = {"style": "interleaved"} if style == "interleaved" else {}
     fit = Fit(spec, shape, {"x": refs["x"], "cos": refs["cos"], "sin": refs["sin"]}, post=post)
-    proj = m.projection_of("x") if style in ("half", "chunk") and not post else None
-    return fit if proj is None else _projection_fit(m, proj, fit)
+    return _with_projection(m, fit, heads_first=not post)
 
 
 def _projection_fit(m, proj, plain: Fit) -> Fit:
     """x is a q or k projection's output with its heads split out, read by the rotation alone
-    (``Match.projection_of``): the projection joins the match (spec linear), hidden [B, S, K]
-    and the weight (and a bias) the kernel's arguments; the plain rotation of x its fallback."""
+    (``Match.projection_of``): the projection joins the match (spec linear, the rotation's
+    style), hidden [B, S, K] and the weight (and a bias) the kernel's arguments, the plain
+    fit's post ops after it (x rotated in [B, S, H, Dh]: the result transposed back); the plain
+    rotation of x its fallback."""
     hidden, weight, bias, between = proj
     b, h, s, dh = plain.shape
     hv = hidden.meta["val"]
@@ -502,12 +512,12 @@ def _projection_fit(m, proj, plain: Fit) -> Fit:
     hid = (Ref("hidden") if hv.dim() == 3 and tuple(hv.shape[:2]) == (b, s)
            else Ref("hidden", (("reshape", [b, s, k]),)))        # [B*S, K] of an mm
     args = {"hidden": hid, "weight": Ref("weight"), "cos": plain.args["cos"], "sin": plain.args["sin"]}
-    spec = {"linear": True}
+    spec = {"linear": True, **plain.spec}
     if bias is not None:
         m.rebind("bias", bias)
         spec["bias"] = True
         args["bias"] = Ref("bias")
-    return Fit(spec, (b, s, k, h, dh), args, fallback=plain)
+    return Fit(spec, (b, s, k, h, dh), args, post=plain.post, fallback=plain)
 
 
 def _interleaved_reference(x, cos, sin):
@@ -518,16 +528,26 @@ def _interleaved_bound(x, cos, sin):
     return x.abs() * cos.abs() + rotate_every_two(x).abs() * sin.abs()
 
 
+def interleaved_tables(s: int, dh: int, theta: float = THETA):
+    """cos, sin [S, Dh] float32 in the interleaved layout: each frequency twice in a row."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dh, 2, dtype=torch.float32) / dh))
+    ang = torch.outer(torch.arange(s, dtype=torch.float32), inv_freq).repeat_interleave(2, dim=-1)
+    return ang.cos(), ang.sin()
+
+
 def _interleaved_inputs(shape, dtype, device, gen, kind="normal"):
-    """The family's inputs with tables in the interleaved layout: each frequency twice in a row."""
+    """The family's inputs with tables in the interleaved layout."""
     inp = make_inputs(shape, dtype, device, gen, kind)
     if kind != "random_tables":
-        s, dh = int(shape[2]), int(shape[3])
-        inv_freq = 1.0 / (THETA ** (torch.arange(0, dh, 2, dtype=torch.float32) / dh))
-        ang = torch.outer(torch.arange(s, dtype=torch.float32), inv_freq).repeat_interleave(2, dim=-1)
-        inp["cos"] = ang.cos().to(C.as_dtype(dtype)).to(device)
-        inp["sin"] = ang.sin().to(C.as_dtype(dtype)).to(device)
+        cos, sin = interleaved_tables(int(shape[2]), int(shape[3]))
+        inp["cos"] = cos.to(C.as_dtype(dtype)).to(device)
+        inp["sin"] = sin.to(C.as_dtype(dtype)).to(device)
     return inp
+
+
+# the rotations by spec style: (reference, error_bound, tables)
+_STYLES = {"half": (reference, error_bound, tables),
+           "interleaved": (_interleaved_reference, _interleaved_bound, interleaved_tables)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -561,16 +581,16 @@ def linear_problem(shape) -> tuple[int, int, int, int, int]:
     return shape
 
 
-def linear_reference(hidden, weight, cos, sin, bias=None):
+def linear_reference(hidden, weight, cos, sin, bias=None, style="half"):
     """RoPE of the projection as the model computes it: F.linear, the heads split out and
-    moved forward, the rotation (float64 operands: the ground truth)."""
+    moved forward, the rotation of ``style`` (float64 operands: the ground truth)."""
     b, s, _ = hidden.shape
     dh = cos.shape[-1]
     q = F.linear(hidden, weight, bias).view(b, s, weight.shape[0] // dh, dh).transpose(1, 2)
-    return reference(q, cos.reshape(s, dh), sin.reshape(s, dh))
+    return _STYLES[style][0](q, cos.reshape(s, dh), sin.reshape(s, dh))
 
 
-def linear_bound(hidden, weight, cos, sin, bias=None):
+def linear_bound(hidden, weight, cos, sin, bias=None, style="half"):
     """The rotation's error_bound on the projection's magnitude |hidden| @ |weight|^T (+ |bias|),
     times max(1, sqrt(K) / 8) (fp32 accumulation, as the matmul family's bound)."""
     b, s, k = hidden.shape
@@ -582,7 +602,7 @@ def linear_bound(hidden, weight, cos, sin, bias=None):
     if bias is not None:
         mag = mag + bias.abs().to(mag.dtype)
     mag = mag.view(b, s, weight.shape[0] // dh, dh).transpose(1, 2)
-    return error_bound(mag, cos.reshape(s, dh).to(mag.dtype), sin.reshape(s, dh).to(mag.dtype)) \
+    return _STYLES[style][1](mag, cos.reshape(s, dh).to(mag.dtype), sin.reshape(s, dh).to(mag.dtype)) \
         * max(1.0, math.sqrt(k) / 8.0)
 
 
@@ -598,15 +618,15 @@ LINEAR_BOUND_TOL = {
 _LHUGE = {torch.float16: 2e3, torch.bfloat16: 1e15, torch.float32: 1e15}
 
 
-def make_linear_inputs(shape, dtype, device, gen, kind="normal"):
+def make_linear_inputs(shape, dtype, device, gen, kind="normal", style="half"):
     """{hidden [B, S, K], weight [H*Dh, K] (spread 1 / sqrt(K): q of unit spread), cos, sin
-    [S, Dh]} from ``gen``; kinds as the family's (hidden scaled), "random_tables" arbitrary
-    tables (a kernel reading the wrong half or row of them shows)."""
+    [S, Dh] in ``style``'s layout} from ``gen``; kinds as the family's (hidden scaled),
+    "random_tables" arbitrary tables (a kernel reading the wrong half or row of them shows)."""
     dtype = C.as_dtype(dtype)
     b, s, k, h, dh = linear_problem(shape)
     x = C.randn(gen, b * s, k)
     w = C.randn(gen, h * dh, k) * (1.0 / math.sqrt(k))
-    cos, sin = tables(s, dh)
+    cos, sin = _STYLES[style][2](s, dh)
     if kind == "huge":
         x = x * _LHUGE[dtype]
     elif kind == "tiny":
@@ -623,9 +643,9 @@ def make_linear_inputs(shape, dtype, device, gen, kind="normal"):
             "cos": cos.to(dtype).to(device), "sin": sin.to(dtype).to(device)}
 
 
-def make_linear_bias_inputs(shape, dtype, device, gen, kind="normal"):
+def make_linear_bias_inputs(shape, dtype, device, gen, kind="normal", style="half"):
     """make_linear_inputs and a bias [H*Dh] (spread 0.5; Qwen2's q/k biases reach a few units)."""
-    inp = make_linear_inputs(shape, dtype, device, gen, kind)
+    inp = make_linear_inputs(shape, dtype, device, gen, kind, style)
     _, _, _, h, dh = linear_problem(shape)
     inp["bias"] = (C.randn(gen, h * dh) * 0.5).to(C.as_dtype(dtype)).to(device)
     return inp
@@ -670,23 +690,26 @@ _PROJ_ARGS = ("a_ptr, w_ptr, bias_ptr, cos_ptr, sin_ptr, y_ptr, M, N, K, S, H,\n
               "               HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_M: tl.constexpr,\n"
               "               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,\n"
               "               EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,\n"
-              "               DOT_FP32: tl.constexpr")
+              "               DOT_FP32: tl.constexpr, STEP: tl.constexpr, OFF: tl.constexpr")
 
-# The rotation of a tile's two fp32 accumulators: acc1 holds the first halves of its heads, acc2
-# the second halves, lane jj of a half at weight row row1 (the pointer tile: [BLOCK_N] columns,
-# broadcast over the rows by BIAS_ROWS; the TMA tile: [BLOCK_M * HEADS, HALF] already); pos:
-# each row's position (its table row).
+# The rotation of a tile's two fp32 accumulators: acc1 holds the first elements of its heads'
+# pairs, acc2 the second; pair jj of a head is lanes (jj * STEP, jj * STEP + OFF), its first at
+# weight row row1: rotate-half pairs (jj, jj + Dh/2) (STEP 1, OFF HALF), interleaved pairs
+# (2jj, 2jj + 1) (STEP 2, OFF 1). The pointer tile: [BLOCK_N] columns, broadcast over the rows
+# by BIAS_ROWS; the TMA tile: [BLOCK_M * HEADS, HALF] already. pos: each row's position (its
+# table row).
 _ROTATE_TILE = '''
 if HAS_BIAS:
     acc1 += tl.load(bias_ptr + row1).to(tl.float32)BIAS_ROWS
-    acc2 += tl.load(bias_ptr + row1 + HALF).to(tl.float32)BIAS_ROWS
+    acc2 += tl.load(bias_ptr + row1 + OFF).to(tl.float32)BIAS_ROWS
+lane1 = jj * STEP
 c_row = cos_ptr + pos[:, None] * stride_cs
 s_row = sin_ptr + pos[:, None] * stride_ss
-c1 = tl.load(c_row + jj[None, :] * stride_cd).to(tl.float32)
-c2 = tl.load(c_row + (jj + HALF)[None, :] * stride_cd).to(tl.float32)
-s1 = tl.load(s_row + jj[None, :] * stride_sd).to(tl.float32)
-s2 = tl.load(s_row + (jj + HALF)[None, :] * stride_sd).to(tl.float32)
-# x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1)
+c1 = tl.load(c_row + lane1[None, :] * stride_cd).to(tl.float32)
+c2 = tl.load(c_row + (lane1 + OFF)[None, :] * stride_cd).to(tl.float32)
+s1 = tl.load(s_row + lane1[None, :] * stride_sd).to(tl.float32)
+s2 = tl.load(s_row + (lane1 + OFF)[None, :] * stride_sd).to(tl.float32)
+# x * cos + rot(x) * sin, rot(x) of a pair (x1, x2) = (-x2, x1)
 y1 = acc1 * c1 + (-acc2) * s1
 y2 = acc2 * c2 + acc1 * s2'''
 
@@ -696,25 +719,25 @@ def _proj_pointer_kernel() -> str:
 head = rbn // BLOCK_H                                              # [BLOCK_N] each column's head
 j = rbn % BLOCK_H                                                  # its lane within the half
 jj = tl.minimum(j, HALF - 1)                                       # padded lanes re-read lane HALF-1
-row1 = head * (2 * HALF) + jj                                      # weight row of the first half
+row1 = head * (2 * HALF) + jj * STEP                               # weight row of a pair's first
 a_ptrs = a_ptr + ram[:, None] * stride_am + rk[None, :] * stride_ak           # [BLOCK_M, BLOCK_K]
 w1_ptrs = w_ptr + rk[:, None] * stride_wk + row1[None, :] * stride_wn         # [BLOCK_K, BLOCK_N]
-w2_ptrs = w_ptr + rk[:, None] * stride_wk + (row1 + HALF)[None, :] * stride_wn
+w2_ptrs = w_ptr + rk[:, None] * stride_wk + (row1 + OFF)[None, :] * stride_wn
 acc1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 ''' + MM.k_loop([("acc1", "w1_ptrs", "w1", "stride_wk"), ("acc2", "w2_ptrs", "w2", "stride_wk")]) + '''
 pos = ram % S                                                      # [BLOCK_M] positions
 ''' + _ROTATE_TILE.replace("BIAS_ROWS", "[None, :]") + '''
 # y contiguous [B*S, H, 2 * HALF]: row m, head, lane
-y_ptrs = y_ptr + rm.to(tl.int64)[:, None] * (H * 2 * HALF) + (head * (2 * HALF) + j)[None, :]
+y_ptrs = y_ptr + rm.to(tl.int64)[:, None] * (H * 2 * HALF) + (head * (2 * HALF) + j * STEP)[None, :]
 y_mask = (rm < M)[:, None] & ((rn < N) & (j < HALF))[None, :]
 tl.store(y_ptrs, y1.to(y_ptr.dtype.element_ty), mask=y_mask)
-tl.store(y_ptrs + HALF, y2.to(y_ptr.dtype.element_ty), mask=y_mask)'''
+tl.store(y_ptrs + OFF, y2.to(y_ptr.dtype.element_ty), mask=y_mask)'''
     return f'''@triton.jit
 def _rope_proj({_PROJ_ARGS}):
-    """One tile [BLOCK_M rows, BLOCK_N / BLOCK_H heads] of y: the two halves of each head as
-    two fp32 accumulators sharing every loaded tile of a, rotated, stored once. Columns are
-    indexed in a padded half space N = H * BLOCK_H (BLOCK_H = next_pow2(HALF) lanes a head)."""
+    """One tile [BLOCK_M rows, BLOCK_N / BLOCK_H heads] of y: the pairs' two elements of each
+    head as two fp32 accumulators sharing every loaded tile of a, rotated, stored once. Columns
+    are indexed in a padded pair space N = H * BLOCK_H (BLOCK_H = next_pow2(HALF) pairs a head)."""
 {C.indent(body, 4)}
 '''
 
@@ -735,9 +758,10 @@ def _rope_proj_tma(a_desc, w_desc, y_desc, bias_ptr, cos_ptr, sin_ptr, M, K, S, 
                    stride_cs, stride_cd, stride_ss, stride_sd,
                    HALF: tl.constexpr, HEADS: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                   HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, DOT_FP32: tl.constexpr):
+                   HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, DOT_FP32: tl.constexpr,
+                   STEP: tl.constexpr, OFF: tl.constexpr):
     """Tiles [BLOCK_M rows, HEADS heads] of y (BLOCK_N = HEADS * 2 * HALF columns), walked by
-    NUM_PROGS programs; each tile's halves rotated before the store."""
+    NUM_PROGS programs; each tile's pairs rotated before the store."""
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(H, HEADS)
     num_pid_in_group = GROUP_M * num_pid_n
@@ -748,16 +772,23 @@ def _rope_proj_tma(a_desc, w_desc, y_desc, bias_ptr, cos_ptr, sin_ptr, M, K, S, 
         off_n = head0 * (2 * HALF)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 {C.indent(MM.tma_kmajor_k_loop([("acc", "w_desc", "w")]), 8)}
-        # [BLOCK_M, HEADS * 2 * HALF] -> rows (m, head), halves apart: [BLOCK_M * HEADS, HALF] each
-        halves = tl.permute(tl.reshape(acc, (BLOCK_M * HEADS, 2, HALF)), (0, 2, 1))
-        acc1, acc2 = tl.split(halves)
+        # [BLOCK_M, HEADS * 2 * HALF] -> rows (m, head), the pairs' elements apart:
+        # [BLOCK_M * HEADS, HALF] each (interleaved: even and odd lanes; rotate-half: halves)
+        if STEP == 2:
+            acc1, acc2 = tl.split(tl.reshape(acc, (BLOCK_M * HEADS, HALF, 2)))
+        else:
+            acc1, acc2 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M * HEADS, 2, HALF)), (0, 2, 1)))
         r = tl.arange(0, BLOCK_M * HEADS)
         pos = ((off_m + r // HEADS) % M) % S                      # each row's table row
         jj = tl.arange(0, HALF)
-        row1 = (tl.minimum(head0 + r % HEADS, H - 1) * (2 * HALF))[:, None] + jj[None, :]
+        row1 = (tl.minimum(head0 + r % HEADS, H - 1) * (2 * HALF))[:, None] + (jj * STEP)[None, :]
 {C.indent(_ROTATE_TILE.replace("BIAS_ROWS", ""), 8)}
-        y_desc.store([off_m, head0, 0], y1.to(y_desc.dtype).reshape(BLOCK_M, HEADS, HALF))
-        y_desc.store([off_m, head0, HALF], y2.to(y_desc.dtype).reshape(BLOCK_M, HEADS, HALF))
+        if STEP == 2:      # the pairs joined back: one [BLOCK_M, HEADS, Dh] box
+            y = tl.reshape(tl.join(y1, y2), (BLOCK_M, HEADS, 2 * HALF))
+            y_desc.store([off_m, head0, 0], y.to(y_desc.dtype))
+        else:              # the halves: two [BLOCK_M, HEADS, HALF] boxes
+            y_desc.store([off_m, head0, 0], y1.to(y_desc.dtype).reshape(BLOCK_M, HEADS, HALF))
+            y_desc.store([off_m, head0, HALF], y2.to(y_desc.dtype).reshape(BLOCK_M, HEADS, HALF))
 '''
 
 
@@ -807,11 +838,11 @@ def _proj_tma(x2, weight, bias, cos2, sin2, y, S, H, Dh, ieee, dot_fp32):
     _rope_proj_tma[(progs,)](
         TensorDescriptor(x2, [M, K], [x2.stride(0), 1], [bm, bk]),
         TensorDescriptor(weight, [H * Dh, K], [weight.stride(0), 1], [heads * Dh, bk]),
-        TensorDescriptor(y, [M, H, Dh], [H * Dh, Dh, 1], [bm, heads, half]),
+        TensorDescriptor(y, [M, H, Dh], [H * Dh, Dh, 1], [bm, heads, Dh if INTERLEAVED else half]),
         bias, cos2, sin2, M, K, S, H, progs, *cos2.stride(), *sin2.stride(), HALF=half,
         HEADS=heads, BLOCK_M=bm, BLOCK_N=heads * Dh, BLOCK_K=bk, GROUP_M=GROUP_M,
-        HAS_BIAS=bias is not y, IEEE=ieee, DOT_FP32=dot_fp32, num_warps=NUM_WARPS,
-        num_stages=stages)
+        HAS_BIAS=bias is not y, IEEE=ieee, DOT_FP32=dot_fp32, STEP=2 if INTERLEAVED else 1,
+        OFF=1 if INTERLEAVED else half, num_warps=NUM_WARPS, num_stages=stages)
     return True
 '''
 
@@ -826,6 +857,7 @@ def _proj_launcher(p, bias: bool) -> str:
             weight.stride(0), weight.stride(1), *cos2.stride(), *sin2.stride(), HALF=half,
             BLOCK_H=block_h, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M,
             EVEN_K=K % bk == 0, HAS_BIAS=b is not y, IEEE=ieee, DOT_FP32=dot_fp32,
+            STEP=2 if INTERLEAVED else 1, OFF=1 if INTERLEAVED else half,
             num_warps=NUM_WARPS, num_stages=stages)'''
     if p["loads"] != "pointers":         # the pointer tiles where descriptors are ruled out
         call = ("if not _proj_tma(x2, weight, b, cos2, sin2, y, S, H, Dh, ieee, dot_fp32):\n"
@@ -871,10 +903,10 @@ def kernel_fn({sig}):
 '''
 
 
-def render_linear(params, bias: bool = False) -> str:
+def render_linear(params, bias: bool = False, style: str = "half") -> str:
     """Complete candidate source of RoPE fused into its projection (spec {"linear": true}) for
     one point of LINEAR_SPACE (missing params take LINEAR_DEFAULT values); ``bias``: the
-    projection has one (kernel_fn's last argument)."""
+    projection has one (kernel_fn's last argument); ``style``: rotate-half or interleaved pairs."""
     p = C.resolve(NAME, LINEAR_SPACE, LINEAR_DEFAULT, params)
     tma = p["loads"] != "pointers"
     how = {"pointers": "one program per tile, loads through pointers",
@@ -882,12 +914,13 @@ def render_linear(params, bias: bool = False) -> str:
                   "rule descriptors out)",
            "tma_ws": "persistent TMA tiles, warp-specialized (pointer tiles where the head "
                      "width or the layouts rule descriptors out)"}[p["loads"]]
+    rot = "rotate_half(x)" if style == "half" else "rotate_every_two(x) (interleaved pairs 2i, 2i+1)"
     doc = f'''"""Rotary candidate with the projection fused in ({p["loads"]}): y = rope(hidden @ weight^T{" + bias" if bias else ""}),
-the heads split out and moved forward, rope(x) = x * cos + rotate_half(x) * sin.
+the heads split out and moved forward, rope(x) = x * cos + {rot} * sin.
 
 hidden [B, S, K], weight [H*Dh, K] (nn.Linear's layout), cos, sin [S, Dh]{", bias [H*Dh]" if bias else ""}; y [B, H, S, Dh]
-as a transposed view of a contiguous [B, S, H, Dh]. A tile holds the two halves of its heads
-as two fp32 accumulators (sharing each loaded tile of hidden) and rotates them in registers:
+as a transposed view of a contiguous [B, S, H, Dh]. A tile holds the two elements of its heads'
+pairs as two fp32 accumulators (sharing each loaded tile of hidden), rotated in registers:
 q is never written apart. Bytes the op must move: (B*S*K + H*Dh*K + B*S*H*Dh + 2*S*Dh)*itemsize;
 flops 2*B*S*K*H*Dh. This variant: {how}.
 Point: {C.point_line(LINEAR_SPACE, p)}
@@ -899,6 +932,7 @@ BLOCK_K = {p["block_k"]}          # K step
 GROUP_M = {p["group_m"]}           # row-tiles per group of the swizzled tile order
 NUM_WARPS = {p["num_warps"]}
 NUM_STAGES = {p["num_stages"]}        # software-pipelining depth of the K loop
+INTERLEAVED = {style == "interleaved"}   # pairs (2i, 2i+1) (GPT-J, Meta's LLaMA), else (i, i + Dh/2)
 '''
     parts = [doc, MM.GEMM_HELPERS_SRC, "\n", _proj_pointer_kernel()]
     if tma:
@@ -923,7 +957,9 @@ def _linear_openers(shape, dtype: str) -> tuple:
 
 def _configure_linear(spec: dict) -> Family:
     bias = bool(spec.get("bias", False))
+    style = spec.get("style", "half")
     args = LINEAR_ARGS + (("bias",) if bias else ())
+    inputs = make_linear_bias_inputs if bias else make_linear_inputs
 
     def cost(shape, dtype):
         b, f = linear_cost(shape, dtype)
@@ -931,16 +967,19 @@ def _configure_linear(spec: dict) -> Family:
         return (b + n * C.itemsize(dtype), f + shape[0] * shape[1] * n) if bias else (b, f)
     return dataclasses.replace(
         FAMILY, signature=f"kernel_fn({', '.join(args)}) with the projection fused in",
-        arg_names=args, reference=linear_reference,
-        make_inputs=make_linear_bias_inputs if bias else make_linear_inputs,
+        arg_names=args, reference=functools.partial(linear_reference, style=style),
+        make_inputs=functools.partial(inputs, style=style),
         cost=cost, bench_shapes=LINEAR_BENCH_SHAPES, sweep_shapes=LINEAR_SWEEP_SHAPES,
         edge_shapes=LINEAR_EDGE_SHAPES, adversarial=ADVERSARIAL, space=LINEAR_SPACE,
-        default=LINEAR_DEFAULT, render=functools.partial(render_linear, bias=bias),
-        error_bound=linear_bound, bound_tol=LINEAR_BOUND_TOL, openers_for=_linear_openers,
+        default=LINEAR_DEFAULT, render=functools.partial(render_linear, bias=bias, style=style),
+        error_bound=functools.partial(linear_bound, style=style), bound_tol=LINEAR_BOUND_TOL,
+        openers_for=_linear_openers,
         out_order=(0, 2, 1, 3),            # y is a transposed view of a contiguous [B, S, H, Dh]
-        description=("Rotate-half RoPE fused into its projection: rope(hidden @ weight^T"
+        description=(("Rotate-half" if style == "half" else "Interleaved (GPT-J)")
+                     + " RoPE fused into its projection: rope(hidden @ weight^T"
                      + (" + bias" if bias else "") + ") with the heads split out, y [B, H, S, Dh]."),
-        notes={"convention": "rotate-half", "shape": "(B, S, K, H, Dh)",
+        notes={"convention": "rotate-half" if style == "half" else "interleaved pairs",
+               "shape": "(B, S, K, H, Dh)",
                "weight": "[H*Dh, K], nn.Linear's layout", "bound": "compute"},
         op_schema=("(Tensor hidden, Tensor weight, Tensor cos, Tensor sin, Tensor bias) -> Tensor"
                    if bias else "(Tensor hidden, Tensor weight, Tensor cos, Tensor sin) -> Tensor"),
@@ -950,14 +989,14 @@ def _configure_linear(spec: dict) -> Family:
 def configure(spec: dict) -> Family:
     """``spec["style"] = "interleaved"``: pairs (x[2i], x[2i+1]) rotate together (GPT-J),
     tables with each frequency twice in a row. ``spec["linear"]``: the q or k projection
-    before the rotation fused in, kernel_fn(hidden, weight, cos, sin) (rotate-half;
+    before the rotation fused in, kernel_fn(hidden, weight, cos, sin) (either style;
     ``bias``: the projection's bias, kernel_fn(hidden, weight, cos, sin, bias))."""
     style = spec.get("style", "half")
     if (set(spec) - {"style", "linear", "bias"} or style not in ("half", "interleaved")
             or not isinstance(spec.get("linear", False), bool) or not isinstance(spec.get("bias", False), bool)
-            or spec.get("bias") and not spec.get("linear") or spec.get("linear") and style != "half"):
+            or spec.get("bias") and not spec.get("linear")):
         raise ValueError(f"rotary takes a spec {{style: half|interleaved, linear: bool, and with "
-                         f"linear (rotate-half only): bias: bool}}; got {spec!r}")
+                         f"linear: bias: bool}}; got {spec!r}")
     if spec.get("linear"):
         return _configure_linear(spec)
     if style == "half":
