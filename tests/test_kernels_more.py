@@ -1820,13 +1820,17 @@ def test_attention_targets_search_ws_only_where_it_can_run():
 _ROPE_LIN = [2, 9, 48, 2, 32]          # B, S, K, H, Dh: halves of 16 lanes (32 bytes in bf16: TMA)
 
 
-@pytest.mark.parametrize("loads,bias", [("pointers", False), ("tma_ws", False), ("tma", True)])
-def test_rotary_linear_passes_the_five_verifier_stages(loads, bias, cand_dir):
-    """RoPE in its projection's epilogue: the pointer tiles (two accumulators, a head's halves)
-    and the persistent TMA tiles (one accumulator split into the halves in registers; warp-
-    specialized or not), with and without the projection's bias (Qwen2), through every
+@pytest.mark.parametrize("loads,bias,style", [("pointers", False, "half"), ("tma_ws", False, "half"),
+                                              ("tma", True, "half"), ("tma_ws", False, "interleaved"),
+                                              ("pointers", True, "interleaved")])
+def test_rotary_linear_passes_the_five_verifier_stages(loads, bias, style, cand_dir):
+    """RoPE in its projection's epilogue: the pointer tiles (two accumulators, a head's pairs)
+    and the persistent TMA tiles (one accumulator split into the pairs' elements in registers:
+    halves, or even and odd lanes; warp-specialized or not), with and without the projection's
+    bias (Qwen2), rotate-half and interleaved pairs (Meta's LLaMA, GPT-J), through every
     verifier stage under the interpreter, arbitrary tables included."""
-    spec = {"linear": True, **({"bias": True} if bias else {})}
+    spec = {"linear": True, **({"bias": True} if bias else {}),
+            **({"style": style} if style != "half" else {})}
     fam = kernels.get("rotary", spec)
     assert fam.arg_names == ("hidden", "weight", "cos", "sin") + (("bias",) if bias else ())
     assert "random_tables" in fam.adversarial
@@ -1853,8 +1857,9 @@ def test_rotary_linear_layout_and_the_wrong_half_rejected(cand_dir):
     ref = fam.reference(**as_f64(inp))
     assert torch.allclose(y.double(), ref, rtol=1e-5, atol=1e-5)
     for wrong in (src.replace("y1 = acc1 * c1 + (-acc2) * s1", "y1 = acc1 * c1 + acc2 * s1"),
-                  src.replace("c1 = tl.load(c_row + jj[None, :] * stride_cd)",
-                              "c1 = tl.load(c_row + (jj + HALF)[None, :] * stride_cd)")):
+                  src.replace("c1 = tl.load(c_row + lane1[None, :] * stride_cd)",
+                              "c1 = tl.load(c_row + (lane1 + OFF)[None, :] * stride_cd)"),
+                  src.replace("INTERLEAVED = False", "INTERLEAVED = True")):   # the other pairs
         assert wrong != src
         bad = load_candidate(wrong, cand_dir)
         v = verify.Verifier(fam, {"dtype": "float32", "shapes": [{"shape": _ROPE_LIN, "count": 1}],
@@ -1866,11 +1871,12 @@ def test_rotary_linear_layout_and_the_wrong_half_rejected(cand_dir):
 
 def test_rotary_linear_openers_and_contract():
     """bf16 targets open on the TMA tiles, two heads of 128 (a 128 x 256 tile) then one; fp32
-    keeps the starter. The spec takes linear only with rotate-half and bias only with linear."""
+    keeps the starter. The spec takes linear with either style, bias only with linear."""
     fam = kernels.get("rotary", {"linear": True}).for_target([1, 2048, 4096, 32, 128], "bfloat16")
     assert [o["heads"] for o in fam.openers] == [2, 1] and {o["loads"] for o in fam.openers} == {"tma"}
     assert kernels.get("rotary", {"linear": True}).for_target([1, 64, 64, 4, 16], "float32").openers == ()
-    for bad in ({"bias": True}, {"linear": True, "style": "interleaved"}, {"linear": 1}):
+    assert kernels.get("rotary", {"linear": True, "style": "interleaved", "bias": True}).arg_names[-1] == "bias"
+    for bad in ({"bias": True}, {"linear": True, "style": "diagonal"}, {"linear": 1}):
         with pytest.raises(ValueError, match="rotary takes a spec"):
             kernels.get("rotary", bad)
     b, f = kernels.get("rotary", {"linear": True}).cost((1, 2048, 4096, 32, 128), "bfloat16")

@@ -4,7 +4,10 @@ what the model runs, the projection then the rotation (eager: cuBLAS and two ele
 torch.compile default and max-autotune-no-cudagraphs), cuBLAS's projection alone (the floor an
 unfused rotation adds to) and the matmul family's opener on it. LLaMA-3-8B's q and k at 1 x 2048 and 8 x 2048, bf16.
 
-    OUT=dir [SHAPES=BxSxKxHxDh,...] python docs/sweeps/rope_linear.py SECONDS
+    OUT=dir [SHAPES=BxSxKxHxDh,...] [STYLE=interleaved] python docs/sweeps/rope_linear.py SECONDS
+
+STYLE=interleaved times the interleaved pairs (Meta's LLaMA, gpt-fast, GPT-J) instead of
+rotate-half, its JSON rope_linear_interleaved.json.
 
 triton.testing.do_bench medians (L2 flushed by do_bench), not the judge's timing; every point's
 values checked against the fp32 reference first. Writes $OUT/rope_linear.json.
@@ -19,9 +22,10 @@ from kernels import rotary as R
 from sweeplib import bencher, load, recorder
 budget = float(sys.argv[1])
 t0 = time.time()
-emit = recorder("rope_linear.json")
+STYLE = os.environ.get("STYLE", "half")
+emit = recorder("rope_linear.json" if STYLE == "half" else f"rope_linear_{STYLE}.json")
 bench = bencher(10, 100)
-fam = kernels.get("rotary", {"linear": True})
+fam = kernels.get("rotary", {"linear": True, **({"style": STYLE} if STYLE != "half" else {})})
 T = dict(R.LINEAR_DEFAULT, loads="tma_ws", block_m=128, block_k=64, num_warps=8, num_stages=3)
 POINTS = [("tma_ws 128 x 2 heads k64 w8 s3", dict(T, heads=2)),
           ("tma 128 x 2 heads k64 w8 s3", dict(T, heads=2, loads="tma")),
@@ -37,7 +41,7 @@ mm = load(kernels.get("matmul").render(MM.HALF_PERSISTENT), "rope_lin_mm")
 
 
 def model(h, w, cos, sin):
-    return R.linear_reference(h, w, cos, sin)
+    return R.linear_reference(h, w, cos, sin, style=STYLE)
 
 
 compiled = {m: torch.compile(model, mode=m, dynamic=False) for m in ("default", "max-autotune-no-cudagraphs")}
@@ -52,7 +56,7 @@ for B, S, K, H, Dh in SHAPES:
     g = torch.Generator(device="cuda").manual_seed(0)
     inp = fam.make_inputs((B, S, K, H, Dh), "bfloat16", "cuda", g)
     h, w, cos, sin = inp["hidden"], inp["weight"], inp["cos"], inp["sin"]
-    ref = R.linear_reference(h.float(), w.float(), cos.float(), sin.float())
+    ref = R.linear_reference(h.float(), w.float(), cos.float(), sin.float(), style=STYLE)
     eager = bench(lambda: model(h, w, cos, sin))
     proj = bench(lambda: F.linear(h, w))
     emit(shape=shape, point="eager (cuBLAS + rotation)", us=eager * 1e3)
