@@ -432,7 +432,7 @@ def _load_hf(src, dtype, device, input_shape, seed, overrides) -> Loaded:
     except Exception as e:
         raise SourceError(f"{src.spec}: building {cls_name} failed: {type(e).__name__}: "
                           f"{_one_line(e)}") from None
-    model = model.to(dtype=dtype).eval()
+    model = _cast(model, None, dtype).eval()
     vocab = config.vocab_size
 
     def make(s):
@@ -509,7 +509,7 @@ def _load_file(src, dtype, device, input_shape, seed) -> Loaded:
     else:
         raise SourceError(f"{src.name} in {where} is a {type(obj).__name__}, not an nn.Module class "
                           f"or a function returning one")
-    model = model.to(device=device, dtype=dtype).eval()
+    model = _cast(model, device, dtype).eval()
     get_inputs = getattr(module, "get_inputs", None)
     shape = parse_dims(input_shape) if input_shape else None
 
@@ -554,3 +554,11 @@ def _place(t, dtype, device):
 
 def describe_inputs(inputs) -> str:
     return ", ".join(_describe(t) for t in inputs)
+
+
+def _cast(model: nn.Module, device, dtype) -> nn.Module:
+    """model.to(device, dtype) for its floating-point parameters and buffers alone: Module.to
+    would cast a complex buffer (RoPE's freqs_cis, as torchtitan registers it) to the real
+    dtype too, dropping its imaginary parts."""
+    return model._apply(lambda t: t.to(device=device, dtype=dtype) if t.is_floating_point()
+                        else t.to(device=device))

@@ -59,6 +59,26 @@ def test_every_model_source_builds_and_runs():
     assert len(sources.load(f"{OWN}:build").model.blocks) == 1
 
 
+def test_a_complex_buffer_keeps_its_imaginary_parts_when_the_model_is_cast(monkeypatch):
+    """A model with RoPE's freqs_cis as a complex buffer (torchtitan's way), loaded in bf16: the
+    floating-point tensors are cast, the complex buffer is not (Module.to(dtype) would drop its
+    imaginary parts, and every rotation would be wrong), and its rotations are found as RoPE
+    fused into the q and k projections."""
+    for k, v in dict(META_TINY="1", META_SEQ="16", META_BATCH="2", META_LAYERS="1").items():
+        monkeypatch.setenv(k, v)
+    path = str(ROOT / "docs" / "sweeps" / "meta_llama.py")
+    loaded = sources.load(path, dtype=torch.bfloat16)
+    m = loaded.model
+    assert m.freqs_cis.dtype == torch.complex64 and m.freqs_cis.imag.abs().max() > 0.5
+    assert m.output.weight.dtype == torch.bfloat16
+    f32 = sources.load(path)
+    from engine import capture, match
+    cap = capture.capture(f32.model.eval(), f32.inputs)
+    assert cap.ok, cap.note
+    rot = [mm for g in cap.graphs for mm in match.find(g) if mm.family == "rotary"]
+    assert [r.fit.spec for r in rot] == [{"linear": True, "style": "interleaved"}] * 2
+
+
 @pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is not installed (requirements-dev.txt)")
 def test_hf_preset_builds_from_config_without_download(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")                 # nothing may be fetched
