@@ -111,6 +111,7 @@ def test_allow_list_accepts_every_starter_and_recorded_kernel():
     # or LM head, a residual add)
     widened = [kernels.get(n, s) for n, s in (("rotary", {"linear": True}),
                                               ("rotary", {"linear": True, "bias": True}),
+                                              ("rotary", {"linear": True, "style": "interleaved"}),
                                               ("cross_entropy", {"linear": True}),
                                               ("rmsnorm", {"residual": True}))]
     for fam in list(kernels.all_families()) + widened:
