@@ -813,10 +813,10 @@ def _proj_plan(x2, weight, H, Dh):
         heads //= 2     # under one wave of tiles: narrower tiles, not idle SMs (H100, k of
                         # LLaMA-3-8B at 1 x 2048: 64 tiles of two heads 112.5 us, 128 of one 36.3)
     item = x2.element_size()
-    # the pipeline's buffers share the shared memory with the staged y tile (bm x heads * Dh),
-    # interleaved pairs with a second such tile: the even and odd lanes joined back go through
-    # shared memory (sm_90, Triton 3.6: 184 -> 217 KB at two heads of 128, 3 stages)
-    budget = _smem_budget(x2.device) - (2 if INTERLEAVED else 1) * min(BLOCK_M, max(16, _pow2(M))) * heads * Dh * item
+    # the pipeline's buffers share the shared memory with the staged y tile (bm x heads * Dh:
+    # the interleaved store's one box; rotate-half stores two boxes of half of it through one
+    # buffer, sm_90 and Triton 3.6: 217 and 184 KB at two heads of 128, 3 stages)
+    budget = _smem_budget(x2.device) - min(BLOCK_M, max(16, _pow2(M))) * heads * Dh * item
     bm, _, bk, stages = _fit_gemm(BLOCK_M, heads * Dh, BLOCK_K, NUM_STAGES, NUM_WARPS, M,
                                   heads * Dh, K, item, budget, keep_n=True)
     return heads, bm, bk, stages, min(_cdiv(M, bm) * _cdiv(H, heads), sms)
