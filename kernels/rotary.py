@@ -714,6 +714,25 @@ y1 = acc1 * c1 + (-acc2) * s1
 y2 = acc2 * c2 + acc1 * s2'''
 
 
+# The TMA tile's interleaved rotation: the tables' rows (and the bias's) read whole, [BLOCK_M *
+# HEADS, Dh] contiguous, and split into even and odd lanes as the accumulator is. Reading each
+# lane 2jj and 2jj + 1 apart (_ROTATE_TILE's way) ran the tile 2.1x slower (H100, LLaMA-3-8B q at
+# 8 x 2048, one head a tile: 1,820 against 861 us; docs/sweeps/rope_interleaved_probe.py).
+_PAIRED_ROWS = '''
+dd = tl.arange(0, 2 * HALF)
+if HAS_BIAS:
+    b1, b2 = tl.split(tl.reshape(tl.load(bias_ptr + head_base[:, None] + dd[None, :]).to(tl.float32),
+                                 (BLOCK_M * HEADS, HALF, 2)))
+    acc1 += b1
+    acc2 += b2
+c1, c2 = tl.split(tl.reshape(tl.load(cos_ptr + pos[:, None] * stride_cs + dd[None, :] * stride_cd).to(tl.float32),
+                             (BLOCK_M * HEADS, HALF, 2)))
+s1, s2 = tl.split(tl.reshape(tl.load(sin_ptr + pos[:, None] * stride_ss + dd[None, :] * stride_sd).to(tl.float32),
+                             (BLOCK_M * HEADS, HALF, 2)))
+y1 = acc1 * c1 + (-acc2) * s1
+y2 = acc2 * c2 + acc1 * s2'''
+
+
 def _proj_pointer_kernel() -> str:
     body = MM.plain_tile_head() + '''
 head = rbn // BLOCK_H                                              # [BLOCK_N] each column's head
@@ -781,8 +800,12 @@ def _rope_proj_tma(a_desc, w_desc, y_desc, bias_ptr, cos_ptr, sin_ptr, M, K, S, 
         r = tl.arange(0, BLOCK_M * HEADS)
         pos = ((off_m + r // HEADS) % M) % S                      # each row's table row
         jj = tl.arange(0, HALF)
-        row1 = (tl.minimum(head0 + r % HEADS, H - 1) * (2 * HALF))[:, None] + (jj * STEP)[None, :]
-{C.indent(_ROTATE_TILE.replace("BIAS_ROWS", ""), 8)}
+        head_base = tl.minimum(head0 + r % HEADS, H - 1) * (2 * HALF)   # each row's head's first weight row
+        row1 = head_base[:, None] + (jj * STEP)[None, :]
+        if STEP == 2:
+{C.indent(_PAIRED_ROWS, 12)}
+        else:
+{C.indent(_ROTATE_TILE.replace("BIAS_ROWS", ""), 12)}
         if STEP == 2:      # the pairs joined back: one [BLOCK_M, HEADS, Dh] box
             y = tl.reshape(tl.join(y1, y2), (BLOCK_M, HEADS, 2 * HALF))
             y_desc.store([off_m, head0, 0], y.to(y_desc.dtype))
@@ -797,7 +820,7 @@ _PROJ_TMA_HOST = '''
 _PROJ_PLANS = {}
 
 
-def _proj_plan(x2, weight, H, Dh):
+def _proj_plan(x2, weight, H, Dh, has_bias):
     # (heads, bm, bk, stages, programs) of the TMA tiles for these operands, or False where the
     # device, the head width or the layouts rule descriptors out; worked out once per key
     half = Dh // 2
@@ -817,6 +840,9 @@ def _proj_plan(x2, weight, H, Dh):
     # the interleaved store's one box; rotate-half stores two boxes of half of it through one
     # buffer, sm_90 and Triton 3.6: 217 and 184 KB at two heads of 128, 3 stages)
     budget = _smem_budget(x2.device) - min(BLOCK_M, max(16, _pow2(M))) * heads * Dh * item
+    if INTERLEAVED and has_bias:
+        budget -= 32 << 10   # the bias rows' split takes a layout conversion's scratch (28 KB
+                             # at 128 rows of one or two heads of 128, sm_90, Triton 3.6)
     bm, _, bk, stages = _fit_gemm(BLOCK_M, heads * Dh, BLOCK_K, NUM_STAGES, NUM_WARPS, M,
                                   heads * Dh, K, item, budget, keep_n=True)
     return heads, bm, bk, stages, min(_cdiv(M, bm) * _cdiv(H, heads), sms)
@@ -831,7 +857,7 @@ def _proj_tma(x2, weight, bias, cos2, sin2, y, S, H, Dh, ieee, dot_fp32):
     if plan is None:
         if len(_PROJ_PLANS) > 1024:      # a bound on a long-lived process's cache
             _PROJ_PLANS.clear()
-        plan = _PROJ_PLANS[key] = _proj_plan(x2, weight, H, Dh)
+        plan = _PROJ_PLANS[key] = _proj_plan(x2, weight, H, Dh, bias is not y)
     if plan is False:
         return False
     heads, bm, bk, stages, progs = plan

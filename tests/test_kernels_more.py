@@ -1822,7 +1822,7 @@ _ROPE_LIN = [2, 9, 48, 2, 32]          # B, S, K, H, Dh: halves of 16 lanes (32 
 
 @pytest.mark.parametrize("loads,bias,style", [("pointers", False, "half"), ("tma_ws", False, "half"),
                                               ("tma", True, "half"), ("tma_ws", False, "interleaved"),
-                                              ("pointers", True, "interleaved")])
+                                              ("tma", True, "interleaved"), ("pointers", True, "interleaved")])
 def test_rotary_linear_passes_the_five_verifier_stages(loads, bias, style, cand_dir):
     """RoPE in its projection's epilogue: the pointer tiles (two accumulators, a head's pairs)
     and the persistent TMA tiles (one accumulator split into the pairs' elements in registers:
