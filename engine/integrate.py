@@ -925,6 +925,8 @@ def time_variants(model, inputs, kernels: list, timing_mode: str, do_compile: bo
         applied = road.apply(kernels)
         try:
             row("optimized", applied.module, interpreted=interp)
+            if not interp and road.name == "graph":
+                _bare_graph_note(rows[-1], road, measure)
             if not interp and device.type == "cuda":
                 _graphed_row(rows[-1], applied.module, inputs, measure, reference_out,
                              host_bound(rows[0]["latency_us"], gpu_us)
@@ -968,6 +970,25 @@ def time_variants(model, inputs, kernels: list, timing_mode: str, do_compile: bo
                                    first_always=baseline_always or (
                                        variant == "compile_optimized" and compiled)))
     return _mark_shipped(rows)
+
+
+def _bare_graph_note(row: dict, road: Road, measure) -> None:
+    """The captured graph run with no kernel placed, timed beside the optimized row and named in
+    its note: what the graph road changes besides the kernels (a model's per-forward checks and
+    the host syncs they make, which the capture leaves out: transformers' LLaMA tests its
+    position ids every forward) shows apart from what the kernels give."""
+    from engine import place
+    if not row.get("latency_us"):
+        return
+    try:
+        bare = place.optimized(road.capture, place.place(road.capture, [], road.matches, road.families))
+        us, _ = measure(bare)
+    except Exception as e:     # the figure is context: its failure leaves the row as it was
+        row["note"] = "; ".join(x for x in (row["note"], f"the captured graph with no kernel: "
+                                                         f"failed ({type(e).__name__})") if x)
+        return
+    row["note"] = "; ".join(x for x in (row["note"], f"the captured graph with no kernel "
+                                                     f"{us:.1f} us") if x)
 
 
 # A forward longer than this is taken not to wait on the host unless its profile says it does

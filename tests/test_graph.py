@@ -796,6 +796,43 @@ def test_end_to_end_timing_skips_the_modes_whose_estimated_compile_does_not_fit(
     assert compiled == [None, "max-autotune-no-cudagraphs"] and not comp["skipped"]
 
 
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                    reason="transformers is not installed (requirements-dev.txt)")
+def test_the_optimized_row_names_the_captured_graph_without_kernels():
+    """On the graph road the optimized row's note carries the captured graph's own time with no
+    kernel placed: transformers' LLaMA checks its position ids every forward (diff, cumsum,
+    all, a bool of the result: a host sync on a GPU), which the captured graph does not, so
+    what the rewrite gives besides the kernels shows apart from them. (Timed as on a GPU,
+    here on the CPU, the kernel interpreted: the figures are the code path's, not a speed.)"""
+    import transformers
+    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=101,
+                                   use_cache=False)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 101, (1, 12), generator=torch.Generator().manual_seed(1))
+    road = integrate.graph_road(model, (ids,), families=["rmsnorm"])
+    cap, ms = road.capture, road.matches
+    norms = [m for g in ms.values() for m in g if m.family == "rmsnorm" and m.placeable]
+    k = starter("rmsnorm", norms[0].fit.spec, sorted({tuple(m.fit.shape) for m in norms
+                                                      if m.fit.spec == norms[0].fit.spec}))
+    rows = integrate.time_variants(model, (ids,), [k], "gpu", do_compile=False, reps=2,
+                                   warmup=0, road=road)
+    opt = next(r for r in rows if r["variant"] == "optimized")
+    assert opt["latency_us"] and "graph road" in opt["note"]
+    assert "the captured graph with no kernel " in opt["note"] and " us" in opt["note"], opt["note"]
+    # the graph it times is the capture with nothing placed: every op the model's own, without
+    # the per-forward position-ids check
+    bare = place.optimized(cap, place.place(cap, [], ms))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        with torch.no_grad():
+            got = bare(ids)
+    names = {e.name for e in prof.events()}
+    assert "aten::cumsum" not in names and "aten::all" not in names
+    with torch.no_grad():
+        assert torch.equal(got.logits, model(ids).logits)
+
+
 def test_end_to_end_timing_skips_compile_modes_the_budget_cannot_hold():
     model = nn.Sequential(nn.Linear(8, 8)).eval()
     rows = integrate.time_variants(model, (torch.randn(2, 8),), [], "interpreter", do_compile=True,
