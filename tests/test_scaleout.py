@@ -35,7 +35,8 @@ def _candidates():
 
 
 def _run(tmp_path, name, **backend):
-    cfg = RunConfig(model="llama-tiny", families=["rmsnorm"], budget_experiments=5,
+    # the plain norm alone (llama-tiny's first norm target is the residual contract's)
+    cfg = RunConfig(model="op:rmsnorm:2x32x64", families=["rmsnorm"], budget_experiments=5,
                     db=str(tmp_path / f"{name}.db"), patience=100, e2e_check=False,
                     worker_timeout_s=120, **backend)
     run_id = execute(cfg, log=lambda _: None, proposer=Scripted(_candidates()))
@@ -148,10 +149,12 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_run_finishes(tmp_path, back
     assert sum(w["restarts"] for w in workers) >= 1 and sum(w["died"] for w in workers) >= 1
     assert killed not in {w["pid"] for w in workers}       # the dead process was replaced
     events = " ".join(e["message"] for e in s.events(run["id"]))
-    # the candidate in flight on the killed worker (or the next one sent to it, had it been
-    # idle) was retried once on the other worker and judged there
+    # the job in flight on the killed worker (or the next one sent to it, had it been idle) was
+    # run once more: a candidate's verification on the other worker, or, where the kill landed
+    # on the reference worker re-timing a candidate against the best, that re-timing
     retried = [e for e in exps if e["attempts"] == 2]
-    assert retried and "retrying it once on another worker" in events
+    assert (retried and "retrying it once on another worker" in events) or (
+        "died re-timing" in events and "re-timing it once more" in events), events
     assert all(e["state"] in ("kept", "reverted") for e in exps), [
         (e["state"], e["error"]) for e in exps]
 
