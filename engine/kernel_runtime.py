@@ -944,15 +944,10 @@ class Site:
             shape, dtype, stride, dev = want
             if (tuple(v.shape) == shape and v.dtype == dtype and v.device.type == dev
                     and not same_layout(shape, tuple(v.stride()), stride)
-                    and same_layout(shape, stride, _dense_strides(shape))):
+                    and same_layout(shape, stride, ordered_strides(shape))):
                 out[i] = v.contiguous()
         out = tuple(out)
         return out if self.fits(out) else None
-
-
-def _dense_strides(shape) -> tuple:
-    """The contiguous strides of ``shape``."""
-    return ordered_strides(shape)
 
 
 def ordered_strides(shape, order=None) -> tuple:

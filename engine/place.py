@@ -278,7 +278,6 @@ def _site_node(g: fx.Graph, fam, k: rt.Kernel, args: list, metas: list, mode):
     return y, site
 
 
-
 def _region_plan(graph: cap.Graph, ms: list, region_kernels: list) -> tuple[list, set]:
     """([(region, its kernel or None)], ids of the family matches to leave out): the regions of
     ``graph`` beside the matches ``ms``; a match a GEMM region absorbed (engine/regions.py) is

@@ -128,9 +128,8 @@ class Family:
     # The output's dims, outermost first, as the family's kernels lay it out in memory, where
     # that is not contiguous: RoPE fused into its projection and attention write [B, S, H, D]
     # and return the [B, H, S, D] view, (0, 2, 1, 3), the layout the model's own rotation and
-    # SDPA return. A
-    # placed site declares those strides and hands the result on as it is (a kernel that
-    # returns another layout is copied into them). None: contiguous.
+    # SDPA return. A placed site declares those strides and hands the result on as it is (a
+    # kernel that returns another layout is copied into them). None: contiguous.
     out_order: tuple | None = None
 
     def baseline_op(self) -> Callable:

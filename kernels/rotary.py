@@ -698,6 +698,10 @@ _PROJ_ARGS = ("a_ptr, w_ptr, bias_ptr, cos_ptr, sin_ptr, y_ptr, M, N, K, S, H,\n
 # (2jj, 2jj + 1) (STEP 2, OFF 1). The pointer tile: [BLOCK_N] columns, broadcast over the rows
 # by BIAS_ROWS; the TMA tile: [BLOCK_M * HEADS, HALF] already. pos: each row's position (its
 # table row).
+_ROTATE_PAIRS = '''
+# x * cos + rot(x) * sin, rot(x) of a pair (x1, x2) = (-x2, x1)
+y1 = acc1 * c1 + (-acc2) * s1
+y2 = acc2 * c2 + acc1 * s2'''
 _ROTATE_TILE = '''
 if HAS_BIAS:
     acc1 += tl.load(bias_ptr + row1).to(tl.float32)BIAS_ROWS
@@ -709,9 +713,7 @@ c1 = tl.load(c_row + lane1[None, :] * stride_cd).to(tl.float32)
 c2 = tl.load(c_row + (lane1 + OFF)[None, :] * stride_cd).to(tl.float32)
 s1 = tl.load(s_row + lane1[None, :] * stride_sd).to(tl.float32)
 s2 = tl.load(s_row + (lane1 + OFF)[None, :] * stride_sd).to(tl.float32)
-# x * cos + rot(x) * sin, rot(x) of a pair (x1, x2) = (-x2, x1)
-y1 = acc1 * c1 + (-acc2) * s1
-y2 = acc2 * c2 + acc1 * s2'''
+''' + _ROTATE_PAIRS
 
 
 # The TMA tile's interleaved rotation: the tables' rows (and the bias's) read whole, [BLOCK_M *
@@ -728,9 +730,7 @@ if HAS_BIAS:
 c1, c2 = tl.split(tl.reshape(tl.load(cos_ptr + pos[:, None] * stride_cs + dd[None, :] * stride_cd).to(tl.float32),
                              (BLOCK_M * HEADS, HALF, 2)))
 s1, s2 = tl.split(tl.reshape(tl.load(sin_ptr + pos[:, None] * stride_ss + dd[None, :] * stride_sd).to(tl.float32),
-                             (BLOCK_M * HEADS, HALF, 2)))
-y1 = acc1 * c1 + (-acc2) * s1
-y2 = acc2 * c2 + acc1 * s2'''
+                             (BLOCK_M * HEADS, HALF, 2)))''' + _ROTATE_PAIRS
 
 
 def _proj_pointer_kernel() -> str:
@@ -801,10 +801,10 @@ def _rope_proj_tma(a_desc, w_desc, y_desc, bias_ptr, cos_ptr, sin_ptr, M, K, S, 
         pos = ((off_m + r // HEADS) % M) % S                      # each row's table row
         jj = tl.arange(0, HALF)
         head_base = tl.minimum(head0 + r % HEADS, H - 1) * (2 * HALF)   # each row's head's first weight row
-        row1 = head_base[:, None] + (jj * STEP)[None, :]
         if STEP == 2:
 {C.indent(_PAIRED_ROWS, 12)}
         else:
+            row1 = head_base[:, None] + jj[None, :]
 {C.indent(_ROTATE_TILE.replace("BIAS_ROWS", ""), 12)}
         if STEP == 2:      # the pairs joined back: one [BLOCK_M, HEADS, Dh] box
             y = tl.reshape(tl.join(y1, y2), (BLOCK_M, HEADS, 2 * HALF))

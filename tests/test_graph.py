@@ -44,6 +44,16 @@ def found(model, *inputs, probe=True):
     return cap, {g.index: match.find(g, probe=probe) for g in cap.graphs}
 
 
+def _hf_llama_one_layer():
+    """transformers' LLaMA from a config: one layer, 4 heads of 8 over 2 KV heads, seeded."""
+    import transformers
+    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=101,
+                                   use_cache=False)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
 def families(ms) -> list:
     return [(m.family, m.fit.spec if m.fit else None, bool(m.why_not)) for g in ms.values() for m in g]
 
@@ -804,12 +814,7 @@ def test_the_optimized_row_names_the_captured_graph_without_kernels():
     all, a bool of the result: a host sync on a GPU), which the captured graph does not, so
     what the rewrite gives besides the kernels shows apart from them. (Timed as on a GPU,
     here on the CPU, the kernel interpreted: the figures are the code path's, not a speed.)"""
-    import transformers
-    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=101,
-                                   use_cache=False)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).eval()
+    model = _hf_llama_one_layer()
     ids = torch.randint(0, 101, (1, 12), generator=torch.Generator().manual_seed(1))
     road = integrate.graph_road(model, (ids,), families=["rmsnorm"])
     cap, ms = road.capture, road.matches
@@ -2531,12 +2536,7 @@ def test_compiled_optimized_model_reads_the_sites_declared_layouts():
     """torch.compile of a rewritten transformers LLaMA (inductor on the CPU, the kernels opaque
     custom ops): the rotations' and the attention's sites return [B, S, H, D]-major results
     (their fake values say so), inductor plans the rest around them, and the model agrees."""
-    import transformers
-    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=101,
-                                   use_cache=False)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).eval()
+    model = _hf_llama_one_layer()
     ids = torch.randint(0, 101, (2, 12), generator=torch.Generator().manual_seed(1))
     cap, ms = found(model, ids)
     pl, _ = place_starters(cap, ms)
