@@ -23,23 +23,15 @@ import pandas as pd
 import streamlit as st
 
 from app import charts, data, fmt, view
-from app.shared import plot, run_header, view_db
+from app.shared import plot, run_header, selected_store
 
 
 def page() -> None:
     st.title("Kernels")
-    db_path, run_id = view_db(), st.session_state.get("run_id")
-    if run_id is None:
-        st.info("No run selected: choose one in the sidebar.")
+    opened = selected_store()
+    if opened is None:
         return
-    try:
-        store = data.open_store(db_path)
-    except data.StoreError as e:
-        st.error(str(e))
-        return
-    if store is None:
-        st.info("No database yet.")
-        return
+    store, run_id, db_path = opened
     try:
         run = data.get_run(store, run_id)
         targets = data.targets(store, run_id) if run else []
@@ -345,7 +337,7 @@ def _parameters(pf: pd.DataFrame, params: list[str], fixed: dict, interpreter: b
     with st.container(key="k_parcoords"):
         plot(charts.parcoords_figure(pf, params), "k_parcoords_chart")
     st.caption("Drag along an axis to pick a range: the lines through it stay lit. "
-               + (f"Fixed in every experiment: "
+               + ("Fixed in every experiment: "
                   + ", ".join(f"{k}={v}" for k, v in fixed.items()) + "." if fixed else ""))
     left, right = st.columns([3, 1])
     with left:

@@ -13,7 +13,7 @@ import re
 import streamlit as st
 
 from app import charts, data, export
-from app.shared import plot, run_header, view_db
+from app.shared import plot, run_header, selected_store
 
 
 def figures(rep: dict) -> dict:
@@ -34,18 +34,10 @@ def figures(rep: dict) -> dict:
 
 def page() -> None:
     st.title("Report")
-    db_path, run_id = view_db(), st.session_state.get("run_id")
-    if run_id is None:
-        st.info("No run selected: choose one in the sidebar.")
+    opened = selected_store()
+    if opened is None:
         return
-    try:
-        store = data.open_store(db_path)
-    except data.StoreError as e:
-        st.error(str(e))
-        return
-    if store is None:
-        st.info("No database yet.")
-        return
+    store, run_id, db_path = opened
     try:
         rep = data.report_data(store, run_id)
     finally:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import data, fmt, view
-from app.shared import select_run, view_db
+from app.shared import select_run
 from engine.store import KNOWN_MIGRATIONS, Store
 
 STATUSES = ("running", "paused", "stopped", "done", "failed", "interrupted")
@@ -83,7 +83,6 @@ def _save_notes(db: str, run_id: str) -> None:
 
 def page() -> None:
     st.title("Runs")
-    ss = st.session_state
     dbs = sources()
     runs, problems = data.runs_table(dbs, writable={dbs[0]})
     for p in problems:

@@ -78,6 +78,25 @@ def view_db() -> str:
         or data.default_db_path()
 
 
+def selected_store():
+    """(store, run id, database path) for the run the sidebar selected, or None after the page
+    has said why there is none (no run chosen, an unreadable database, no database yet). The
+    caller closes the store."""
+    db_path, run_id = view_db(), st.session_state.get("run_id")
+    if run_id is None:
+        st.info("No run selected: choose one in the sidebar.")
+        return None
+    try:
+        store = data.open_store(db_path)
+    except data.StoreError as e:
+        st.error(str(e))
+        return None
+    if store is None:
+        st.info("No database yet.")
+        return None
+    return store, run_id, db_path
+
+
 def _same_db(a: str, b: str) -> bool:
     return data.resolve_db_path(a) == data.resolve_db_path(b)
 

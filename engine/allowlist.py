@@ -488,7 +488,6 @@ class _Checker:
             target = self.aliases[name]
             is_module = target in MODULES or target in SUBMODULES
             used_as_root = isinstance(parent, ast.Attribute) and parent.value is node
-            called = isinstance(parent, ast.Call) and parent.func is node
             if is_module and not used_as_root:
                 self.fail(node, f"the module {name!r} may be used only as in {name}.something, "
                                 f"not as a value")

@@ -125,7 +125,7 @@ def main(argv=None) -> int:
                f"workers; sandbox mode {box.get('mode') if box else '?'})")
     print(summary, flush=True)
     if a.out:
-        lines = [f"# Re-verified through the judge and the sandbox\n", summary + "\n",
+        lines = ["# Re-verified through the judge and the sandbox\n", summary + "\n",
                  "| kernel | family | dtype | shapes | verdict | seconds |", "|---|---|---|---|---|---|"]
         for r in results:
             shapes = "; ".join("x".join(str(d) for d in s["shape"]) for s in r["shapes"])

@@ -43,7 +43,6 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 import kernels
 from engine import models
@@ -205,8 +204,8 @@ def validate(spec: str, input_shape=None) -> Source:
         if input_shape:
             parse_dims(input_shape)
             if len(calls) > 1 or calls[0][1] is not None:
-                raise SourceError(f"--input-shape applies to op: with one family and no shape in "
-                                  f"the spec; write the shapes in it, e.g. op:softmax:8192x8192")
+                raise SourceError("--input-shape applies to op: with one family and no shape in "
+                                  "the spec; write the shapes in it, e.g. op:softmax:8192x8192")
         return src
     if src.kind in ("zoo", "hf"):
         if src.kind == "hf" and importlib.util.find_spec("transformers") is None:

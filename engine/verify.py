@@ -30,7 +30,6 @@ only our own kernels.
 """
 from __future__ import annotations
 
-import ast
 import hashlib
 import importlib.util
 import sys
