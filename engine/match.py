@@ -1128,6 +1128,7 @@ VIEW_OPS = {
     "slice": lambda t, d, a, b: t.narrow(d, a, b - a), "permute": lambda t, p: t.permute(p),
     "view_as_real": lambda t: torch.view_as_real(t),
     "repeat_interleave": lambda t, r, d: t.repeat_interleave(r, d),
+    "repeat": lambda t, r: t.repeat(r),
 }
 
 

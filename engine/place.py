@@ -53,6 +53,7 @@ _VIEW_ATEN = {
     "permute": lambda x, p: (aten.permute.default, (x, list(p))),
     "view_as_real": lambda x: (aten.view_as_real.default, (x,)),
     "repeat_interleave": lambda x, r, d: (aten.repeat_interleave.self_int, (x, r, d)),
+    "repeat": lambda x, r: (aten.repeat.default, (x, list(r))),
 }
 
 

@@ -275,6 +275,21 @@ def _rot_partial_narrow(self, x):
     return torch.cat((xr * self.cos[:, :4] + _rotary._half_slices(xr) * self.sin[:, :4], xp), -1)
 
 
+def _rot_half_tables(self, x):
+    # GPT-OSS: rotate-half written on the two halves, tables half as wide, [B, 1, S, Dh/2]
+    c = self.cos[:, :8][None].expand(2, -1, -1).unsqueeze(1)
+    s = self.sin[:, :8][None].expand(2, -1, -1).unsqueeze(1)
+    x1, x2 = torch.chunk(x, 2, dim=-1)
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+
+
+def _rot_half_tables_bshd(self, x):
+    # the same on x [B, S, H, Dh] before the heads move forward, tables [1, S, 1, Dh/2]
+    c, s = self.cos[:, :8][None, :, None, :], self.sin[:, :8][None, :, None, :]
+    x1, x2 = x.chunk(2, -1)
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1).permute(0, 2, 1, 3)
+
+
 def _rot_complex(self, x):
     # Meta's LLaMA reference code: x [B, S, H, Dh] as complex pairs times freqs_cis, in fp32,
     # cast back; the result read through a view (Meta's code views the attention output)
@@ -394,6 +409,10 @@ REAL = {
                               lambda: (torch.randn(2, 8, 4, 16),), ("rotary", {"style": "interleaved"})),
     "rotary_interleaved_gptj_layout": (_rot_gptj, {"cos": _COS, "sin": _SIN},
                                        lambda: (torch.randn(2, 8, 4, 16),), ("rotary", {"style": "interleaved"})),
+    "rotary_half_tables_gpt_oss": (_rot_half_tables, {"cos": _COS, "sin": _SIN},
+                                   lambda: (torch.randn(2, 4, 8, 16),), ("rotary", {})),
+    "rotary_half_tables_bshd": (_rot_half_tables_bshd, {"cos": _COS, "sin": _SIN},
+                                lambda: (torch.randn(2, 8, 4, 16),), ("rotary", {})),
     "rotary_interleaved": (_rot_interleaved, {"cos": _COS, "sin": _SIN},
                            lambda: (torch.randn(2, 4, 8, 16),), ("rotary", {"style": "interleaved"})),
     "attention_tril_buffer": (_attn_kb43, {"bias": _TRIL}, _QKV, ("attention", _BY_HAND)),
@@ -2404,6 +2423,12 @@ class _QKRope(nn.Module):
             q, k = self.q(x).view(B, S, 4, 8), self.k(x).view(B, S, 2, 8)
             qr, kr = (_BSHD_ROPE[self.spelling](self, t).transpose(1, 2) for t in (q, k))
             return qr.sum(1, keepdim=True) + kr.sum(1, keepdim=True)
+        if self.spelling == "gptoss":        # GPT-OSS: tables half as wide, [B, 1, S, Dh/2]
+            q, k = self.q(x).view(B, S, 4, 8).transpose(1, 2), self.k(x).view(B, S, 2, 8).transpose(1, 2)
+            c, s = self.cos[:S, :4][None].expand(B, -1, -1)[:, None], self.sin[:S, :4][None].expand(B, -1, -1)[:, None]
+            halves = [t.chunk(2, -1) for t in (q, k)]
+            qr, kr = (torch.cat((a * c - b * s, b * c + a * s), -1) for a, b in halves)
+            return qr.sum(1, keepdim=True) + kr.sum(1, keepdim=True)
         if self.spelling == "mm":
             q = (x.reshape(B * S, 32) @ self.q.weight.t()).view(B, S, 4, 8).transpose(1, 2)
         else:
@@ -2452,6 +2477,7 @@ _IL = {"linear": True, "style": "interleaved"}
     ("meta", False, [_IL, _IL]),                        # interleaved pairs on [B, S, H, Dh]
     ("gptfast", True, [dict(_IL, bias=True)] * 2),
     ("gptj", False, [_IL, _IL]),
+    ("gptoss", True, [{"linear": True, "bias": True}] * 2),   # rotate-half, tables [.., Dh/2]
 ])
 def test_rope_in_the_projection_is_matched_placed_and_agrees(spelling, bias, want):
     """A rotation whose x is a projection's output with its heads split out (view, transpose)
@@ -2527,6 +2553,38 @@ def test_transformers_q_and_k_rotations_take_their_projections(arch):
     with torch.no_grad():
         err, where = integrate.compare(integrate.flatten(opt(ids).logits),
                                        integrate.flatten(model(ids).logits))
+    assert err <= integrate.E2E_TOLERANCE["float32"], where
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None
+                    or not hasattr(__import__("transformers"), "GptOssForCausalLM"),
+                    reason="transformers with GPT-OSS is not installed (requirements-dev.txt)")
+def test_gpt_oss_rotations_with_half_wide_tables_take_their_projections():
+    """GPT-OSS writes rotate-half on the two halves with tables half as wide ([B, 1, S, Dh/2],
+    each frequency once): read from the graph as rotary (its tables repeated to the contract's
+    [S, Dh] at the call), the biased q and k projections fused in, placed, and the model agrees.
+    Its attention (a learned sink column in the softmax) is not SDPA's and stays unmatched."""
+    import transformers
+    cfg = transformers.GptOssConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, vocab_size=101, num_local_experts=4,
+        num_experts_per_tok=2, sliding_window=8, use_cache=False)
+    torch.manual_seed(0)
+    model = transformers.GptOssForCausalLM(cfg).eval()
+    ids = torch.randint(0, 101, (2, 12), generator=torch.Generator().manual_seed(1))
+    cap, ms = found(model, ids)
+    rot = [m for g in ms.values() for m in g if m.family == "rotary"]
+    assert [m.fit.spec for m in rot] == [{"linear": True, "bias": True}] * 2
+    assert sorted(m.fit.shape for m in rot) == [(2, 12, 32, 2, 8), (2, 12, 32, 4, 8)]
+    assert all(m.pattern == "rotary/half_tables" for m in rot)
+    assert not [m for g in ms.values() for m in g if m.family == "attention"]
+    pl, _ = place_starters(cap, ms)
+    assert not pl.skipped, pl.skipped
+    opt = place.optimized(cap, pl)
+    with torch.no_grad():
+        err, where = integrate.compare(integrate.flatten(opt(ids).logits),
+                                       integrate.flatten(model(ids).logits))
+    assert opt.calls["placed"] == 1
     assert err <= integrate.E2E_TOLERANCE["float32"], where
 
 
