@@ -8,7 +8,8 @@ the model took (engine/capture.py), so both sides speak the same IR whatever the
 - anchored at the pattern's output op, a match walks the pattern backwards, node by node; its
   placeholders bind to any value (the same value every time the placeholder recurs);
 - the leniencies of kernels/patterns.py: casts/aliases/clones/dropout(p=0) looked through,
-  add/mul commutative, Tensor/Scalar overloads one op, sentinel scalars captured, dims compared
+  add/mul commutative (an op's most constrained operands matched first; when the whole match
+  fails after a swap untried, it is tried again with that swap forced), Tensor/Scalar overloads one op, sentinel scalars captured, dims compared
   from the end (or captured), sizes not compared, slice bounds compared as small offsets or
   fractions of the dim;
 - a match's inner values must have no consumer outside it (else replacing it would not remove
@@ -794,14 +795,43 @@ class _State:
         self.inner, self.casts = list(s[3]), list(s[4])
 
 
+_REPLAYS = 16                      # whole-pattern retries with a commutative choice forced
+
+
 class _Matcher:
     def __init__(self, pattern: Pattern):
         self.p = pattern
+        self._ops: dict = {}       # pattern node -> ops in its subtree (visit order)
+        self._script: tuple = ()   # forced orders (0 spelled, 1 swapped) by choice point
+        self._chosen: list = []    # the order each choice point took in this try (None: failed)
+        self._open: list = []      # choice points that held as spelled, their swap untried
+
+    def _size(self, v) -> int:
+        """Ops under a pattern argument: the most constrained arguments are matched first, so
+        an input is bound through the structure around it (rotate_half(x)) before a bare
+        operand of a commutative op (cos * x against x * cos) would bind it the wrong way."""
+        if not isinstance(v, fx.Node) or v.op != "call_function":
+            return 0
+        if v not in self._ops:
+            self._ops[v] = 1 + sum(self._size(a) for a in v.args if isinstance(a, fx.Node))
+        return self._ops[v]
 
     def run(self, t: fx.Node) -> _State | None:
-        st = _State()
-        if self._node(self.p.output, t, st, top=True):
-            return st
+        """The pattern at ``t``, or None. A commutative op's operands are tried in the
+        spelled order, then swapped, greedily; when the whole match then fails, it is tried
+        again with one of the choices that held locally (the spelled order) forced the other
+        way (cos[:, :h] * x[..., :h] against x1 * cos: both operands slices), depth first,
+        at most _REPLAYS times."""
+        todo = [()]
+        for _ in range(_REPLAYS):
+            if not todo:
+                break
+            self._script, self._chosen, self._open = todo.pop(), [], []
+            st = _State()
+            if self._node(self.p.output, t, st, top=True):
+                return st
+            forced = len(self._script)
+            todo.extend(tuple(self._chosen[:k]) + (1,) for k in reversed(self._open) if k >= forced)
         return None
 
     # a pattern node against a target value
@@ -841,13 +871,24 @@ class _Matcher:
         name = _opname(p.target)
         if name in _COMMUTATIVE and len(pargs) >= 2:
             orders.append([1, 0] + list(range(2, len(pargs))))
+        visit = sorted(range(len(pargs)), key=lambda i: -self._size(pargs[i][1]))
+        point = None
+        if len(orders) == 2:                      # a choice point: numbered in visit order
+            point = len(self._chosen)
+            self._chosen.append(None)
+            if point < len(self._script) and self._script[point] is not None:
+                orders = [orders[self._script[point]]]
         saved = st.save()
-        for order in orders:
+        for o, order in enumerate(orders):
             st.load(saved)
             st.map[p] = t
             st.inner.extend(skipped)
-            if all(self._arg(p, t, pargs[i], targs[j], st, name)
-                   for i, j in zip(range(len(pargs)), order)):
+            if all(self._arg(p, t, pargs[i], targs[order[i]], st, name) for i in visit):
+                if point is not None:
+                    forced = point < len(self._script) and self._script[point] is not None
+                    self._chosen[point] = self._script[point] if forced else o
+                    if not forced and o == 0:     # held as spelled: the swap is still untried
+                        self._open.append(point)
                 return True
         st.load(saved)
         return False

@@ -359,9 +359,16 @@ def _half_tables_spelling(x, cos, sin):
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
+def _half_tables_slices_spelling(x, cos, sin):
+    # the same with the halves sliced
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+_HALF_TABLES_ARGS = (("x", T((2, 4, 8, 16))), ("cos", T((8, 8))), ("sin", T((8, 8))))
 SPELLINGS = tuple(_spelling(r) for r in _ROT) + (
-    Spelling("half_tables", _half_tables_spelling,
-             (("x", T((2, 4, 8, 16))), ("cos", T((8, 8))), ("sin", T((8, 8))))),
+    Spelling("half_tables", _half_tables_spelling, _HALF_TABLES_ARGS),
+    Spelling("half_tables_slices", _half_tables_slices_spelling, _HALF_TABLES_ARGS),
     Spelling("complex", _complex_spelling,
              (("x", T((2, 8, 4, 16))), ("f", T((1, 8, 1, 8), "complex64")))),
     Spelling("pairs", _pairs_spelling, (("x", T((2, 8, 4, 16))), ("f", T((1, 8, 1, 8, 2))))),)
@@ -488,7 +495,7 @@ def from_match(m):
     b, h, s, dh = shape
     if dh % 2:
         return None
-    tw = dh // 2 if style == "half_tables" else dh        # the tables' width as the model has them
+    tw = dh // 2 if style.startswith("half_tables") else dh   # the tables' width in the model
     refs = {n: _table_ref(m, n, b, s, tw) for n in ("cos", "sin")}
     post = ()
     if any(r is None for r in refs.values()):

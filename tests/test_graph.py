@@ -290,6 +290,18 @@ def _rot_half_tables_bshd(self, x):
     return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1).permute(0, 2, 1, 3)
 
 
+def _rot_cos_first(self, x):
+    # the factors the other way round: cos * x + sin * rotate_half(x)
+    return self.cos * x + self.sin * _rotary._half_chunk(x)
+
+
+def _rot_half_tables_slices_cos_first(self, x):
+    # the halves sliced, the tables [S, Dh/2] first in every product
+    c, s = self.cos[:, :8], self.sin[:, :8]
+    x1, x2 = x[..., :8], x[..., 8:]
+    return torch.cat((c * x1 - s * x2, s * x1 + c * x2), dim=-1)
+
+
 def _rot_complex(self, x):
     # Meta's LLaMA reference code: x [B, S, H, Dh] as complex pairs times freqs_cis, in fp32,
     # cast back; the result read through a view (Meta's code views the attention output)
@@ -413,6 +425,10 @@ REAL = {
                                    lambda: (torch.randn(2, 4, 8, 16),), ("rotary", {})),
     "rotary_half_tables_bshd": (_rot_half_tables_bshd, {"cos": _COS, "sin": _SIN},
                                 lambda: (torch.randn(2, 8, 4, 16),), ("rotary", {})),
+    "rotary_cos_first": (_rot_cos_first, {"cos": _COS, "sin": _SIN},
+                         lambda: (torch.randn(2, 4, 8, 16),), ("rotary", {})),
+    "rotary_half_tables_slices_cos_first": (_rot_half_tables_slices_cos_first, {"cos": _COS, "sin": _SIN},
+                                            lambda: (torch.randn(2, 4, 8, 16),), ("rotary", {})),
     "rotary_interleaved": (_rot_interleaved, {"cos": _COS, "sin": _SIN},
                            lambda: (torch.randn(2, 4, 8, 16),), ("rotary", {"style": "interleaved"})),
     "attention_tril_buffer": (_attn_kb43, {"bias": _TRIL}, _QKV, ("attention", _BY_HAND)),
