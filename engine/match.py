@@ -8,10 +8,10 @@ the model took (engine/capture.py), so both sides speak the same IR whatever the
 - anchored at the pattern's output op, a match walks the pattern backwards, node by node; its
   placeholders bind to any value (the same value every time the placeholder recurs);
 - the leniencies of kernels/patterns.py: casts/aliases/clones/dropout(p=0) looked through,
-  add/mul commutative (an op's most constrained operands matched first; when the whole match
-  fails after a swap untried, it is tried again with that swap forced), Tensor/Scalar overloads one op, sentinel scalars captured, dims compared
-  from the end (or captured), sizes not compared, slice bounds compared as small offsets or
-  fractions of the dim;
+  add/mul commutative (an op's most constrained operands matched first; a whole match that
+  fails after a swap left untried is tried again with the swap forced), Tensor/Scalar
+  overloads one op, sentinel scalars captured, dims compared from the end (or captured), sizes
+  not compared, slice bounds compared as small offsets or fractions of the dim;
 - a match's inner values must have no consumer outside it (else replacing it would not remove
   them), and matches never overlap: bigger patterns claim their nodes first (attention before
   the softmax and matmuls inside it, a gated MLP before its projections);
@@ -872,22 +872,21 @@ class _Matcher:
         if name in _COMMUTATIVE and len(pargs) >= 2:
             orders.append([1, 0] + list(range(2, len(pargs))))
         visit = sorted(range(len(pargs)), key=lambda i: -self._size(pargs[i][1]))
-        point = None
+        point, force, tries = None, None, range(len(orders))
         if len(orders) == 2:                      # a choice point: numbered in visit order
             point = len(self._chosen)
             self._chosen.append(None)
-            if point < len(self._script) and self._script[point] is not None:
-                orders = [orders[self._script[point]]]
+            force = self._script[point] if point < len(self._script) else None
+            tries = (force,) if force is not None else tries
         saved = st.save()
-        for o, order in enumerate(orders):
+        for o in tries:
             st.load(saved)
             st.map[p] = t
             st.inner.extend(skipped)
-            if all(self._arg(p, t, pargs[i], targs[order[i]], st, name) for i in visit):
+            if all(self._arg(p, t, pargs[i], targs[orders[o][i]], st, name) for i in visit):
                 if point is not None:
-                    forced = point < len(self._script) and self._script[point] is not None
-                    self._chosen[point] = self._script[point] if forced else o
-                    if not forced and o == 0:     # held as spelled: the swap is still untried
+                    self._chosen[point] = o
+                    if force is None and o == 0:  # held as spelled: the swap is still untried
                         self._open.append(point)
                 return True
         st.load(saved)

@@ -352,23 +352,20 @@ def _pairs_spelling(x, f):
     return y.flatten(3)
 
 
-def _half_tables_spelling(x, cos, sin):
-    # GPT-OSS's _apply_rotary_emb: rotate-half written on the two halves, its tables half as
-    # wide (cos, sin [.., S, Dh/2]: each frequency once, not twice as the contract's)
-    x1, x2 = torch.chunk(x, 2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+# rotate-half written on the two halves, its tables half as wide (cos, sin [.., S, Dh/2]: each
+# frequency once, not twice as the contract's); GPT-OSS's _apply_rotary_emb takes them by chunk
+_HALVES = {"half_tables": lambda x: x.chunk(2, dim=-1),
+           "half_tables_slices": lambda x: (x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:])}
 
 
-def _half_tables_slices_spelling(x, cos, sin):
-    # the same with the halves sliced
-    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+def _half_tables_spelling(halves):
+    def fn(x, cos, sin):
+        x1, x2 = _HALVES[halves](x)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return Spelling(halves, fn, (("x", T((2, 4, 8, 16))), ("cos", T((8, 8))), ("sin", T((8, 8)))))
 
 
-_HALF_TABLES_ARGS = (("x", T((2, 4, 8, 16))), ("cos", T((8, 8))), ("sin", T((8, 8))))
-SPELLINGS = tuple(_spelling(r) for r in _ROT) + (
-    Spelling("half_tables", _half_tables_spelling, _HALF_TABLES_ARGS),
-    Spelling("half_tables_slices", _half_tables_slices_spelling, _HALF_TABLES_ARGS),
+SPELLINGS = tuple(_spelling(r) for r in _ROT) + tuple(map(_half_tables_spelling, _HALVES)) + (
     Spelling("complex", _complex_spelling,
              (("x", T((2, 8, 4, 16))), ("f", T((1, 8, 1, 8), "complex64")))),
     Spelling("pairs", _pairs_spelling, (("x", T((2, 8, 4, 16))), ("f", T((1, 8, 1, 8, 2))))),)
@@ -495,7 +492,7 @@ def from_match(m):
     b, h, s, dh = shape
     if dh % 2:
         return None
-    tw = dh // 2 if style.startswith("half_tables") else dh   # the tables' width in the model
+    tw = dh // 2 if style in _HALVES else dh     # the tables' width in the model
     refs = {n: _table_ref(m, n, b, s, tw) for n in ("cos", "sin")}
     post = ()
     if any(r is None for r in refs.values()):
@@ -504,13 +501,12 @@ def from_match(m):
         if any(r is None for r in refs.values()):
             return None
         shape, post = (b, s, h, dh), _bshd_post(m)
-        s = h
         refs["x"] = Ref("x", (("transpose", 1, 2),))
     else:
         refs["x"] = Ref("x")
     if tw != dh:                 # [S, Dh/2] -> the contract's [S, Dh]: each half the same table
         for n in ("cos", "sin"):
-            refs[n] = Ref(n, refs[n].views + (("reshape", [s, tw]), ("repeat", [1, 2])))
+            refs[n] = Ref(n, refs[n].views + (("reshape", [shape[2], tw]), ("repeat", [1, 2])))
     if m.meta("cos")["dtype"] != x["dtype"] or m.meta("sin")["dtype"] != x["dtype"]:
         raise NoFit("tables in another dtype than x: the contract takes one")
     spec = {"style": "interleaved"} if style == "interleaved" else {}

@@ -275,19 +275,23 @@ def _rot_partial_narrow(self, x):
     return torch.cat((xr * self.cos[:, :4] + _rotary._half_slices(xr) * self.sin[:, :4], xp), -1)
 
 
-def _rot_half_tables(self, x):
-    # GPT-OSS: rotate-half written on the two halves, tables half as wide, [B, 1, S, Dh/2]
-    c = self.cos[:, :8][None].expand(2, -1, -1).unsqueeze(1)
-    s = self.sin[:, :8][None].expand(2, -1, -1).unsqueeze(1)
+def _gpt_oss_rope(x, c, s):
+    # GPT-OSS's _apply_rotary_emb: rotate-half written on the two halves, tables c, s half as
+    # wide as the head (each frequency once)
     x1, x2 = torch.chunk(x, 2, dim=-1)
     return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
 
 
+def _rot_half_tables(self, x):
+    # tables [B, 1, S, Dh/2], as GPT-OSS passes them
+    return _gpt_oss_rope(x, self.cos[:, :8][None].expand(2, -1, -1).unsqueeze(1),
+                         self.sin[:, :8][None].expand(2, -1, -1).unsqueeze(1))
+
+
 def _rot_half_tables_bshd(self, x):
     # the same on x [B, S, H, Dh] before the heads move forward, tables [1, S, 1, Dh/2]
-    c, s = self.cos[:, :8][None, :, None, :], self.sin[:, :8][None, :, None, :]
-    x1, x2 = x.chunk(2, -1)
-    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1).permute(0, 2, 1, 3)
+    return _gpt_oss_rope(x, self.cos[:, :8][None, :, None, :],
+                         self.sin[:, :8][None, :, None, :]).permute(0, 2, 1, 3)
 
 
 def _rot_cos_first(self, x):
@@ -2441,9 +2445,8 @@ class _QKRope(nn.Module):
             return qr.sum(1, keepdim=True) + kr.sum(1, keepdim=True)
         if self.spelling == "gptoss":        # GPT-OSS: tables half as wide, [B, 1, S, Dh/2]
             q, k = self.q(x).view(B, S, 4, 8).transpose(1, 2), self.k(x).view(B, S, 2, 8).transpose(1, 2)
-            c, s = self.cos[:S, :4][None].expand(B, -1, -1)[:, None], self.sin[:S, :4][None].expand(B, -1, -1)[:, None]
-            halves = [t.chunk(2, -1) for t in (q, k)]
-            qr, kr = (torch.cat((a * c - b * s, b * c + a * s), -1) for a, b in halves)
+            c, s = (t[:S, :4][None].expand(B, -1, -1)[:, None] for t in (self.cos, self.sin))
+            qr, kr = (_gpt_oss_rope(t, c, s) for t in (q, k))
             return qr.sum(1, keepdim=True) + kr.sum(1, keepdim=True)
         if self.spelling == "mm":
             q = (x.reshape(B * S, 32) @ self.q.weight.t()).view(B, S, 4, 8).transpose(1, 2)
